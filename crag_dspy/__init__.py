@@ -1,0 +1,23 @@
+"""crag-dspy: Corrective RAG as an optimizable DSPy program.
+
+Importing this package starts nothing: no model is loaded and no store is opened until asked.
+"""
+
+import os
+
+# Offline by default: LiteLLM (used by DSPy) otherwise fetches a model-price map from the internet on first
+# use, which stalls 5 s and warns on machines without network. An explicit user setting wins.
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "true")
+
+from .app import build_crag  # noqa: E402
+from .domain import Domain, DomainDataError, load_domain
+from .module import CRAG, Thresholds
+from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
+from .routing import Action, decide_action
+from .settings import Settings
+
+__all__ = [
+    "CRAG", "Thresholds", "build_crag", "Settings", "Action", "decide_action", "Domain", "DomainDataError",
+    "load_domain", "Passage", "WebResult", "Retriever", "WebSearch", "WebSearchError",
+]
+__version__ = "0.1.0"

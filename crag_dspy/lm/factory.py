@@ -1,0 +1,68 @@
+"""Build the ``dspy.LM`` for a :class:`~crag_dspy.settings.Settings`: embedded or hosted, same code path."""
+
+from __future__ import annotations
+
+import dspy
+
+from ..settings import Settings
+from .embedded import start_embedded_server
+
+__all__ = ["build_lm", "lm_identity", "LMConfigError"]
+
+# Provider prefix -> the environment variable LiteLLM reads the key from. Checked up front so a missing
+# key is reported by name before any work starts, not as a provider error mid-request.
+_KEY_VARIABLES = {
+    "openai": "OPENAI_API_KEY",
+    "anthropic": "ANTHROPIC_API_KEY",
+    "gemini": "GEMINI_API_KEY",
+    "groq": "GROQ_API_KEY",
+    "mistral": "MISTRAL_API_KEY",
+    "together_ai": "TOGETHERAI_API_KEY",
+    "deepseek": "DEEPSEEK_API_KEY",
+    "openrouter": "OPENROUTER_API_KEY",
+}
+
+
+class LMConfigError(ValueError):
+    """The LM setting cannot work: unknown form or missing credentials (names the variable)."""
+
+
+def lm_identity(settings: Settings) -> str:
+    """The model string recorded in traces and program metadata (never a key or URL with credentials)."""
+    return f"embedded/{settings.embedded_model}" if settings.lm == "embedded" else settings.lm
+
+
+def build_lm(settings: Settings, **overrides) -> dspy.LM:
+    """Return a ``dspy.LM`` for ``settings.lm``; starts the embedded server when needed.
+
+    The embedded model is addressed as ``openai/<model name>`` so that DSPy's cache key names the exact
+    model (the port, being an ``api_base``, is left out of the key and may change between runs).
+    """
+    kwargs = dict(temperature=0.0, max_tokens=512, num_retries=settings.lm_retries, timeout=settings.lm_timeout_s)
+    kwargs.update(overrides)
+    if settings.lm == "embedded":
+        server = start_embedded_server(
+            settings.embedded_model,
+            settings.cache_dir,
+            n_threads=settings.embedded_threads,
+            n_ctx=settings.embedded_ctx,
+        )
+        return dspy.LM(f"openai/{server.model_name}", api_base=server.api_base, api_key="embedded", **kwargs)
+
+    import os
+
+    if "/" not in settings.lm:
+        raise LMConfigError(
+            f"LM {settings.lm!r} is not a LiteLLM model string: use 'provider/model', e.g. 'openai/gpt-4o-mini', "
+            "'ollama_chat/qwen2.5:1.5b', or 'embedded'."
+        )
+    provider = settings.lm.split("/", 1)[0]
+    variable = _KEY_VARIABLES.get(provider)
+    if variable and not settings.lm_api_base and not os.environ.get(variable):
+        raise LMConfigError(f"LM {settings.lm!r} needs an API key: set the environment variable {variable}.")
+    if settings.lm_api_base:
+        kwargs["api_base"] = settings.lm_api_base
+        # OpenAI-compatible servers (vLLM, llama.cpp) often need no key, but LiteLLM insists on one.
+        if provider == "openai" and not os.environ.get("OPENAI_API_KEY"):
+            kwargs["api_key"] = "not-needed"
+    return dspy.LM(settings.lm, **kwargs)

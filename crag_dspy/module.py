@@ -1,0 +1,231 @@
+"""CRAG (Yan et al., 2024) as a DSPy module: retrieve, grade, route, refine, search, answer."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import Any
+
+import dspy
+from dspy.predict.parameter import Parameter
+
+from signatures import AnswerFromContext, FilterStrip, GradeDocument, RewriteQuery
+
+from .judging import BinaryJudge
+from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
+from .routing import Action, decide_action, validate_thresholds
+from .strips import Strip, decompose, format_context, recompose, select_strips
+from .trace import CRAGTrace, DocumentGrade, StripRecord, TraceRecorder, WebRecord
+
+__all__ = ["CRAG", "Thresholds", "UNKNOWN_ANSWER"]
+
+UNKNOWN_ANSWER = "I don't know"
+
+
+class Thresholds(Parameter):
+    """The (lower, upper) action thresholds as DSPy state, so they are saved with the program's JSON,
+    also when CRAG is nested in another module, and survive optimizers' ``reset_copy``."""
+
+    def __init__(self, lower: float = 0.3, upper: float = 0.7):
+        validate_thresholds(lower, upper)
+        self.lower, self.upper = float(lower), float(upper)
+
+    def dump_state(self, json_mode: bool = True) -> dict[str, float]:
+        return {"lower": self.lower, "upper": self.upper}
+
+    def load_state(self, state: dict[str, Any]) -> "Thresholds":
+        lower, upper = float(state["lower"]), float(state["upper"])
+        validate_thresholds(lower, upper)
+        self.lower, self.upper = lower, upper
+        return self
+
+    def reset(self) -> None:
+        """Thresholds are tuned state, not demos: optimizers' resets keep them."""
+
+
+class CRAG(dspy.Module):
+    """Corrective RAG. Retriever, web search and (optionally) the LM are injected.
+
+    Args:
+        retriever: internal knowledge (:class:`~crag_dspy.protocols.Retriever`).
+        web_search: external knowledge (:class:`~crag_dspy.protocols.WebSearch`).
+        lm: the LM for every stage; ``None`` uses ``dspy.settings.lm``.
+        k: documents retrieved and graded per question.
+        lower, upper: action thresholds on the grader's P(relevant).
+        strip_threshold: strips scoring below this are dropped.
+        max_strips: most strips kept per source (paper: 5).
+        sentences_per_strip: decomposition window for passages longer than two sentences.
+        web_results: results requested from web search.
+        judge_adapter: how grader and strip filter ask ("label": one word + logprobs; "chat": DSPy's ChatAdapter).
+    """
+
+    def __init__(
+        self,
+        retriever: Retriever,
+        web_search: WebSearch,
+        *,
+        lm: dspy.BaseLM | None = None,
+        k: int = 5,
+        lower: float = 0.3,
+        upper: float = 0.7,
+        strip_threshold: float = 0.5,
+        max_strips: int = 5,
+        sentences_per_strip: int = 3,
+        web_results: int = 3,
+        judge_adapter: str = "label",
+        use_logprobs: bool = True,
+        retries: int = 2,
+    ):
+        super().__init__()
+        # Plain attributes, not DSPy parameters: they are infrastructure, never saved into program JSON.
+        self.retriever = retriever
+        self.web_search = web_search
+        self.lm = lm
+        self.k, self.strip_threshold, self.max_strips = k, strip_threshold, max_strips
+        self.sentences_per_strip, self.web_results, self.retries = sentences_per_strip, web_results, retries
+
+        self.thresholds = Thresholds(lower, upper)
+        self.grader = BinaryJudge(GradeDocument, adapter=judge_adapter, use_logprobs=use_logprobs, retries=retries)
+        self.strip_filter = BinaryJudge(FilterStrip, adapter=judge_adapter, use_logprobs=use_logprobs, retries=retries)
+        self.rewriter = dspy.Predict(RewriteQuery)
+        self.answerer = dspy.Predict(AnswerFromContext)
+
+    # -- the algorithm --------------------------------------------------------------------------
+    def forward(self, question: str) -> dspy.Prediction:
+        trace = CRAGTrace(question=question, lower=self.thresholds.lower, upper=self.thresholds.upper,
+                          retriever=getattr(self.retriever, "name", type(self.retriever).__name__),
+                          web_backend=getattr(self.web_search, "name", type(self.web_search).__name__))
+        run = TraceRecorder(trace)
+        with self._lm_scope(trace):
+            with run.stage("retrieve"):
+                passages = self.retriever.retrieve(question, self.k)
+            with run.stage("grade"):
+                scores = self._grade(question, passages, trace)
+            action = decide_action(scores, self.thresholds.lower, self.thresholds.upper)
+            trace.action = action.value
+
+            external: list[Strip] | None = None
+            if action.uses_web:
+                external = self._external_knowledge(question, run)
+            internal: list[Strip] = []
+            if action.uses_internal or external is None:
+                if external is None and action is Action.INCORRECT:
+                    run.fallback("web search gave nothing; used internal knowledge instead of none")
+                with run.stage("refine_internal"):
+                    internal = self._internal_knowledge(question, passages, scores, trace,
+                                                        keep_all=external is None and action is Action.INCORRECT)
+            with run.stage("answer"):
+                trace.context = format_context(internal, external or [])
+                trace.answer = self._answer(question, trace.context, run)
+        return dspy.Prediction(answer=trace.answer, action=trace.action, context=trace.context, trace=trace)
+
+    # -- stages -----------------------------------------------------------------------------------
+    def _lm_scope(self, trace: CRAGTrace):
+        lm = self.lm or dspy.settings.lm
+        if lm is None:
+            raise ValueError("CRAG has no LM: pass lm=... or call dspy.configure(lm=...) first")
+        trace.lm_model = getattr(lm, "model", type(lm).__name__)
+        return dspy.context(lm=self.lm) if self.lm is not None else nullcontext()
+
+    def _grade(self, question: str, passages: list[Passage], trace: CRAGTrace) -> list[float | None]:
+        scores = []
+        for passage in passages:
+            judgement = self.grader(question=question, document=passage.display).judgement
+            scores.append(judgement.score)
+            trace.documents.append(DocumentGrade(
+                id=passage.id, doc_id=passage.doc_id, title=passage.title, rank=passage.rank,
+                similarity=round(passage.similarity, 4), score=judgement.score, score_source=judgement.score_source,
+                attempts=judgement.attempts, error="; ".join(judgement.errors) or None,
+            ))
+            if judgement.score is None:
+                trace.errors.append(f"grader failed on {passage.doc_id} (treated as unknown): {judgement.errors[-1]}")
+        return scores
+
+    def _internal_knowledge(self, question: str, passages: list[Passage], scores: list[float | None],
+                            trace: CRAGTrace, keep_all: bool) -> list[Strip]:
+        """Decompose the passages not graded below ``lower``, filter their strips, recompose in order."""
+        candidates = [p for p, s in zip(passages, scores) if keep_all or s is None or s >= self.thresholds.lower]
+        grades = {p.id: s for p, s in zip(passages, scores)}
+        strips: list[Strip] = []
+        reuse: dict[Strip, float | None] = {}
+        for p in candidates:
+            pieces = decompose(p.text, self.sentences_per_strip)
+            for i, text in enumerate(pieces):
+                strips.append(Strip(text, "internal", p.doc_id, p.title, p.rank, i, p.url))
+                if len(pieces) == 1:
+                    # The grader already judged this passage whole: asking again would be the same question.
+                    reuse[strips[-1]] = grades[p.id]
+        kept, records = self._filter(question, strips, reuse, trace)
+        trace.internal_strips = records
+        return kept
+
+    def _external_knowledge(self, question: str, run: TraceRecorder) -> list[Strip] | None:
+        """Rewrite, search, decompose and filter web results; None when web search produced nothing."""
+        trace = run.trace
+        with run.stage("rewrite"):
+            trace.web_query = self._rewrite(question, run)
+        with run.stage("web_search"):
+            try:
+                results: list[WebResult] = self.web_search.search(trace.web_query, self.web_results)
+            except WebSearchError as exc:
+                run.fallback(f"web search failed ({exc}); internal knowledge only")
+                return None
+            except Exception as exc:  # noqa: BLE001 - a broken backend must not take the answer down
+                run.fallback(f"web search crashed ({type(exc).__name__}: {exc}); internal knowledge only")
+                return None
+        trace.web_results = [WebRecord(title=r.title, url=r.url, content=r.content) for r in results]
+        if not results:
+            run.fallback(f"web search returned no results for {trace.web_query!r}; internal knowledge only")
+            return None
+        with run.stage("refine_external"):
+            strips = [Strip(text, "web", r.url, r.title, rank, i, r.url)
+                      for rank, r in enumerate(results) for i, text in enumerate(decompose(r.content,
+                                                                                          self.sentences_per_strip))]
+            kept, trace.external_strips = self._filter(question, strips, {}, trace)
+        return kept
+
+    def _filter(self, question: str, strips: list[Strip], reuse: dict[Strip, float | None],
+                trace: CRAGTrace) -> tuple[list[Strip], list[StripRecord]]:
+        scored: list[tuple[Strip, float | None, str]] = []
+        for strip in strips:
+            if strip in reuse:
+                scored.append((strip, reuse[strip], "document_grade"))
+                continue
+            judgement = self.strip_filter(question=question, strip=strip.text).judgement
+            if judgement.score is None:
+                trace.errors.append(f"strip filter failed on a strip of {strip.doc_id} (dropped): {judgement.errors[-1]}")
+            scored.append((strip, judgement.score, "strip_filter" if judgement.score is not None else "error"))
+        kept = recompose(select_strips([(s, score) for s, score, _ in scored], self.strip_threshold, self.max_strips))
+        kept_set = set(kept)
+        records = [StripRecord(source=s.source, doc_id=s.doc_id, title=s.title, position=s.position, text=s.text,
+                               score=None if score is None else round(score, 4), score_source=origin,
+                               kept=s in kept_set, url=s.url if s.source == "web" else None)
+                   for s, score, origin in scored]
+        return kept, records
+
+    def _rewrite(self, question: str, run: TraceRecorder) -> str:
+        pred = self._predict_with_retries(self.rewriter, "query rewrite", run, question=question)
+        query = " ".join(str(pred.query).split())[:300] if pred is not None and pred.query else ""
+        if not query:
+            run.fallback("query rewrite failed; searched with the question itself")
+            return question
+        return query
+
+    def _answer(self, question: str, context: str, run: TraceRecorder) -> str:
+        if not context:
+            run.fallback("no knowledge survived refinement; answered without calling the LM")
+            return UNKNOWN_ANSWER
+        pred = self._predict_with_retries(self.answerer, "answer", run, question=question, context=context)
+        if pred is None or not str(pred.answer or "").strip():
+            run.fallback("answer generation failed; returned the unknown answer")
+            return UNKNOWN_ANSWER
+        return str(pred.answer).strip()
+
+    def _predict_with_retries(self, predictor: dspy.Predict, what: str, run: TraceRecorder, **inputs: Any,
+                              ) -> dspy.Prediction | None:
+        for attempt in range(self.retries + 1):
+            config = {"rollout_id": attempt, "temperature": 0.7} if attempt else {}
+            try:
+                return predictor(**inputs, config=config)
+            except Exception as exc:  # noqa: BLE001 - recorded, retried, then degraded
+                run.error(f"{what} attempt {attempt + 1} failed: {type(exc).__name__}: {str(exc)[:300]}")
+        return None

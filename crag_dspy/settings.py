@@ -1,0 +1,89 @@
+"""All configuration in one typed place.
+
+Every field can be set by an environment variable ``CRAG_<FIELD>`` (e.g. ``CRAG_LM=openai/gpt-4o-mini``)
+or a ``.env`` file; CLI flags override them. Secrets are never fields here: provider keys
+(``OPENAI_API_KEY``, ``TAVILY_API_KEY``, ...) are read from the environment by the client that needs them,
+so they cannot leak into traces, reports or saved programs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "default_cache_dir", "DEFAULT_DATA_DIR"]
+
+# Bundled domains live in the repository's data/ folder; an installed wheel has no such folder, so
+# users then point --domain-dir at their own copy.
+DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "crag-dspy"
+
+
+class Settings(BaseSettings):
+    """Runtime configuration of crag-dspy (environment prefix ``CRAG_``)."""
+
+    model_config = SettingsConfigDict(env_prefix="CRAG_", env_file=".env", extra="ignore")
+
+    # --- language model -------------------------------------------------------------------------
+    lm: str = Field(
+        "embedded",
+        description="'embedded' for the in-process llama.cpp model, or any LiteLLM model string "
+        "('openai/gpt-4o-mini', 'ollama_chat/qwen2.5', 'openai/<name>' with lm_api_base, ...).",
+    )
+    lm_api_base: str | None = Field(None, description="Base URL of an OpenAI-compatible server (vLLM, llama.cpp, ...).")
+    embedded_model: Literal["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"] = Field(
+        "qwen2.5-coder-1.5b-instruct", description="Which embedded GGUF model to serve; the 0.5B is ~2.5x faster."
+    )
+    embedded_threads: int = Field(default_factory=lambda: os.cpu_count() or 2, ge=1)
+    embedded_ctx: int = Field(8192, ge=1024, description="Context window of the embedded model, in tokens.")
+    lm_timeout_s: float = Field(120.0, gt=0)
+    lm_retries: int = Field(2, ge=0, le=5, description="Extra attempts after an unparseable or failed LM output.")
+    use_logprobs: bool = Field(True, description="Read grades from token probabilities when the LM returns them.")
+
+    # --- retrieval ------------------------------------------------------------------------------
+    domain: str = Field("default", description="Name of a bundled domain under data/.")
+    domain_dir: Path | None = Field(None, description="Any directory in the domain format (overrides domain).")
+    chroma_path: Path | None = Field(None, description="Embedded Chroma folder (default: <cache_dir>/chroma).")
+    chroma_host: str | None = Field(None, description="Chroma server host; when set, HttpClient is used.")
+    chroma_port: int = Field(8000, ge=1, le=65535)
+    embedding_model: str | None = Field(
+        None, description="sentence-transformers model path or name (default: the bundled all-MiniLM-L6-v2)."
+    )
+    k: int = Field(5, ge=1, le=50, description="Documents retrieved per question.")
+
+    # --- CRAG -----------------------------------------------------------------------------------
+    lower: float = Field(0.3, ge=0.0, le=1.0, description="Below this for every document: INCORRECT.")
+    upper: float = Field(0.7, ge=0.0, le=1.0, description="Any document at or above this: CORRECT.")
+    max_strips: int = Field(5, ge=1, description="Most knowledge strips kept per source (paper: top 5).")
+    web_results: int = Field(3, ge=1, le=10)
+    web_timeout_s: float = Field(15.0, gt=0)
+    web_domains: list[str] = Field(
+        default_factory=list, description="Domains Tavily should prefer, e.g. ['wikipedia.org'] (paper's choice)."
+    )
+    web_search: Literal["auto", "tavily", "offline", "none"] = Field(
+        "auto", description="'auto' uses Tavily when TAVILY_API_KEY is set, else the offline stand-in."
+    )
+
+    cache_dir: Path = Field(default_factory=default_cache_dir)
+
+    @model_validator(mode="after")
+    def _thresholds_ordered(self) -> "Settings":
+        if self.lower > self.upper:
+            raise ValueError(f"lower ({self.lower}) must not exceed upper ({self.upper})")
+        return self
+
+    @property
+    def resolved_domain_dir(self) -> Path:
+        return self.domain_dir if self.domain_dir is not None else DEFAULT_DATA_DIR / self.domain
+
+    @property
+    def resolved_chroma_path(self) -> Path:
+        return self.chroma_path if self.chroma_path is not None else self.cache_dir / "chroma"

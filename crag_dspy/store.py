@@ -1,0 +1,163 @@
+"""Chroma storage: client selection (embedded or server), idempotent ingestion, and retrieval."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import chromadb
+from chromadb.config import Settings as ChromaSettings
+from tqdm.auto import tqdm
+
+from .chunking import chunk_document
+from .domain import CorpusDoc, Domain
+from .embeddings import Embedder
+from .protocols import Passage
+from .settings import Settings
+
+__all__ = ["StoreError", "open_client", "collection_names", "ingest_documents", "ingest_domain", "ChromaRetriever",
+           "IngestReport"]
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(RuntimeError):
+    """Chroma is unreachable, or a collection is missing or was built with another embedding model."""
+
+
+def open_client(settings: Settings) -> chromadb.ClientAPI:
+    """Embedded ``PersistentClient`` by default; ``HttpClient`` when ``chroma_host`` is set."""
+    chroma_settings = ChromaSettings(anonymized_telemetry=False)  # telemetry would call out of an offline machine
+    try:
+        if settings.chroma_host:
+            client = chromadb.HttpClient(host=settings.chroma_host, port=settings.chroma_port, settings=chroma_settings)
+            client.heartbeat()
+            return client
+        settings.resolved_chroma_path.mkdir(parents=True, exist_ok=True)
+        return chromadb.PersistentClient(path=str(settings.resolved_chroma_path), settings=chroma_settings)
+    except Exception as exc:  # noqa: BLE001 - every backend failure becomes one actionable error
+        where = (f"server {settings.chroma_host}:{settings.chroma_port}" if settings.chroma_host
+                 else f"folder {settings.resolved_chroma_path}")
+        raise StoreError(f"Cannot open Chroma ({where}): {exc}") from exc
+
+
+def collection_names(domain_name: str) -> tuple[str, str]:
+    """(internal knowledge, offline web) collection names of a domain."""
+    return f"{domain_name}__kb", f"{domain_name}__web"
+
+
+@dataclass
+class IngestReport:
+    collection: str
+    documents: int
+    chunks: int
+    added: int
+    unchanged: int
+    removed: int
+
+
+def _get_collection(client: chromadb.ClientAPI, name: str, embedder: Embedder, create: bool):
+    metadata = {"embedding_model": embedder.name}
+    if create:
+        # embedding_function=None: we embed ourselves, so Chroma never fetches its default model.
+        collection = client.get_or_create_collection(
+            name, configuration={"hnsw": {"space": "cosine"}}, metadata=metadata, embedding_function=None
+        )
+    else:
+        try:
+            collection = client.get_collection(name, embedding_function=None)
+        except Exception as exc:  # noqa: BLE001 - chroma raises different types per backend
+            raise StoreError(
+                f"Collection {name!r} not found: run `python -m crag_dspy ingest <domain dir>` first"
+            ) from exc
+    found = (collection.metadata or {}).get("embedding_model")
+    if found != embedder.name:
+        raise StoreError(
+            f"Collection {name!r} was built with embedding model {found!r}, not {embedder.name!r}: "
+            "re-ingest into a fresh Chroma folder or use the same model"
+        )
+    return collection
+
+
+def ingest_documents(
+    client: chromadb.ClientAPI,
+    name: str,
+    docs: Sequence[CorpusDoc],
+    embedder: Embedder,
+    *,
+    chunk_words: int,
+    progress: bool = True,
+) -> IngestReport:
+    """Make collection ``name`` hold exactly the chunks of ``docs``: add new, keep unchanged, drop stale.
+
+    Ids hash the chunk content, so an interrupted run simply resumes (present chunks are skipped, not
+    re-embedded), a changed document's old chunks are removed, and a rerun changes nothing.
+    """
+    collection = _get_collection(client, name, embedder, create=True)
+    wanted = {}
+    for doc in docs:
+        for chunk in chunk_document(doc.id, doc.title, doc.text, chunk_words):
+            metadata = {"doc_id": doc.id, "title": doc.title, "chunk_index": chunk.index}
+            for key in ("source", "url"):
+                if getattr(doc, key, None):
+                    metadata[key] = getattr(doc, key)
+            wanted[chunk.id] = (f"{doc.title}\n{chunk.text}", chunk.text, metadata)
+
+    existing = set(collection.get(include=[])["ids"])
+    stale = sorted(existing - wanted.keys())
+    new_ids = [cid for cid in wanted if cid not in existing]
+    batch = 64
+    with tqdm(total=len(new_ids), desc=f"ingest {name}", unit="chunk", disable=not progress or not new_ids) as bar:
+        for start in range(0, len(new_ids), batch):
+            ids = new_ids[start:start + batch]
+            vectors = embedder.encode([wanted[i][0] for i in ids])
+            collection.upsert(
+                ids=ids, embeddings=vectors, documents=[wanted[i][1] for i in ids],
+                metadatas=[wanted[i][2] for i in ids],
+            )
+            bar.update(len(ids))
+    # Stale chunks go only after the new ones are in, so an interruption never leaves a document absent.
+    for start in range(0, len(stale), 500):
+        collection.delete(ids=stale[start:start + 500])
+    return IngestReport(name, len(docs), len(wanted), len(new_ids), len(wanted) - len(new_ids), len(stale))
+
+
+def ingest_domain(client: chromadb.ClientAPI, domain: Domain, embedder: Embedder, *, progress: bool = True,
+                  ) -> list[IngestReport]:
+    kb_name, web_name = collection_names(domain.name)
+    reports = [ingest_documents(client, kb_name, domain.corpus, embedder,
+                                chunk_words=domain.config.chunk_words, progress=progress)]
+    if domain.web:
+        reports.append(ingest_documents(client, web_name, domain.web, embedder,
+                                        chunk_words=domain.config.chunk_words, progress=progress))
+    return reports
+
+
+class ChromaRetriever:
+    """:class:`~crag_dspy.protocols.Retriever` over one Chroma collection (cosine similarity)."""
+
+    def __init__(self, client: chromadb.ClientAPI, collection: str, embedder: Embedder):
+        self.name = f"chroma:{collection}"
+        self._collection = _get_collection(client, collection, embedder, create=False)
+        self._embedder = embedder
+
+    def count(self) -> int:
+        return self._collection.count()
+
+    def retrieve(self, query: str, k: int) -> list[Passage]:
+        if k < 1:
+            return []
+        result = self._collection.query(
+            query_embeddings=self._embedder.encode([query]), n_results=k,
+            include=["documents", "metadatas", "distances"],
+        )
+        passages = []
+        for rank, (cid, text, meta, distance) in enumerate(zip(
+            result["ids"][0], result["documents"][0], result["metadatas"][0], result["distances"][0]
+        )):
+            passages.append(Passage(
+                id=cid, doc_id=str(meta.get("doc_id", cid)), title=str(meta.get("title", "")), text=text or "",
+                rank=rank, similarity=1.0 - float(distance), source=meta.get("source"), url=meta.get("url"),
+            ))
+        return passages

@@ -1,0 +1,124 @@
+"""The per-request trace: everything CRAG decided and why, JSON-serialisable for logs and UIs."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import dspy
+from pydantic import BaseModel, Field
+
+__all__ = ["DocumentGrade", "StripRecord", "WebRecord", "StageUsage", "CRAGTrace", "TraceRecorder"]
+
+
+class DocumentGrade(BaseModel):
+    id: str
+    doc_id: str
+    title: str
+    rank: int
+    similarity: float
+    score: float | None = Field(description="P(relevant) in [0, 1]; None when the grader failed")
+    score_source: str = Field(description="'logprobs', 'label' (no logprobs from the LM) or 'error'")
+    attempts: int = 1
+    error: str | None = None
+
+
+class StripRecord(BaseModel):
+    source: str
+    doc_id: str
+    title: str
+    position: int
+    text: str
+    score: float | None
+    score_source: str = Field(description="'strip_filter', 'document_grade' (one-strip passage) or 'error'")
+    kept: bool
+    url: str | None = None
+
+
+class WebRecord(BaseModel):
+    title: str
+    url: str
+    content: str
+
+
+class StageUsage(BaseModel):
+    calls: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, other: "StageUsage") -> "StageUsage":
+        return StageUsage(**{k: getattr(self, k) + getattr(other, k) for k in StageUsage.model_fields})
+
+
+class CRAGTrace(BaseModel):
+    question: str
+    answer: str | None = None
+    action: str | None = None
+    lower: float
+    upper: float
+    retriever: str
+    web_backend: str
+    lm_model: str | None = None
+    documents: list[DocumentGrade] = []
+    internal_strips: list[StripRecord] = []
+    web_query: str | None = None
+    web_results: list[WebRecord] = []
+    external_strips: list[StripRecord] = []
+    context: str = ""
+    fallbacks: list[str] = Field(default_factory=list, description="what degraded and what was done instead")
+    errors: list[str] = []
+    timings: dict[str, float] = Field(default_factory=dict, description="seconds per stage")
+    lm_usage: dict[str, StageUsage] = Field(default_factory=dict, description="LM calls and tokens per stage")
+
+    @property
+    def total_usage(self) -> StageUsage:
+        total = StageUsage()
+        for usage in self.lm_usage.values():
+            total = total.add(usage)
+        return total
+
+
+def _usage_from_tracker(tracker: Any) -> StageUsage:
+    # Cache hits are not recorded by DSPy's tracker, so `calls` counts real LM requests only.
+    usage = StageUsage()
+    for entries in tracker.usage_data.values():
+        for entry in entries:
+            details = entry.get("prompt_tokens_details") or {}
+            usage = usage.add(StageUsage(
+                calls=1,
+                prompt_tokens=int(entry.get("prompt_tokens") or 0),
+                cached_prompt_tokens=int((details.get("cached_tokens") if isinstance(details, dict) else 0) or 0),
+                completion_tokens=int(entry.get("completion_tokens") or 0),
+            ))
+    return usage
+
+
+class TraceRecorder:
+    """Times stages and counts their LM usage into a :class:`CRAGTrace`."""
+
+    def __init__(self, trace: CRAGTrace):
+        self.trace = trace
+        self._timings: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        with dspy.track_usage() as tracker:
+            try:
+                yield
+            finally:
+                self._timings[name] += time.perf_counter() - started
+                self.trace.timings = {k: round(v, 4) for k, v in self._timings.items()}
+                usage = _usage_from_tracker(tracker)
+                previous = self.trace.lm_usage.get(name, StageUsage())
+                self.trace.lm_usage[name] = previous.add(usage)
+
+    def fallback(self, message: str) -> None:
+        self.trace.fallbacks.append(message)
+
+    def error(self, message: str) -> None:
+        self.trace.errors.append(message)

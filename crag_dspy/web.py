@@ -1,0 +1,68 @@
+"""Web search backends: Tavily when a key is set, an offline stand-in over the domain's web corpus."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+from .protocols import Passage, Retriever, WebResult, WebSearchError
+
+__all__ = ["TavilyWebSearch", "OfflineWebSearch", "NoWebSearch"]
+
+
+class TavilyWebSearch:
+    """Tavily web search (``tavily-python``); the key comes from ``TAVILY_API_KEY`` only."""
+
+    name = "tavily"
+
+    def __init__(self, *, timeout_s: float = 15.0, prefer_domains: Sequence[str] = (), api_key: str | None = None):
+        from tavily import TavilyClient
+
+        key = api_key or os.environ.get("TAVILY_API_KEY")
+        if not key:
+            raise WebSearchError("Tavily needs an API key: set the environment variable TAVILY_API_KEY")
+        self._client = TavilyClient(api_key=key)
+        self._timeout_s = timeout_s
+        self._prefer = list(prefer_domains)
+
+    def search(self, query: str, max_results: int) -> list[WebResult]:
+        options = {"include_domains": self._prefer, "include_domains_mode": "prefer"} if self._prefer else {}
+        try:
+            response = self._client.search(query, max_results=max_results, timeout=self._timeout_s, **options)
+        except Exception as exc:  # noqa: BLE001 - tavily raises many types; CRAG needs one to degrade on
+            # str(exc) of tavily errors never contains the key; it is kept out of traces regardless.
+            raise WebSearchError(f"Tavily search failed: {type(exc).__name__}: {exc}") from exc
+        return [
+            WebResult(title=r.get("title") or r.get("url", ""), url=r.get("url", ""), content=r.get("content") or "")
+            for r in response.get("results", [])
+            if (r.get("content") or "").strip()
+        ]
+
+
+class OfflineWebSearch:
+    """Offline stand-in for web search: semantic search over the domain's ``web.jsonl`` collection.
+
+    It answers the rewritten query exactly as a search engine would be asked, so the rewrite step is
+    exercised offline too.
+    """
+
+    name = "offline"
+
+    def __init__(self, retriever: Retriever):
+        self._retriever = retriever
+
+    def search(self, query: str, max_results: int) -> list[WebResult]:
+        try:
+            passages: list[Passage] = self._retriever.retrieve(query, max_results)
+        except Exception as exc:  # noqa: BLE001 - storage faults degrade like network faults
+            raise WebSearchError(f"offline web search failed: {type(exc).__name__}: {exc}") from exc
+        return [WebResult(title=p.title, url=p.url or f"offline://{p.doc_id}", content=p.text) for p in passages]
+
+
+class NoWebSearch:
+    """Web search switched off: INCORRECT/AMBIGUOUS questions fall back to internal knowledge."""
+
+    name = "none"
+
+    def search(self, query: str, max_results: int) -> list[WebResult]:
+        raise WebSearchError("web search is disabled (web_search='none')")

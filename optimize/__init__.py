@@ -1,0 +1,1 @@
+"""Compilation and evaluation of CRAG programs (teleprompters, threshold tuning, relevance data)."""

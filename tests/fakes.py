@@ -1,0 +1,104 @@
+"""Scripted stand-ins for the LM, retriever and web search: control-flow tests only, never quality claims."""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections.abc import Callable
+from types import SimpleNamespace
+
+import dspy
+
+from crag_dspy.protocols import Passage, WebResult, WebSearchError
+
+
+def _response(text: str, logprobs: dict | None, prompt_tokens: int, model: str):
+    choice = SimpleNamespace(message=SimpleNamespace(content=text, tool_calls=None), logprobs=logprobs,
+                             finish_reason="stop")
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max(1, len(text.split())),
+             "total_tokens": prompt_tokens + len(text.split())}
+    return SimpleNamespace(choices=[choice], usage=usage, model=model)
+
+
+def yes_no_logprobs(p_yes: float) -> dict:
+    """OpenAI-style logprobs whose first token is yes/no with probability p_yes / 1 - p_yes."""
+    p_yes = min(max(p_yes, 1e-6), 1 - 1e-6)
+    top = [{"token": "yes", "logprob": math.log(p_yes)}, {"token": "no", "logprob": math.log(1 - p_yes)}]
+    first = top[0] if p_yes >= 0.5 else top[1]
+    return {"content": [{**first, "top_logprobs": top}]}
+
+
+class ScriptedLM(dspy.BaseLM):
+    """Answers each prompt with ``script(system, user) -> str | (str, p_yes)`` and counts every call.
+
+    Grader/strip-filter prompts (LabelAdapter) get "yes"/"no" plus logprobs for the given P(yes);
+    other prompts get DSPy ChatAdapter-formatted fields from a dict the script returns.
+    """
+
+    def __init__(self, script: Callable[[str, str], object], model: str = "scripted/fake"):
+        super().__init__(model=model, temperature=0.0, max_tokens=256, cache=False)
+        self.script = script
+        self.calls: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+
+    def forward(self, prompt=None, messages=None, **kwargs):
+        system = next((m["content"] for m in messages if m["role"] == "system"), "")
+        user = messages[-1]["content"]
+        with self._lock:
+            self.calls.append((system, user))
+        result = self.script(system, user)
+        if isinstance(result, Exception):
+            raise result
+        if isinstance(result, float):
+            text = "yes" if result >= 0.5 else "no"
+            return _response(text, yes_no_logprobs(result) if kwargs.get("logprobs") else None,
+                             len(system.split()) + len(user.split()), self.model)
+        if isinstance(result, dict):
+            text = "".join(f"[[ ## {k} ## ]]\n{v}\n\n" for k, v in result.items()) + "[[ ## completed ## ]]"
+        else:
+            text = str(result)
+        return _response(text, None, len(system.split()) + len(user.split()), self.model)
+
+
+def field(user: str, name: str) -> str:
+    """Extract an input field's value from a LabelAdapter or ChatAdapter user message."""
+    fenced = re.search(rf"{name}:\n<<<\n(.*?)\n>>>", user, re.S)
+    if fenced:
+        return fenced.group(1)
+    chat = re.search(rf"\[\[ ## {name} ## \]\]\n(.*?)(?:\n\n\[\[|\n\nRespond with|\Z)", user, re.S)
+    if chat:
+        return chat.group(1)
+    plain = re.search(rf"^{name}: (.*)$", user, re.M)
+    return plain.group(1) if plain else ""
+
+
+class ListRetriever:
+    """Returns the given passages (as many as asked), in order."""
+
+    name = "list"
+
+    def __init__(self, texts: list[tuple[str, str]]):
+        self.passages = [Passage(id=f"c{i}", doc_id=doc_id, title=doc_id, text=text, rank=i, similarity=1 - i / 10)
+                         for i, (doc_id, text) in enumerate(texts)]
+
+    def retrieve(self, query: str, k: int) -> list[Passage]:
+        return self.passages[:k]
+
+
+class ListWebSearch:
+    name = "listweb"
+
+    def __init__(self, results: list[WebResult] | None = None, error: Exception | None = None):
+        self.results = results or []
+        self.error = error
+        self.queries: list[str] = []
+
+    def search(self, query: str, max_results: int) -> list[WebResult]:
+        self.queries.append(query)
+        if self.error:
+            raise self.error
+        return self.results[:max_results]
+
+
+__all__ = ["ScriptedLM", "ListRetriever", "ListWebSearch", "yes_no_logprobs", "field", "WebSearchError"]

@@ -1,0 +1,159 @@
+"""Control flow of every CRAG action path, with a scripted LM (no quality claims here)."""
+
+import json
+
+import dspy
+import pytest
+
+from crag_dspy import CRAG, Action
+from crag_dspy.protocols import WebResult, WebSearchError
+from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
+
+GOOD = "The AquaProbe 220 has a range of 0 to 25 mg/L."
+BAD = "The canteen opens at 08:00."
+LONG = ("Travel Policy v4 sets the hotel cap at 180 velds. Hotels are booked in Ledgerly. Receipts are kept. "
+        "The canteen serves soup on Fridays. Parking is free for visitors. Taxis need approval.")
+WEB = WebResult("WQ-17", "https://ihsc.example/wq17", "IHSC WQ-17 requires recalibration every 90 days.")
+
+
+def make_script(doc_scores=None, strip_scores=None, answer="0 to 25 mg/L", query="AquaProbe 220; range"):
+    doc_scores = doc_scores or {}
+    strip_scores = strip_scores or {}
+
+    def script(system, user):
+        if "relevance grader" in system:
+            document = field(user, "document")
+            return next((p for key, p in doc_scores.items() if key in document), 0.05)
+        if "short knowledge strip" in system:
+            strip = field(user, "strip")
+            return next((p for key, p in strip_scores.items() if key in strip), 0.05)
+        if "web search query" in system:
+            return {"query": query}
+        if "Answer the question using only the context" in system:
+            return {"answer": answer}
+        raise AssertionError(f"unexpected prompt: {system[:80]}")
+
+    return script
+
+
+def run(texts, script, web=None, **kwargs):
+    lm = ScriptedLM(script)
+    crag = CRAG(ListRetriever(texts), web or ListWebSearch([WEB]), lm=lm, k=5, **kwargs)
+    return crag(question="What is the range of the AquaProbe 220?"), lm
+
+
+def answer_contexts(lm):
+    return [field(user, "context") for system, user in lm.calls if "Answer the question" in system]
+
+
+def test_correct_uses_internal_only_and_reuses_one_strip_grades():
+    web = ListWebSearch([WEB])
+    pred, lm = run([("kb-1", GOOD), ("kb-2", BAD)], make_script({"0 to 25": 0.9}), web=web)
+    assert pred.action == Action.CORRECT.value
+    assert web.queries == []  # CORRECT never searches the web
+    (context,) = answer_contexts(lm)
+    assert "[internal]" in context and "0 to 25 mg/L" in context
+    assert "canteen" not in context and "[web]" not in context  # raw/irrelevant docs never reach the generator
+    # 2 grades + 1 answer: the one-strip passage reuses its grade instead of asking the strip filter again
+    assert len(lm.calls) == 3
+    kept = [s for s in pred.trace.internal_strips if s.kept]
+    assert [s.score_source for s in kept] == ["document_grade"]
+    assert [round(d.score, 2) for d in pred.trace.documents] == [0.9, 0.05]
+
+
+def test_incorrect_rewrites_searches_and_uses_web_only():
+    web = ListWebSearch([WEB])
+    script = make_script({}, {"90 days": 0.95}, answer="every 90 days")
+    pred, lm = run([("kb-1", BAD)], script, web=web)
+    assert pred.action == Action.INCORRECT.value
+    assert web.queries == ["AquaProbe 220; range"]
+    assert pred.trace.web_query == "AquaProbe 220; range"
+    (context,) = answer_contexts(lm)
+    assert context.startswith("[web]") and "[internal]" not in context
+    assert pred.answer == "every 90 days"
+    assert pred.trace.external_strips[0].kept and pred.trace.web_results[0].url == WEB.url
+
+
+def test_ambiguous_combines_both_sources_internal_first():
+    script = make_script({"0 to 25": 0.5}, {"90 days": 0.9})
+    pred, lm = run([("kb-1", GOOD)], script)
+    assert pred.action == Action.AMBIGUOUS.value
+    (context,) = answer_contexts(lm)
+    lines = context.splitlines()
+    assert lines[0].startswith("[internal]") and lines[-1].startswith("[web]")
+
+
+def test_long_documents_are_decomposed_and_filtered():
+    script = make_script({"hotel cap": 0.9}, {"hotel cap": 0.9, "canteen": 0.1})
+    pred, lm = run([("kb-1", LONG)], script)
+    assert pred.action == Action.CORRECT.value
+    strips = pred.trace.internal_strips
+    assert len(strips) == 2 and [s.kept for s in strips] == [True, False]
+    (context,) = answer_contexts(lm)
+    assert "180 velds" in context and "canteen" not in context
+
+
+def test_web_failure_degrades_to_internal_knowledge_and_says_so():
+    web = ListWebSearch(error=WebSearchError("Tavily search failed: TimeoutError"))
+    pred, lm = run([("kb-1", BAD)], make_script({}, {}, answer="I don't know"), web=web)
+    assert pred.action == Action.INCORRECT.value
+    assert any("web search failed" in f for f in pred.trace.fallbacks)
+    assert any("used internal knowledge" in f for f in pred.trace.fallbacks)
+
+
+def test_empty_web_results_are_a_fallback_not_silence():
+    pred, _ = run([("kb-1", GOOD)], make_script({"0 to 25": 0.5}), web=ListWebSearch([]))
+    assert pred.action == Action.AMBIGUOUS.value
+    assert any("no results" in f for f in pred.trace.fallbacks)
+
+
+def test_unparseable_grades_are_retried_then_reported_as_unknown():
+    def script(system, user):
+        if "relevance grader" in system:
+            return "perhaps"  # never a yes/no
+        return make_script()(system, user)
+
+    pred, lm = run([("kb-1", GOOD)], script, retries=2)
+    doc = pred.trace.documents[0]
+    assert doc.score is None and doc.score_source == "error" and doc.attempts == 3
+    assert "yes" in doc.error and any("grader failed" in e for e in pred.trace.errors)
+    assert pred.action == Action.AMBIGUOUS.value  # unknown never counts as a confident grade
+    assert sum("relevance grader" in s for s, _ in lm.calls) == 3
+
+
+def test_no_context_answers_unknown_without_calling_the_lm():
+    pred, lm = run([("kb-1", BAD)], make_script({}, {}), web=ListWebSearch([]))
+    assert pred.answer == "I don't know"
+    assert answer_contexts(lm) == []
+    assert any("without calling the LM" in f for f in pred.trace.fallbacks)
+
+
+def test_no_identical_lm_call_twice_in_a_query():
+    script = make_script({"hotel cap": 0.5}, {"hotel cap": 0.9, "90 days": 0.9})
+    _, lm = run([("kb-1", LONG), ("kb-2", GOOD)], script)
+    assert len(lm.calls) == len(set(lm.calls))
+
+
+def test_trace_counts_calls_and_is_json():
+    pred, lm = run([("kb-1", GOOD)], make_script({"0 to 25": 0.9}))
+    usage = pred.trace.total_usage
+    assert usage.calls == len(lm.calls) and usage.prompt_tokens > 0
+    assert set(pred.trace.timings) >= {"retrieve", "grade", "answer"}
+    json.loads(pred.trace.model_dump_json())
+
+
+def test_missing_lm_is_a_clear_error():
+    crag = CRAG(ListRetriever([("kb-1", GOOD)]), ListWebSearch())
+    with dspy.context(lm=None), pytest.raises(ValueError, match="no LM"):
+        crag(question="q")
+
+
+def test_thresholds_are_saved_state(tmp_path):
+    crag = CRAG(ListRetriever([]), ListWebSearch(), lower=0.2, upper=0.9)
+    crag.save(str(tmp_path / "p.json"))
+    state = json.loads((tmp_path / "p.json").read_text())
+    assert state["thresholds"] == {"lower": 0.2, "upper": 0.9}
+    fresh = CRAG(ListRetriever([]), ListWebSearch())
+    fresh.load(str(tmp_path / "p.json"))
+    assert (fresh.thresholds.lower, fresh.thresholds.upper) == (0.2, 0.9)
+    assert {"grader.predict", "strip_filter.predict", "rewriter", "answerer"} <= set(state)

@@ -1,0 +1,88 @@
+import pytest
+
+from crag_dspy.chunking import chunk_document, chunk_text
+from crag_dspy.strips import Strip, decompose, format_context, recompose, select_strips, split_sentences
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("One. Two. Three.", ["One.", "Two.", "Three."]),
+        ("Costs rose 3.5 percent. Then fell.", ["Costs rose 3.5 percent.", "Then fell."]),
+        ("See e.g. Annex B for details. Next.", ["See e.g. Annex B for details.", "Next."]),
+        ("Dr. Quist signed it. J. Smith agreed.", ["Dr. Quist signed it.", "J. Smith agreed."]),
+        ("Is it? Yes! Done.", ["Is it?", "Yes!", "Done."]),
+        ('He said "Stop." Then left.', ['He said "Stop."', "Then left."]),
+        ("lowercase. after period stays", ["lowercase. after period stays"]),
+        ("  spaced \n\n text.  ", ["spaced text."]),
+        ("", []),
+    ],
+)
+def test_split_sentences(text, expected):
+    assert split_sentences(text) == expected
+
+
+def test_short_passage_is_one_strip():
+    assert decompose("Only one sentence.") == ["Only one sentence."]
+    assert decompose("First sentence. Second sentence.") == ["First sentence. Second sentence."]
+    assert decompose("") == []
+
+
+def test_long_passage_windows_and_no_orphan_sentence():
+    text = " ".join(f"Sentence {i}." for i in range(1, 8))  # 7 sentences
+    assert decompose(text, 3) == ["Sentence 1. Sentence 2. Sentence 3.", "Sentence 4. Sentence 5. Sentence 6. Sentence 7."]
+    assert decompose(text, 2)[-1] == "Sentence 5. Sentence 6. Sentence 7."
+    assert decompose(text, 1) == [f"Sentence {i}." for i in range(1, 8)]
+    with pytest.raises(ValueError):
+        decompose(text, 0)
+
+
+def test_decompose_keeps_every_sentence_once():
+    text = " ".join(f"Fact number {i} is here." for i in range(1, 12))
+    for n in range(1, 6):
+        assert " ".join(decompose(text, n)) == text
+
+
+def _strip(text, source="internal", rank=0, position=0):
+    return Strip(text, source, f"d{rank}", f"T{rank}", rank, position)
+
+
+def test_select_strips_threshold_topk_and_unknown():
+    a, b, c, d = _strip("a", rank=0), _strip("b", rank=1), _strip("c", rank=2), _strip("d", rank=3)
+    scored = [(a, 0.9), (b, 0.49), (c, None), (d, 0.5)]
+    assert select_strips(scored, 0.5, 5) == [a, d]
+    assert select_strips(scored, 0.5, 1) == [a]
+    assert select_strips(scored, 0.0, 5) == [a, d, b]  # unknown is never kept
+    tie = [(_strip("x", rank=2), 0.8), (_strip("y", rank=1), 0.8)]
+    assert [s.text for s in select_strips(tie, 0.5, 1)] == ["y"]
+
+
+def test_recompose_restores_original_order():
+    strips = [_strip("r1p1", rank=1, position=1), _strip("r0p2", rank=0, position=2),
+              _strip("r1p0", rank=1, position=0), _strip("r0p0", rank=0, position=0)]
+    assert [s.text for s in recompose(strips)] == ["r0p0", "r0p2", "r1p0", "r1p1"]
+
+
+def test_format_context_tags_sources_internal_first():
+    internal = [_strip("kb fact", rank=1), _strip("kb first", rank=0)]
+    web = [_strip("web fact", source="web", rank=0)]
+    assert format_context(internal, web).splitlines() == [
+        "[internal] (T0) kb first", "[internal] (T1) kb fact", "[web] (T0) web fact"]
+    assert format_context([], []) == ""
+
+
+def test_chunk_text_respects_paragraphs_and_limits():
+    para = " ".join(["word"] * 50) + "."
+    text = "\n\n".join([para, para, "Short one."])
+    chunks = chunk_text(text, 60)
+    assert len(chunks) == 2 and chunks[1].endswith("Short one.")  # the short tail merges into its neighbour
+    long_para = " ".join(f"Sentence {i} has five words." for i in range(40))
+    assert all(len(c.split()) <= 60 for c in chunk_text(long_para, 60))
+
+
+def test_chunk_ids_are_content_hashes():
+    a = chunk_document("doc", "Title", "Alpha beta.\n\nGamma delta.", 3)
+    b = chunk_document("doc", "Title", "Alpha beta.\n\nGamma delta changed.", 3)
+    assert a[0].id == b[0].id and a[1].id != b[1].id
+    dup = chunk_document("doc", "T", "Same text here.\n\nSame text here.", 3)
+    assert len({c.id for c in dup}) == 2
