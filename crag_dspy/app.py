@@ -69,14 +69,16 @@ def build_web_search(settings: Settings, backends: Backends) -> WebSearch:
 def build_crag(settings: Settings | None = None, *, lm: dspy.BaseLM | None = None, progress: bool = True) -> CRAG:
     """A CRAG program for ``settings`` with real backends: Chroma, the bundled embeddings, web search, LM."""
     settings = settings or Settings()
+    lm = lm or build_lm(settings)  # first: a bad model string or missing key fails before any indexing
     backends = open_backends(settings, progress=progress)
     return CRAG(
         backends.retriever("kb"),
         build_web_search(settings, backends),
-        lm=lm or build_lm(settings),
+        lm=lm,
         k=backends.domain.config.k or settings.k,
         lower=settings.lower,
         upper=settings.upper,
+        strip_threshold=settings.strip_threshold,
         max_strips=settings.max_strips,
         sentences_per_strip=backends.domain.config.sentences_per_strip,
         web_results=settings.web_results,

@@ -42,9 +42,9 @@ class Settings(BaseSettings):
     embedded_model: Literal["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"] = Field(
         "qwen2.5-coder-1.5b-instruct", description="Which embedded GGUF model to serve; the 0.5B is ~2.5x faster."
     )
-    embedded_threads: int = Field(default_factory=lambda: os.cpu_count() or 2, ge=1)
+    embedded_threads: int = Field(default_factory=lambda: os.cpu_count() or 2, ge=1, description="CPU threads.")
     embedded_ctx: int = Field(8192, ge=1024, description="Context window of the embedded model, in tokens.")
-    lm_timeout_s: float = Field(120.0, gt=0)
+    lm_timeout_s: float = Field(120.0, gt=0, description="Seconds before an LM request is abandoned.")
     lm_retries: int = Field(2, ge=0, le=5, description="Extra attempts after an unparseable or failed LM output.")
     use_logprobs: bool = Field(True, description="Read grades from token probabilities when the LM returns them.")
 
@@ -53,7 +53,7 @@ class Settings(BaseSettings):
     domain_dir: Path | None = Field(None, description="Any directory in the domain format (overrides domain).")
     chroma_path: Path | None = Field(None, description="Embedded Chroma folder (default: <cache_dir>/chroma).")
     chroma_host: str | None = Field(None, description="Chroma server host; when set, HttpClient is used.")
-    chroma_port: int = Field(8000, ge=1, le=65535)
+    chroma_port: int = Field(8000, ge=1, le=65535, description="Chroma server port.")
     embedding_model: str | None = Field(
         None, description="sentence-transformers model path or name (default: the bundled all-MiniLM-L6-v2)."
     )
@@ -62,9 +62,10 @@ class Settings(BaseSettings):
     # --- CRAG -----------------------------------------------------------------------------------
     lower: float = Field(0.3, ge=0.0, le=1.0, description="Below this for every document: INCORRECT.")
     upper: float = Field(0.7, ge=0.0, le=1.0, description="Any document at or above this: CORRECT.")
+    strip_threshold: float = Field(0.5, ge=0.0, le=1.0, description="Strips scoring below this are dropped.")
     max_strips: int = Field(5, ge=1, description="Most knowledge strips kept per source (paper: top 5).")
-    web_results: int = Field(3, ge=1, le=10)
-    web_timeout_s: float = Field(15.0, gt=0)
+    web_results: int = Field(3, ge=1, le=10, description="Web results requested per search.")
+    web_timeout_s: float = Field(15.0, gt=0, description="Seconds before a web search is abandoned.")
     web_domains: list[str] = Field(
         default_factory=list, description="Domains Tavily should prefer, e.g. ['wikipedia.org'] (paper's choice)."
     )
@@ -72,7 +73,7 @@ class Settings(BaseSettings):
         "auto", description="'auto' uses Tavily when TAVILY_API_KEY is set, else the offline stand-in."
     )
 
-    cache_dir: Path = Field(default_factory=default_cache_dir)
+    cache_dir: Path = Field(default_factory=default_cache_dir, description="Joined model weights and Chroma data.")
 
     @model_validator(mode="after")
     def _thresholds_ordered(self) -> "Settings":

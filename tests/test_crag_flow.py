@@ -21,10 +21,10 @@ def make_script(doc_scores=None, strip_scores=None, answer="0 to 25 mg/L", query
     strip_scores = strip_scores or {}
 
     def script(system, user):
-        if "relevance grader" in system:
+        if "You judge search results" in system:
             document = field(user, "document")
             return next((p for key, p in doc_scores.items() if key in document), 0.05)
-        if "short knowledge strip" in system:
+        if "You judge short knowledge strips" in system:
             strip = field(user, "strip")
             return next((p for key, p in strip_scores.items() if key in strip), 0.05)
         if "web search query" in system:
@@ -109,7 +109,7 @@ def test_empty_web_results_are_a_fallback_not_silence():
 
 def test_unparseable_grades_are_retried_then_reported_as_unknown():
     def script(system, user):
-        if "relevance grader" in system:
+        if "You judge search results" in system:
             return "perhaps"  # never a yes/no
         return make_script()(system, user)
 
@@ -118,7 +118,7 @@ def test_unparseable_grades_are_retried_then_reported_as_unknown():
     assert doc.score is None and doc.score_source == "error" and doc.attempts == 3
     assert "yes" in doc.error and any("grader failed" in e for e in pred.trace.errors)
     assert pred.action == Action.AMBIGUOUS.value  # unknown never counts as a confident grade
-    assert sum("relevance grader" in s for s, _ in lm.calls) == 3
+    assert sum("You judge search results" in s for s, _ in lm.calls) == 3
 
 
 def test_no_context_answers_unknown_without_calling_the_lm():

@@ -1,0 +1,100 @@
+"""CRAG vs plain RAG on the same questions, model and machine, in one run: wall time, LM calls and
+prompt tokens per question, and their ratios; CRAG's time per stage; prompt-prefix cache use; and a
+check that no identical LM request is made twice within one question.
+
+    python benchmarks/crag_vs_rag.py [--n 12] [--split test] [--lm embedded]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import dspy
+import orjson
+from tqdm.auto import tqdm
+
+from crag_dspy.app import build_crag, open_backends
+from crag_dspy.baselines import PlainRAG
+from crag_dspy.lm import build_lm, lm_identity
+from crag_dspy.settings import Settings
+from optimize.metrics import answer_matches
+
+
+def _usage(tracker) -> dict:
+    calls = prompt = cached = completion = 0
+    for entries in tracker.usage_data.values():
+        for e in entries:
+            calls += 1
+            prompt += int(e.get("prompt_tokens") or 0)
+            completion += int(e.get("completion_tokens") or 0)
+            cached += int(((e.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+    return {"calls": calls, "prompt_tokens": prompt, "cached_prompt_tokens": cached, "completion_tokens": completion}
+
+
+def _duplicates(history: list[dict]) -> int:
+    keys = Counter(orjson.dumps({"m": h["messages"], "k": h["kwargs"]}, option=orjson.OPT_SORT_KEYS) for h in history)
+    return sum(n - 1 for n in keys.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=12)
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--lm")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    settings = Settings(**({"lm": args.lm} if args.lm else {}))
+    backends = open_backends(settings)
+    questions = [q for q in backends.domain.qa if q.split == args.split][: args.n]
+    lm = build_lm(settings, cache=False)  # every call real: we are measuring the model, not the cache
+    crag = build_crag(settings, lm=lm, progress=False)
+    rag = PlainRAG(crag.retriever, lm=lm, k=crag.k)
+    rag(question="warm-up")  # model load and the first prompt prefixes are not part of either system's cost
+    crag(question="warm-up")
+
+    rows = defaultdict(list)
+    stage_time = defaultdict(float)
+    for q in tqdm(questions, desc="questions"):
+        for name, program in (("rag", rag), ("crag", crag)):
+            lm.history.clear()
+            started = time.perf_counter()
+            with dspy.track_usage() as tracker:
+                pred = program(question=q.question)
+            row = {"seconds": time.perf_counter() - started, **_usage(tracker),
+                   "correct": answer_matches(pred.answer, q.answers), "duplicates": _duplicates(lm.history)}
+            if name == "crag":
+                row["action"] = pred.action
+                for stage, seconds in pred.trace.timings.items():
+                    stage_time[stage] += seconds
+            rows[name].append(row)
+
+    def mean(name, key):
+        return statistics.fmean(r[key] for r in rows[name])
+
+    print(f"\n{len(questions)} {args.split} questions, LM {lm_identity(settings)}, k={crag.k}")
+    print(f"{'':10} {'plain RAG':>10} {'CRAG':>10} {'ratio':>7}")
+    summary = {}
+    for key in ("seconds", "calls", "prompt_tokens", "cached_prompt_tokens", "completion_tokens"):
+        r, c = mean("rag", key), mean("crag", key)
+        summary[key] = {"rag": r, "crag": c, "ratio": c / r if r else None}
+        print(f"{key:<22} {r:10.1f} {c:10.1f} {c / r if r else float('nan'):7.2f}x")
+    for name in ("rag", "crag"):
+        summary[f"{name}_accuracy"] = mean(name, "correct")
+    print(f"accuracy (gold alias match): plain RAG {summary['rag_accuracy']:.2f}, CRAG {summary['crag_accuracy']:.2f}")
+    total = sum(stage_time.values())
+    print("CRAG time by stage: " + ", ".join(f"{s} {t / total:.0%}" for s, t in sorted(stage_time.items(), key=lambda x: -x[1])))
+    print("CRAG actions: " + ", ".join(f"{a} {n}" for a, n in Counter(r["action"] for r in rows["crag"]).items()))
+    dup = sum(r["duplicates"] for r in rows["crag"]) + sum(r["duplicates"] for r in rows["rag"])
+    print(f"identical LM requests repeated within a question: {dup}")
+    if args.out:
+        args.out.write_text(json.dumps({"summary": summary, "rows": rows, "stage_seconds": stage_time}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

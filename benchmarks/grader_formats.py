@@ -1,0 +1,96 @@
+"""Measure how the grader should ask and read its answer, on a domain's labelled relevance pairs.
+
+Compares, on the same pairs and model, before any compilation:
+  - chat  : DSPy's default ChatAdapter, bool output; accuracy of the parsed label, and of P(yes) from logprobs
+  - label : crag-dspy's LabelAdapter (one-word answer); parsed label and P(yes) from logprobs
+  - cosine: all-MiniLM-L6-v2 question/passage cosine similarity (no LM), AUC only
+and prints accuracy / precision / recall / AUC, seconds per call and generated tokens.
+
+    python benchmarks/grader_formats.py --split val [--limit N] [--variants label chat] [--lm embedded]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import dspy
+import numpy as np
+from tqdm.auto import tqdm
+
+from crag_dspy.domain import load_domain
+from crag_dspy.embeddings import Embedder
+from crag_dspy.judging import BinaryJudge
+from crag_dspy.lm import build_lm, lm_identity
+from crag_dspy.settings import Settings
+from optimize.metrics import binary_report
+from signatures import GradeDocument
+
+
+def run_variant(adapter: str, pairs, lm) -> dict:
+    judge = BinaryJudge(GradeDocument, adapter=adapter, use_logprobs=True, retries=1)
+    scores, labels, completion_tokens, calls = [], [], 0, 0
+    started = time.perf_counter()
+    with dspy.context(lm=lm), dspy.track_usage() as usage:
+        for pair in tqdm(pairs, desc=f"grader[{adapter}]"):
+            j = judge(question=pair.question, document=pair.passage).judgement
+            scores.append(j.score)
+            labels.append(None if j.label is None else float(j.label))
+    elapsed = time.perf_counter() - started
+    for entries in usage.usage_data.values():
+        calls += len(entries)
+        completion_tokens += sum(int(e.get("completion_tokens") or 0) for e in entries)
+    gold = [p.label for p in pairs]
+    return {
+        "variant": adapter,
+        "logprob_score": binary_report(scores, gold).as_dict(),
+        "parsed_label": binary_report(labels, gold).as_dict(),
+        "seconds_per_pair": elapsed / len(pairs),
+        "lm_calls": calls,
+        "completion_tokens_per_call": completion_tokens / max(calls, 1),
+        "score_sources": {s: sum(1 for x in scores if (x is None) == (s == "error")) for s in ("ok", "error")},
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--domain-dir", type=Path, default=Path("data/default"))
+    parser.add_argument("--split", default="val")
+    parser.add_argument("--limit", type=int)
+    parser.add_argument("--variants", nargs="+", default=["label", "chat"])
+    parser.add_argument("--lm", default=None)
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+
+    settings = Settings(**({"lm": args.lm} if args.lm else {}))
+    domain = load_domain(args.domain_dir)
+    # Grouped by question so consecutive calls share the cached prompt prefix, as in a real CRAG query.
+    pairs = sorted((p for p in domain.relevance if p.split == args.split), key=lambda p: p.question)[: args.limit]
+    print(f"{len(pairs)} {args.split} pairs ({sum(p.label for p in pairs)} positive), LM {lm_identity(settings)}")
+
+    embedder = Embedder()
+    q = np.asarray(embedder.encode([p.question for p in pairs]))
+    d = np.asarray(embedder.encode([p.passage for p in pairs]))
+    cosine = binary_report(list((q * d).sum(axis=1)), [p.label for p in pairs]).roc_auc
+    results = {"pairs": len(pairs), "split": args.split, "lm": lm_identity(settings), "cosine_auc": cosine,
+               "variants": []}
+    lm = build_lm(settings, cache=False)  # measure real calls, not cache hits
+    for variant in args.variants:
+        results["variants"].append(run_variant(variant, pairs, lm))
+
+    print(f"\ncosine similarity baseline: AUC {cosine:.3f}")
+    print(f"{'variant':<8} {'read as':<9} {'acc':>6} {'prec':>6} {'rec':>6} {'AUC':>6} {'unk':>4} {'s/pair':>7} {'out tok':>7}")
+    for r in results["variants"]:
+        for key, name in (("parsed_label", "label"), ("logprob_score", "P(yes)")):
+            m = r[key]
+            auc = "-" if m["roc_auc"] is None else f"{m['roc_auc']:.3f}"
+            print(f"{r['variant']:<8} {name:<9} {m['accuracy']:6.3f} {m['precision']:6.3f} {m['recall']:6.3f} {auc:>6} "
+                  f"{m['unknown']:4d} {r['seconds_per_pair']:7.2f} {r['completion_tokens_per_call']:7.1f}")
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

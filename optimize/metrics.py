@@ -1,0 +1,94 @@
+"""Pure metric functions: binary classification quality and normalized gold-alias answer matching."""
+
+from __future__ import annotations
+
+import re
+import string
+import unicodedata
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+__all__ = ["BinaryReport", "binary_report", "roc_auc", "normalize_answer", "answer_matches", "UNKNOWN_ALIASES"]
+
+UNKNOWN_ALIASES = ("i don't know", "i do not know")
+
+
+@dataclass(frozen=True)
+class BinaryReport:
+    n: int
+    accuracy: float
+    precision: float
+    recall: float
+    f1: float
+    roc_auc: float | None
+    unknown: int  # items without a score (the LM failed); counted as wrong in accuracy
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def roc_auc(scores: Sequence[float], labels: Sequence[int]) -> float | None:
+    """Probability that a random positive outscores a random negative (ties count half); None if undefined."""
+    pos = [s for s, y in zip(scores, labels) if y == 1]
+    neg = [s for s, y in zip(scores, labels) if y == 0]
+    if not pos or not neg:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def binary_report(scores: Sequence[float | None], labels: Sequence[int], threshold: float = 0.5) -> BinaryReport:
+    """Accuracy, precision, recall, F1 at ``threshold`` and ROC AUC; a None score is a wrong prediction."""
+    if len(scores) != len(labels):
+        raise ValueError("scores and labels differ in length")
+    tp = fp = fn = correct = 0
+    for score, label in zip(scores, labels):
+        predicted = None if score is None else int(score >= threshold)
+        correct += predicted == label
+        tp += predicted == 1 and label == 1
+        fp += predicted == 1 and label == 0
+        fn += predicted != 1 and label == 1
+    n = len(labels)
+    precision = tp / (tp + fp) if tp + fp else 0.0
+    recall = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+    known = [(s, y) for s, y in zip(scores, labels) if s is not None]
+    auc = roc_auc([s for s, _ in known], [y for _, y in known])
+    return BinaryReport(n, correct / n if n else 0.0, precision, recall, f1, auc, sum(s is None for s in scores))
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans({c: " " for c in string.punctuation if c not in "%"})
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD-style normalization: NFKC, lower case, digits' thousands separators dropped, punctuation and
+    articles removed, whitespace collapsed ("1,240 Velds." -> "1240 velds")."""
+    text = unicodedata.normalize("NFKC", text).lower().replace("\u2019", "'")
+    text = re.sub(r"(?<=\d)[,\u202f\u00a0](?=\d{3}\b)", "", text)
+    text = text.translate(_PUNCT)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def answer_matches(prediction: str | None, aliases: Sequence[str]) -> bool:
+    """True when any normalized gold alias occurs in the normalized prediction as whole words
+    (the paper's PopQA rule: a gold answer string appears in the generation).
+
+    Unanswerable questions carry the alias "I don't know": they match only an abstaining answer, and an
+    abstaining answer never matches a real alias.
+    """
+    if not prediction:
+        return False
+    pred = f" {normalize_answer(prediction)} "
+    abstained = any(f" {normalize_answer(u)} " in pred for u in UNKNOWN_ALIASES)
+    for alias in aliases:
+        gold = normalize_answer(alias)
+        if not gold:
+            continue
+        if gold in {normalize_answer(u) for u in UNKNOWN_ALIASES}:
+            if abstained:
+                return True
+        elif f" {gold} " in pred and not abstained:
+            return True
+    return False

@@ -1,0 +1,55 @@
+import json
+
+import pytest
+
+from crag_dspy.cli import build_parser, main
+
+
+def test_help_everywhere(capsys):
+    for argv in (["--help"], ["ask", "--help"], ["ingest", "--help"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 0
+    assert "--program" in capsys.readouterr().out
+
+
+def test_ingest_tiny_domain_twice(tmp_path, capsys):
+    domain = tmp_path / "tiny"
+    domain.mkdir()
+    (domain / "corpus.jsonl").write_text(
+        json.dumps({"id": "a", "title": "Leave", "text": "Staff get 27 days of leave."}) + "\n", encoding="utf-8")
+    argv = ["ingest", str(domain), "--chroma-path", str(tmp_path / "chroma")]
+    assert main(argv) == 0
+    assert "1 added" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "0 added, 1 unchanged, 0 removed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["ingest", "/nonexistent/domain"], "domain directory not found"),
+        (["ask", "q", "--domain-dir", "/nonexistent/domain", "--lm", "openai/gpt-4o-mini",
+          "--lm-api-base", "http://127.0.0.1:9/v1"], "domain directory not found"),
+        (["ask", "q", "--lm", "gpt-4o-mini"], "not a LiteLLM model string"),
+        (["ask", "q", "--lower", "0.9", "--upper", "0.1"], "must not exceed upper"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_api_key_names_the_variable(monkeypatch, capsys):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    assert main(["ask", "q", "--lm", "openai/gpt-4o-mini"]) == 2
+    assert "OPENAI_API_KEY" in capsys.readouterr().err
+
+
+def test_flags_override_environment(monkeypatch):
+    from crag_dspy.cli import settings_from_args
+
+    monkeypatch.setenv("CRAG_K", "9")
+    monkeypatch.setenv("CRAG_LOWER", "0.1")
+    settings = settings_from_args(build_parser().parse_args(["ask", "q", "--k", "3"]))
+    assert settings.k == 3 and settings.lower == 0.1

@@ -1,0 +1,110 @@
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from crag_dspy.domain import DomainDataError, load_domain, load_jsonl, QAPair
+from optimize.metrics import normalize_answer
+
+DEFAULT = Path(__file__).resolve().parent.parent / "data" / "default"
+
+
+@pytest.fixture(scope="module")
+def default():
+    return load_domain(DEFAULT)
+
+
+def test_default_domain_meets_the_size_floor(default):
+    assert default.name == "default"
+    assert len(default.corpus) >= 60 and len(default.web) >= 60
+    assert len(default.qa) >= 150 and len(default.relevance) >= 400
+    assert all(len(d.text.split("\n\n")) >= 3 for d in default.corpus)  # multi-paragraph documents
+    kinds = Counter(q.kind for q in default.qa)
+    assert kinds["kb"] and kinds["web"] and kinds["both"] and kinds["none"]
+    assert {q.split for q in default.qa} == {"train", "val", "test"}
+
+
+def test_default_qa_evidence_is_real(default):
+    docs = {d.id: d.text for d in [*default.corpus, *default.web]}
+    for q in default.qa:
+        if q.kind == "none":
+            assert q.answers == ["I don't know"] and not q.evidence
+            continue
+        quotes = [e["quote"] for e in q.evidence]
+        for e in q.evidence:
+            assert e["quote"] in docs[e["doc_id"]], q.id
+        assert any(normalize_answer(q.answers[0]) in normalize_answer(x) for x in quotes), q.id
+
+
+def test_default_relevance_is_balanced_and_free_of_test_questions(default):
+    test_questions = {q.question for q in default.qa if q.split == "test"}
+    for split in ("train", "val"):
+        labels = Counter(p.label for p in default.relevance if p.split == split)
+        assert labels[0] == labels[1] > 50
+    assert not test_questions & {p.question for p in default.relevance}
+
+
+def test_web_corpus_has_urls_and_kb_does_not_leak_into_it(default):
+    assert all(d.url for d in default.web)
+    assert not {d.id for d in default.corpus} & {d.id for d in default.web}
+
+
+def write(tmp_path, name, lines):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def test_malformed_line_names_file_and_line(tmp_path):
+    write(tmp_path, "corpus.jsonl", ['{"id": "a", "title": "A", "text": "x"}', "", "{not json"])
+    with pytest.raises(DomainDataError, match=r"corpus.jsonl:3: not valid JSON"):
+        load_domain(tmp_path)
+
+
+def test_missing_field_names_the_field(tmp_path):
+    write(tmp_path, "corpus.jsonl", ['{"id": "a", "text": "x"}'])
+    with pytest.raises(DomainDataError, match=r"corpus.jsonl:1: title: Field required"):
+        load_domain(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"id": "q", "question": "?", "answers": [], "split": "train"}', "answers"),
+        ('{"id": "q", "question": "?", "answers": ["x"], "split": "dev"}', "split"),
+        ('{"id": "q", "question": "  ", "answers": ["x"], "split": "train"}', "question"),
+    ],
+)
+def test_qa_validation(tmp_path, line, message):
+    path = write(tmp_path, "qa.jsonl", [line])
+    with pytest.raises(DomainDataError, match=rf"qa.jsonl:1: {message}"):
+        load_jsonl(path, QAPair)
+
+
+def test_empty_and_missing_corpus(tmp_path):
+    with pytest.raises(DomainDataError, match="no corpus.jsonl"):
+        load_domain(tmp_path)
+    write(tmp_path, "corpus.jsonl", [""])
+    with pytest.raises(DomainDataError, match="corpus is empty"):
+        load_domain(tmp_path)
+    with pytest.raises(DomainDataError, match="not found"):
+        load_domain(tmp_path / "nope")
+
+
+def test_duplicate_ids_and_bad_toml(tmp_path):
+    doc = json.dumps({"id": "a", "title": "A", "text": "x"})
+    write(tmp_path, "corpus.jsonl", [doc, doc])
+    with pytest.raises(DomainDataError, match="duplicate document id 'a'"):
+        load_domain(tmp_path)
+    write(tmp_path, "corpus.jsonl", [doc])
+    write(tmp_path, "domain.toml", ['name = "bad name!"'])
+    with pytest.raises(DomainDataError, match="domain.toml"):
+        load_domain(tmp_path)
+
+
+def test_text_folder_corpus(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "policy.md").write_text("# Leave policy\n\nStaff get 25 days.\n", encoding="utf-8")
+    domain = load_domain(tmp_path)
+    assert domain.corpus[0].title == "Leave policy" and domain.config.name == tmp_path.name.strip("-_")[:42]
