@@ -9,7 +9,9 @@ import os
 # use, which stalls 5 s and warns on machines without network. An explicit user setting wins.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "true")
 
-from .app import build_crag  # noqa: E402
+__version__ = "0.1.0"
+
+from .app import build_crag, load_program  # noqa: E402
 from .domain import Domain, DomainDataError, load_domain
 from .module import CRAG, Thresholds
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
@@ -17,7 +19,6 @@ from .routing import Action, decide_action
 from .settings import Settings
 
 __all__ = [
-    "CRAG", "Thresholds", "build_crag", "Settings", "Action", "decide_action", "Domain", "DomainDataError",
+    "CRAG", "Thresholds", "build_crag", "load_program", "Settings", "Action", "decide_action", "Domain", "DomainDataError",
     "load_domain", "Passage", "WebResult", "Retriever", "WebSearch", "WebSearchError",
 ]
-__version__ = "0.1.0"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import chromadb
 import dspy
@@ -13,12 +14,13 @@ from .domain import Domain, load_domain
 from .embeddings import Embedder
 from .lm import build_lm
 from .module import CRAG
-from .protocols import WebSearch
+from .program import apply_program, read_program
+from .protocols import Retriever, WebSearch
 from .settings import Settings
 from .store import ChromaRetriever, StoreError, collection_names, ingest_domain, open_client
 from .web import NoWebSearch, OfflineWebSearch, TavilyWebSearch
 
-__all__ = ["Backends", "open_backends", "build_web_search", "build_crag"]
+__all__ = ["Backends", "open_backends", "build_web_search", "assemble", "build_crag", "load_program"]
 
 log = logging.getLogger(__name__)
 
@@ -66,12 +68,11 @@ def build_web_search(settings: Settings, backends: Backends) -> WebSearch:
     return NoWebSearch()
 
 
-def build_crag(settings: Settings | None = None, *, lm: dspy.BaseLM | None = None, progress: bool = True) -> CRAG:
-    """A CRAG program for ``settings`` with real backends: Chroma, the bundled embeddings, web search, LM."""
-    settings = settings or Settings()
+def assemble(settings: Settings, lm: dspy.BaseLM | None = None, progress: bool = True) -> tuple[CRAG, Backends]:
+    """Build CRAG and return it with its storage backends (compile and evaluation need both)."""
     lm = lm or build_lm(settings)  # first: a bad model string or missing key fails before any indexing
     backends = open_backends(settings, progress=progress)
-    return CRAG(
+    crag = CRAG(
         backends.retriever("kb"),
         build_web_search(settings, backends),
         lm=lm,
@@ -85,3 +86,37 @@ def build_crag(settings: Settings | None = None, *, lm: dspy.BaseLM | None = Non
         use_logprobs=settings.use_logprobs,
         retries=settings.lm_retries,
     )
+    return crag, backends
+
+
+def build_crag(settings: Settings | None = None, *, lm: dspy.BaseLM | None = None, progress: bool = True) -> CRAG:
+    """A CRAG program for ``settings`` with real backends: Chroma, the bundled embeddings, web search, LM."""
+    return assemble(settings or Settings(), lm, progress)[0]
+
+
+def load_program(
+    path: str | Path,
+    *,
+    settings: Settings | None = None,
+    lm: dspy.BaseLM | None = None,
+    retriever: Retriever | None = None,
+    web_search: WebSearch | None = None,
+    progress: bool = True,
+) -> CRAG:
+    """Rebuild CRAG and apply a compiled program JSON (demos, instructions, thresholds, config).
+
+    With ``retriever`` and ``web_search`` given, no store is opened (bring your own backends). Otherwise
+    the program's own domain is used unless ``settings`` names one, and a program compiled for another
+    domain is refused: thresholds and demos tuned on one domain's data must not transfer silently.
+    """
+    document = read_program(path)
+    if retriever is not None and web_search is not None:
+        crag = CRAG(retriever, web_search, lm=lm or build_lm(settings or Settings()))
+        return apply_program(crag, document)
+    if settings is None:
+        recorded = document["metadata"].get("domain_dir")
+        settings = (Settings(domain_dir=Path(recorded)) if recorded and Path(recorded).is_dir()
+                    else Settings(domain=document["metadata"].get("domain") or "default"))
+    crag, backends = assemble(settings, lm, progress)
+    read_program(path, domain=backends.domain.name)
+    return apply_program(crag, document)

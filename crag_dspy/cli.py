@@ -111,16 +111,19 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace) -> int:
-    from .app import build_crag
+    from .app import build_crag, load_program
+    from .lm import build_lm
 
     settings = settings_from_args(args)
-    crag = build_crag(settings)
     if args.program:
-        crag.load(str(args.program))
-        # Explicit flags beat the program's tuned thresholds.
+        explicit_domain = args.domain is not None or args.domain_dir is not None
+        crag = load_program(args.program, settings=settings if explicit_domain else None, lm=build_lm(settings))
+        # Explicit threshold flags beat the program's tuned thresholds.
         if args.lower is not None or args.upper is not None:
             crag.thresholds.load_state({"lower": settings.lower if args.lower is not None else crag.thresholds.lower,
                                         "upper": settings.upper if args.upper is not None else crag.thresholds.upper})
+    else:
+        crag = build_crag(settings)
     prediction = crag(question=args.question)
     if args.json:
         print(json.dumps(prediction.trace.model_dump(mode="json"), indent=2, ensure_ascii=False))
@@ -134,10 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     from .domain import DomainDataError
     from .lm import LMConfigError, WeightsError
+    from .program import ProgramError
     from .store import StoreError
 
     try:
         return {"ingest": _ingest, "ask": _ask}[args.command](args)
-    except (DomainDataError, LMConfigError, WeightsError, StoreError, ValueError, ValidationError) as exc:
+    except (DomainDataError, LMConfigError, WeightsError, StoreError, ProgramError, ValueError, ValidationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -144,7 +144,8 @@ class BinaryJudge(dspy.Module):
             if not isinstance(label, bool):
                 errors.append(f"unparseable {self.output_name}: {label!r}")
                 continue
-            p_yes = yes_probability(pred.get("logprobs")) if self.use_logprobs else None
+            # Popped so that bootstrapped demos (which copy the prediction) never carry provider logprobs.
+            p_yes = yes_probability(pred._store.pop("logprobs", None)) if self.use_logprobs else None
             if p_yes is None:
                 score, source = (1.0 if label else 0.0), "label"
             else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from contextlib import nullcontext
 from typing import Any
 
@@ -19,6 +20,7 @@ from .trace import CRAGTrace, DocumentGrade, StripRecord, TraceRecorder, WebReco
 __all__ = ["CRAG", "Thresholds", "UNKNOWN_ANSWER"]
 
 UNKNOWN_ANSWER = "I don't know"
+_SHARED = frozenset({"retriever", "web_search", "lm"})
 
 
 class Thresholds(Parameter):
@@ -89,76 +91,88 @@ class CRAG(dspy.Module):
         self.rewriter = dspy.Predict(RewriteQuery)
         self.answerer = dspy.Predict(AnswerFromContext)
 
+    def __deepcopy__(self, memo: dict) -> "CRAG":
+        # Optimizers copy programs often; stores, clients and the LM are shared infrastructure, not state.
+        new = self.__class__.__new__(self.__class__)
+        memo[id(self)] = new
+        for key, value in self.__dict__.items():
+            setattr(new, key, value if key in _SHARED else copy.deepcopy(value, memo))
+        return new
+
     # -- the algorithm --------------------------------------------------------------------------
     def forward(self, question: str) -> dspy.Prediction:
-        trace = CRAGTrace(question=question, lower=self.thresholds.lower, upper=self.thresholds.upper,
-                          retriever=getattr(self.retriever, "name", type(self.retriever).__name__),
-                          web_backend=getattr(self.web_search, "name", type(self.web_search).__name__))
-        run = TraceRecorder(trace)
-        with self._lm_scope(trace):
-            with run.stage("retrieve"):
-                passages = self.retriever.retrieve(question, self.k)
-            with run.stage("grade"):
-                scores = self._grade(question, passages, trace)
+        run = self.new_run(question)
+        with self.lm_scope(run.trace):
+            passages, scores = self.grade_documents(question, run)
             action = decide_action(scores, self.thresholds.lower, self.thresholds.upper)
-            trace.action = action.value
-
-            external: list[Strip] | None = None
-            if action.uses_web:
-                external = self._external_knowledge(question, run)
+            run.trace.action = action.value
+            external = self.external_knowledge(question, run) if action.uses_web else None
             internal: list[Strip] = []
             if action.uses_internal or external is None:
-                if external is None and action is Action.INCORRECT:
-                    run.fallback("web search gave nothing; used internal knowledge instead of none")
-                with run.stage("refine_internal"):
-                    internal = self._internal_knowledge(question, passages, scores, trace,
-                                                        keep_all=external is None and action is Action.INCORRECT)
-            with run.stage("answer"):
-                trace.context = format_context(internal, external or [])
-                trace.answer = self._answer(question, trace.context, run)
-        return dspy.Prediction(answer=trace.answer, action=trace.action, context=trace.context, trace=trace)
+                if action is Action.INCORRECT:
+                    run.fallback("web search gave nothing; answered from internal knowledge instead")
+                internal = self.internal_knowledge(question, passages, scores, run)
+            self.generate(question, internal, external or [], run)
+        return run.prediction()
 
-    # -- stages -----------------------------------------------------------------------------------
-    def _lm_scope(self, trace: CRAGTrace):
+    # -- stages (public so that threshold tuning can run each once and re-route offline) ------------
+    def new_run(self, question: str) -> TraceRecorder:
+        return TraceRecorder(CRAGTrace(
+            question=question, lower=self.thresholds.lower, upper=self.thresholds.upper,
+            retriever=getattr(self.retriever, "name", type(self.retriever).__name__),
+            web_backend=getattr(self.web_search, "name", type(self.web_search).__name__),
+        ))
+
+    def lm_scope(self, trace: CRAGTrace):
         lm = self.lm or dspy.settings.lm
         if lm is None:
             raise ValueError("CRAG has no LM: pass lm=... or call dspy.configure(lm=...) first")
         trace.lm_model = getattr(lm, "model", type(lm).__name__)
         return dspy.context(lm=self.lm) if self.lm is not None else nullcontext()
 
-    def _grade(self, question: str, passages: list[Passage], trace: CRAGTrace) -> list[float | None]:
+    def grade_documents(self, question: str, run: TraceRecorder) -> tuple[list[Passage], list[float | None]]:
+        """Retrieve top-k and grade each passage; a failed grade is None (unknown) and an error in the trace."""
+        with run.stage("retrieve"):
+            passages = self.retriever.retrieve(question, self.k)
         scores = []
-        for passage in passages:
-            judgement = self.grader(question=question, document=passage.display).judgement
-            scores.append(judgement.score)
-            trace.documents.append(DocumentGrade(
-                id=passage.id, doc_id=passage.doc_id, title=passage.title, rank=passage.rank,
-                similarity=round(passage.similarity, 4), score=judgement.score, score_source=judgement.score_source,
-                attempts=judgement.attempts, error="; ".join(judgement.errors) or None,
-            ))
-            if judgement.score is None:
-                trace.errors.append(f"grader failed on {passage.doc_id} (treated as unknown): {judgement.errors[-1]}")
-        return scores
+        with run.stage("grade"):
+            for passage in passages:
+                judgement = self.grader(question=question, document=passage.display).judgement
+                scores.append(judgement.score)
+                run.trace.documents.append(DocumentGrade(
+                    id=passage.id, doc_id=passage.doc_id, title=passage.title, rank=passage.rank,
+                    similarity=round(passage.similarity, 4), score=judgement.score,
+                    score_source=judgement.score_source, attempts=judgement.attempts,
+                    error="; ".join(judgement.errors) or None,
+                ))
+                if judgement.score is None:
+                    run.error(f"grader failed on {passage.doc_id} (treated as unknown): {judgement.errors[-1]}")
+        return passages, scores
 
-    def _internal_knowledge(self, question: str, passages: list[Passage], scores: list[float | None],
-                            trace: CRAGTrace, keep_all: bool) -> list[Strip]:
-        """Decompose the passages not graded below ``lower``, filter their strips, recompose in order."""
-        candidates = [p for p, s in zip(passages, scores) if keep_all or s is None or s >= self.thresholds.lower]
-        grades = {p.id: s for p, s in zip(passages, scores)}
+    def internal_knowledge(self, question: str, passages: list[Passage], scores: list[float | None],
+                           run: TraceRecorder) -> list[Strip]:
+        """Decompose, filter and recompose the retrieved passages into internal knowledge.
+
+        Passages graded below ``strip_threshold`` are dropped whole (their strips would be judged on
+        the same evidence); the result depends on the grades but not on the action thresholds, so one
+        refinement per question serves every (lower, upper) during tuning.
+        """
         strips: list[Strip] = []
         reuse: dict[Strip, float | None] = {}
-        for p in candidates:
-            pieces = decompose(p.text, self.sentences_per_strip)
-            for i, text in enumerate(pieces):
-                strips.append(Strip(text, "internal", p.doc_id, p.title, p.rank, i, p.url))
-                if len(pieces) == 1:
-                    # The grader already judged this passage whole: asking again would be the same question.
-                    reuse[strips[-1]] = grades[p.id]
-        kept, records = self._filter(question, strips, reuse, trace)
-        trace.internal_strips = records
+        with run.stage("refine_internal"):
+            for passage, score in zip(passages, scores):
+                if score is not None and score < self.strip_threshold:
+                    continue
+                pieces = decompose(passage.text, self.sentences_per_strip)
+                for i, text in enumerate(pieces):
+                    strips.append(Strip(text, "internal", passage.doc_id, passage.title, passage.rank, i, passage.url))
+                    if len(pieces) == 1:
+                        # The grader already judged this passage whole: asking again would be the same question.
+                        reuse[strips[-1]] = score
+            kept, run.trace.internal_strips = self._filter(question, strips, reuse, run)
         return kept
 
-    def _external_knowledge(self, question: str, run: TraceRecorder) -> list[Strip] | None:
+    def external_knowledge(self, question: str, run: TraceRecorder) -> list[Strip] | None:
         """Rewrite, search, decompose and filter web results; None when web search produced nothing."""
         trace = run.trace
         with run.stage("rewrite"):
@@ -178,13 +192,20 @@ class CRAG(dspy.Module):
             return None
         with run.stage("refine_external"):
             strips = [Strip(text, "web", r.url, r.title, rank, i, r.url)
-                      for rank, r in enumerate(results) for i, text in enumerate(decompose(r.content,
-                                                                                          self.sentences_per_strip))]
-            kept, trace.external_strips = self._filter(question, strips, {}, trace)
+                      for rank, r in enumerate(results)
+                      for i, text in enumerate(decompose(r.content, self.sentences_per_strip))]
+            kept, trace.external_strips = self._filter(question, strips, {}, run)
         return kept
 
+    def generate(self, question: str, internal: list[Strip], external: list[Strip], run: TraceRecorder) -> str:
+        """Answer from the refined, source-tagged knowledge only."""
+        with run.stage("answer"):
+            run.trace.context = format_context(internal, external)
+            run.trace.answer = self._answer(question, run.trace.context, run)
+        return run.trace.answer
+
     def _filter(self, question: str, strips: list[Strip], reuse: dict[Strip, float | None],
-                trace: CRAGTrace) -> tuple[list[Strip], list[StripRecord]]:
+                run: TraceRecorder) -> tuple[list[Strip], list[StripRecord]]:
         scored: list[tuple[Strip, float | None, str]] = []
         for strip in strips:
             if strip in reuse:
@@ -192,7 +213,7 @@ class CRAG(dspy.Module):
                 continue
             judgement = self.strip_filter(question=question, strip=strip.text).judgement
             if judgement.score is None:
-                trace.errors.append(f"strip filter failed on a strip of {strip.doc_id} (dropped): {judgement.errors[-1]}")
+                run.error(f"strip filter failed on a strip of {strip.doc_id} (dropped): {judgement.errors[-1]}")
             scored.append((strip, judgement.score, "strip_filter" if judgement.score is not None else "error"))
         kept = recompose(select_strips([(s, score) for s, score, _ in scored], self.strip_threshold, self.max_strips))
         kept_set = set(kept)

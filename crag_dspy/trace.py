@@ -11,7 +11,7 @@ from typing import Any
 import dspy
 from pydantic import BaseModel, Field
 
-__all__ = ["DocumentGrade", "StripRecord", "WebRecord", "StageUsage", "CRAGTrace", "TraceRecorder"]
+__all__ = ["DocumentGrade", "StripRecord", "WebRecord", "StageUsage", "CRAGTrace", "TraceRecorder", "usage_from_tracker"]
 
 
 class DocumentGrade(BaseModel):
@@ -82,7 +82,7 @@ class CRAGTrace(BaseModel):
         return total
 
 
-def _usage_from_tracker(tracker: Any) -> StageUsage:
+def usage_from_tracker(tracker: Any) -> StageUsage:
     # Cache hits are not recorded by DSPy's tracker, so `calls` counts real LM requests only.
     usage = StageUsage()
     for entries in tracker.usage_data.values():
@@ -113,9 +113,13 @@ class TraceRecorder:
             finally:
                 self._timings[name] += time.perf_counter() - started
                 self.trace.timings = {k: round(v, 4) for k, v in self._timings.items()}
-                usage = _usage_from_tracker(tracker)
+                usage = usage_from_tracker(tracker)
                 previous = self.trace.lm_usage.get(name, StageUsage())
                 self.trace.lm_usage[name] = previous.add(usage)
+
+    def prediction(self) -> dspy.Prediction:
+        t = self.trace
+        return dspy.Prediction(answer=t.answer, action=t.action, context=t.context, trace=t)
 
     def fallback(self, message: str) -> None:
         self.trace.fallbacks.append(message)

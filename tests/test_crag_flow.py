@@ -98,7 +98,7 @@ def test_web_failure_degrades_to_internal_knowledge_and_says_so():
     pred, lm = run([("kb-1", BAD)], make_script({}, {}, answer="I don't know"), web=web)
     assert pred.action == Action.INCORRECT.value
     assert any("web search failed" in f for f in pred.trace.fallbacks)
-    assert any("used internal knowledge" in f for f in pred.trace.fallbacks)
+    assert any("answered from internal knowledge" in f for f in pred.trace.fallbacks)
 
 
 def test_empty_web_results_are_a_fallback_not_silence():
@@ -157,3 +157,12 @@ def test_thresholds_are_saved_state(tmp_path):
     fresh.load(str(tmp_path / "p.json"))
     assert (fresh.thresholds.lower, fresh.thresholds.upper) == (0.2, 0.9)
     assert {"grader.predict", "strip_filter.predict", "rewriter", "answerer"} <= set(state)
+
+
+def test_deepcopy_shares_infrastructure_but_not_state():
+    crag = CRAG(ListRetriever([("kb-1", GOOD)]), ListWebSearch(), lm=ScriptedLM(make_script()))
+    clone = crag.deepcopy()
+    assert clone.retriever is crag.retriever and clone.lm is crag.lm and clone.web_search is crag.web_search
+    clone.thresholds.load_state({"lower": 0.1, "upper": 0.2})
+    clone.grader.predict.demos.append("x")
+    assert (crag.thresholds.lower, crag.grader.predict.demos) == (0.3, [])

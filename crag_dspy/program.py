@@ -1,0 +1,103 @@
+"""Compiled program files: one JSON with every predictor's DSPy state, the thresholds and metadata.
+
+No pickle, ever: the file is plain JSON that :func:`load_program` applies to a freshly built CRAG.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from . import __version__
+from .module import CRAG
+
+__all__ = ["ProgramError", "PROGRAM_FORMAT", "PROGRAM_FORMAT_VERSION", "program_config", "save_program",
+           "read_program", "apply_program"]
+
+PROGRAM_FORMAT = "crag-dspy-program"
+PROGRAM_FORMAT_VERSION = 1
+_CONFIG_KEYS = ("k", "strip_threshold", "max_strips", "sentences_per_strip", "web_results")
+
+
+class ProgramError(ValueError):
+    """A program file is unreadable, corrupt, of another format or version, or for another domain."""
+
+
+def program_config(crag: CRAG) -> dict[str, Any]:
+    return {key: getattr(crag, key) for key in _CONFIG_KEYS} | {"judge_adapter": crag.grader.adapter_name}
+
+
+def save_program(crag: CRAG, path: Path | str, metadata: dict[str, Any]) -> Path:
+    """Write ``crag``'s state (demos, instructions, thresholds), its config and ``metadata`` as one JSON."""
+    path = Path(path)
+    document = {
+        "format": PROGRAM_FORMAT,
+        "format_version": PROGRAM_FORMAT_VERSION,
+        "crag_dspy_version": __version__,
+        "dspy_version": dspy.__version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": program_config(crag),
+        "metadata": metadata,
+        "state": crag.dump_state(json_mode=True),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2, ensure_ascii=False), encoding="utf-8")
+    tmp.replace(path)  # never leave a half-written program where an app would load it
+    return path
+
+
+def read_program(path: Path | str, *, domain: str | None = None) -> dict[str, Any]:
+    """Read and validate a program file; with ``domain``, also require that it was compiled for it."""
+    path = Path(path)
+    if path.suffix.lower() in {".pkl", ".pickle"} or path.is_dir():
+        raise ProgramError(f"{path}: crag-dspy programs are JSON files; pickled programs are never loaded")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ProgramError(f"{path}: cannot read program ({exc.strerror})") from None
+    if raw[:2] == b"\x80\x04" or raw[:1] == b"\x80":
+        raise ProgramError(f"{path}: this is a pickle, not a program JSON; pickles are never loaded")
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProgramError(f"{path}: corrupt or truncated program JSON ({exc})") from None
+    if not isinstance(document, dict) or document.get("format") != PROGRAM_FORMAT:
+        raise ProgramError(f"{path}: not a crag-dspy program (missing \"format\": \"{PROGRAM_FORMAT}\")")
+    version = document.get("format_version")
+    if version != PROGRAM_FORMAT_VERSION:
+        raise ProgramError(f"{path}: program format version {version!r} is not supported by this crag-dspy "
+                           f"(supports {PROGRAM_FORMAT_VERSION}); recompile with python -m optimize.compile")
+    for key in ("state", "config", "metadata"):
+        if not isinstance(document.get(key), dict):
+            raise ProgramError(f"{path}: program is missing its {key!r} section")
+    found = document["metadata"].get("domain")
+    if domain is not None and found != domain:
+        raise ProgramError(f"{path}: program was compiled for domain {found!r}, not {domain!r}; "
+                           f"compile one for {domain!r} or pass --domain {found}")
+    return document
+
+
+def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
+    """Apply a validated program's state and config to ``crag`` (raises ProgramError, leaves it untouched)."""
+    config = document["config"]
+    if config.get("judge_adapter", crag.grader.adapter_name) != crag.grader.adapter_name:
+        raise ProgramError(f"program uses judge adapter {config['judge_adapter']!r}, the module {crag.grader.adapter_name!r}")
+    state = document["state"]
+    expected = {name for name, _ in crag.named_parameters()}
+    missing = expected - state.keys()
+    if missing:
+        raise ProgramError(f"program state lacks {sorted(missing)}: it was saved from a different program structure")
+    try:
+        # dspy's load_state does a trial run on a copy first, so a bad state leaves `crag` untouched.
+        crag.load_state({name: state[name] for name in expected})
+    except Exception as exc:  # noqa: BLE001 - any malformed state is one clear error
+        raise ProgramError(f"program state does not fit this CRAG module: {type(exc).__name__}: {exc}") from exc
+    for key in _CONFIG_KEYS:
+        if key in config:
+            setattr(crag, key, config[key])
+    return crag

@@ -1,0 +1,206 @@
+"""``python -m optimize.compile``: learn a domain's CRAG prompts and thresholds into one program JSON.
+
+Steps: load and (re)ingest the domain; compile the grader and the strip filter with a DSPy
+teleprompter on the labelled relevance data (val accuracy before and after); optionally compile the
+rewriter and answerer end to end; tune (lower, upper) jointly with Optuna on cached QA-val routes;
+evaluate on the QA test split next to the uncompiled program and plain RAG; write the program JSON,
+a markdown + JSON report and a PNG of the accuracy landscape.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from crag_dspy.app import assemble
+from crag_dspy.baselines import PlainRAG
+from crag_dspy.cli import settings_from_args
+from crag_dspy.domain import Domain
+from crag_dspy.lm import build_lm, lm_identity
+from crag_dspy.module import CRAG
+from crag_dspy.program import save_program
+from crag_dspy.settings import Settings
+from crag_dspy.store import ingest_domain
+from crag_dspy.trace import usage_from_tracker
+
+from .datasets import interleave_balanced, qa_examples, relevance_examples, strip_examples
+from .evaluation import evaluate_judge, evaluate_program
+from .metrics import answer_matches
+from .report import plot_landscape, write_report
+from .teleprompters import OPTIMIZERS, compile_stage, judge_metric
+from .thresholds import accuracy_landscape, precompute_routes, tune_thresholds
+
+__all__ = ["compile_program", "main"]
+
+log = logging.getLogger(__name__)
+STAGES = ("grader", "strips", "rewriter", "answerer")
+
+
+def _compile_judge(crag: CRAG, name: str, train: list[dspy.Example], val: list[dspy.Example], label: str, *,
+                   optimizer: str, demos: int, seed: int, progress: bool) -> dict[str, Any]:
+    """Compile one yes/no judge and copy the result's state into ``crag``'s own bare predictor.
+
+    Copying state (instead of assigning the compiled module) keeps the predictor un-``_compiled``,
+    so its demos are saved with the program: DSPy skips compiled sub-modules when saving.
+    """
+    judge = getattr(crag, name)
+    before = evaluate_judge(judge, val, label, desc=f"{name} val (before)", progress=progress)
+    compiled = compile_stage(judge, train, optimizer=optimizer, metric=judge_metric(label), demos=demos,
+                             seed=seed, valset=val)
+    judge.predict.load_state(compiled.predict.dump_state())
+    after = evaluate_judge(judge, val, label, desc=f"{name} val (after)", progress=progress)
+    return {"train": len(train), "val": len(val), "demos": len(judge.predict.demos),
+            "before": before.as_dict(), "after": after.as_dict()}
+
+
+def _compile_generation(crag: CRAG, domain: Domain, *, stages: set[str], demos: int, progress: bool) -> dict:
+    """Bootstrap demos for the rewriter and/or answerer from QA-train runs the gold answers accept."""
+    train = qa_examples(domain, "train")
+    teleprompter = dspy.teleprompt.BootstrapFewShot(
+        metric=lambda ex, pred, trace=None: answer_matches(pred.answer, ex.answers),
+        max_bootstrapped_demos=demos, max_labeled_demos=0, max_errors=len(train))
+    compiled = teleprompter.compile(crag.deepcopy(), trainset=train)
+    copied = {}
+    for name in ("rewriter", "answerer"):
+        if name in stages:
+            getattr(crag, name).load_state(getattr(compiled, name).dump_state())
+            copied[name] = len(getattr(crag, name).demos)
+    return copied
+
+
+def compile_program(settings: Settings, *, lm: dspy.BaseLM | None = None, optimizer: str = "labeled",
+                    demos: int = 4, trials: int = 2000, seed: int = 0, stages: tuple[str, ...] = ("grader", "strips"),
+                    out: Path | None = None, val_limit: int | None = None, test_limit: int | None = None,
+                    evaluate_test: bool = True, progress: bool = True) -> dict[str, Any]:
+    """Compile the domain of ``settings`` and write the program JSON and report; returns the report."""
+    started = time.perf_counter()
+    lm = lm or build_lm(settings)
+    crag, backends = assemble(settings, lm, progress)
+    domain = backends.domain
+    ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed
+    out = out or Path("runs") / domain.name / "program.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"domain": domain.name, "lm": getattr(lm, "model", lm_identity(settings)), "optimizer": optimizer,
+                              "seed": seed, "stages": {}}
+    uncompiled = crag.deepcopy()
+
+    with dspy.track_usage() as tracker, dspy.context(lm=lm):
+        if "grader" in stages:
+            train = interleave_balanced(relevance_examples(domain.relevance, "train"), "relevant", seed)
+            val = relevance_examples(domain.relevance, "val")[:val_limit]
+            report["stages"]["grader"] = _compile_judge(crag, "grader", train, val, "relevant", optimizer=optimizer,
+                                                        demos=demos, seed=seed, progress=progress)
+        if "strips" in stages:
+            spp = crag.sentences_per_strip
+            train = interleave_balanced(strip_examples(domain, "train", spp), "keep", seed)
+            val = strip_examples(domain, "val", spp)[:val_limit]
+            if train and val:
+                report["stages"]["strip_filter"] = _compile_judge(crag, "strip_filter", train, val, "keep",
+                                                                  optimizer=optimizer, demos=demos, seed=seed,
+                                                                  progress=progress)
+        if {"rewriter", "answerer"} & set(stages):
+            report["stages"]["generation"] = _compile_generation(crag, domain, stages=set(stages), demos=demos,
+                                                                 progress=progress)
+
+        val_questions = [q for q in domain.qa if q.split == "val"][:val_limit]
+        routes, precompute_usage = precompute_routes(crag, val_questions, progress=progress)
+        with dspy.track_usage() as trial_tracker:
+            calls_before = len(lm.history)
+            tuned = tune_thresholds(routes, trials=trials, seed=seed, storage=out.with_suffix(".optuna.db"),
+                                    study_name=f"{domain.name}-thresholds-seed{seed}")
+            trial_calls = len(lm.history) - calls_before + usage_from_tracker(trial_tracker).calls
+        crag.thresholds.load_state({"lower": tuned.lower, "upper": tuned.upper})
+        axis, grid = accuracy_landscape(routes)
+        plot = plot_landscape(axis, grid, (tuned.lower, tuned.upper), (0.3, 0.7), out.with_suffix(".landscape.png"),
+                              f"{domain.name}: val accuracy over thresholds")
+        report["thresholds"] = {**tuned.as_dict(), "questions": len(routes), "plot": str(plot),
+                                "lm_calls_during_trials": trial_calls, "precompute_lm_calls": precompute_usage.calls,
+                                "landscape": {"axis": axis, "grid": grid}}
+        report["thresholds"].pop("history")
+
+        if evaluate_test:
+            test = qa_examples(domain, "test")[:test_limit]
+            results = [evaluate_program("CRAG (compiled)", crag, test, progress=progress),
+                       evaluate_program("CRAG (uncompiled)", uncompiled, test, progress=progress),
+                       evaluate_program("plain RAG", PlainRAG(crag.retriever, lm=lm, k=crag.k), test,
+                                        progress=progress)]
+            report["test"] = [{**asdict(r), "usage": r.usage.model_dump()} for r in results]
+
+    report["lm_usage"] = usage_from_tracker(tracker).model_dump()
+    report["seconds"] = time.perf_counter() - started
+    metadata = {
+        "domain": domain.name, "domain_dir": str(domain.root.resolve()), "dataset_hashes": domain.file_hashes(),
+        "lm": report["lm"], "optimizer": optimizer, "seed": seed, "stages": list(stages),
+        "scores": {"grader": report["stages"].get("grader", {}).get("after"),
+                   "strip_filter": report["stages"].get("strip_filter", {}).get("after"),
+                   "val_accuracy": tuned.accuracy,
+                   "test": {r["name"]: r["accuracy"] for r in report.get("test", [])}},
+    }
+    save_program(crag, out, metadata)
+    report["program"] = str(out)
+    write_report(report, out)
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m optimize.compile", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--domain", help="bundled domain name under data/ (default: default)")
+    parser.add_argument("--domain-dir", type=Path, help="any directory in the domain format")
+    parser.add_argument("--lm", help="'embedded' (default) or a LiteLLM model string")
+    parser.add_argument("--lm-api-base", help="base URL of an OpenAI-compatible server")
+    parser.add_argument("--embedded-model", choices=["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"])
+    parser.add_argument("--chroma-path", type=Path)
+    parser.add_argument("--chroma-host")
+    parser.add_argument("--chroma-port", type=int)
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="labeled",
+                        help="DSPy teleprompter for the grader and strip filter (default: labeled, chosen by "
+                             "measurement, see docs/compile.md)")
+    parser.add_argument("--demos", type=int, default=4, help="few-shot demos per predictor")
+    parser.add_argument("--stages", default="grader,strips",
+                        help=f"comma-separated subset of {','.join(STAGES)} (rewriter/answerer: end-to-end bootstrap)")
+    parser.add_argument("--trials", type=int, default=2000, help="Optuna trials for the thresholds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
+    parser.add_argument("--val-limit", type=int, help="use at most N val examples per stage (quick runs)")
+    parser.add_argument("--test-limit", type=int, help="evaluate on at most N test questions")
+    parser.add_argument("--no-test-eval", action="store_true", help="skip the test-split comparison")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        print(f"error: unknown stage(s) {sorted(unknown)}; choose from {STAGES}", file=sys.stderr)
+        return 2
+    from crag_dspy.domain import DomainDataError
+    from crag_dspy.lm import LMConfigError, WeightsError
+    from crag_dspy.store import StoreError
+
+    try:
+        settings = settings_from_args(args)
+        report = compile_program(settings, optimizer=args.optimizer, demos=args.demos, trials=args.trials,
+                                 seed=args.seed, stages=stages, out=args.out, val_limit=args.val_limit,
+                                 test_limit=args.test_limit, evaluate_test=not args.no_test_eval)
+    except (DomainDataError, LMConfigError, WeightsError, StoreError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    md = Path(report["program"]).with_suffix(".report.md")
+    print(md.read_text(encoding="utf-8"))
+    print(f"\nprogram: {report['program']}\nreport:  {md}")
+    print(f"study:   optuna-dashboard {report['thresholds']['storage']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

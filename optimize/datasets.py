@@ -1,0 +1,77 @@
+"""Turn a domain's labelled data into DSPy example sets for each compilable stage."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import dspy
+
+from crag_dspy.domain import Domain, QAPair, RelevancePair, load_jsonl
+from crag_dspy.strips import decompose
+
+from .metrics import normalize_answer
+
+__all__ = ["relevance_examples", "strip_examples", "qa_examples", "interleave_balanced", "answers_by_question"]
+
+
+def interleave_balanced(examples: Sequence[dspy.Example], label: str, seed: int) -> list[dspy.Example]:
+    """Seeded shuffle, then alternate positives and negatives, so that the first n examples (what
+    LabeledFewShot(sample=False) and BootstrapFewShot take as demos) are balanced."""
+    rng = random.Random(seed)
+    pos = [e for e in examples if e[label]]
+    neg = [e for e in examples if not e[label]]
+    rng.shuffle(pos)
+    rng.shuffle(neg)
+    out = []
+    for i in range(max(len(pos), len(neg))):
+        out.extend(x[i] for x in (pos, neg) if i < len(x))
+    return out
+
+
+def relevance_examples(pairs: Sequence[RelevancePair], split: str) -> list[dspy.Example]:
+    """Grader examples: (question, document) -> relevant, with the passage exactly as the grader reads it."""
+    return [dspy.Example(question=p.question, document=p.passage, relevant=bool(p.label)).with_inputs("question", "document")
+            for p in pairs if p.split == split]
+
+
+def answers_by_question(domain: Domain) -> dict[str, list[str]]:
+    """Gold aliases for every question text known to the domain (qa.jsonl and relevance_questions.jsonl)."""
+    questions: list[QAPair] = list(domain.qa)
+    extra = domain.root / "relevance_questions.jsonl"
+    if extra.is_file():
+        questions.extend(load_jsonl(extra, QAPair))
+    return {q.question: q.answers for q in questions if q.kind != "none"}
+
+
+def strip_examples(domain: Domain, split: str, sentences_per_strip: int) -> list[dspy.Example]:
+    """Strip-filter examples derived from the relevance pairs.
+
+    Every strip of a negative passage is negative. In a positive passage, a strip holding a gold alias
+    of its question (from qa.jsonl / relevance_questions.jsonl) is positive and the others negative;
+    positive passages of questions without known aliases are used only when they are a single strip.
+    """
+    aliases = answers_by_question(domain)
+    examples = []
+    for pair in domain.relevance:
+        if pair.split != split:
+            continue
+        title, _, text = pair.passage.partition("\n")
+        strips = decompose(text or title, sentences_per_strip)
+        gold = [normalize_answer(a) for a in aliases.get(pair.question, [])]
+        for strip in strips:
+            if pair.label == 0:
+                keep = False
+            elif gold:
+                keep = any(f" {g} " in f" {normalize_answer(strip)} " for g in gold)
+            elif len(strips) == 1:
+                keep = True
+            else:
+                continue
+            examples.append(dspy.Example(question=pair.question, strip=strip, keep=keep).with_inputs("question", "strip"))
+    return examples
+
+
+def qa_examples(domain: Domain, split: str) -> list[dspy.Example]:
+    return [dspy.Example(question=q.question, answers=q.answers, id=q.id).with_inputs("question")
+            for q in domain.qa if q.split == split]

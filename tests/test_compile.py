@@ -1,0 +1,142 @@
+"""The whole compile on a tiny generated domain with a scripted LM (control flow, not quality)."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from crag_dspy.routing import decide_action
+from crag_dspy.settings import Settings
+from fakes import ScriptedLM, field
+from optimize.compile import compile_program, main
+from optimize.thresholds import QuestionRoutes, route_accuracy, tune_thresholds
+
+KB = {"zeta": "Z100", "theta": "T200", "kappa": "K300", "sigma": "S400", "delta": "D500", "lambda": "L600"}
+WEB = {"omega": "W700", "gamma": "G800", "rho": "R900", "tau": "U010"}
+
+
+def make_domain(root: Path) -> Path:
+    root.mkdir()
+    def doc(i, key, code, web=False):
+        d = {"id": f"{'web' if web else 'kb'}-{i}", "title": f"{key.title()} sheet",
+             "text": f"The {key} code is {code}. It was issued in 2024.\n\nThe {key} office is open daily."}
+        return d | ({"url": f"https://{key}.example"} if web else {})
+    lines = lambda items: "".join(json.dumps(x) + "\n" for x in items)
+    (root / "corpus.jsonl").write_text(lines(doc(i, k, c) for i, (k, c) in enumerate(KB.items())))
+    (root / "web.jsonl").write_text(lines(doc(i, k, c, True) for i, (k, c) in enumerate(WEB.items())))
+    qa, splits = [], ["train", "val", "test"]
+    for i, (key, code) in enumerate([*KB.items(), *WEB.items()]):
+        qa.append({"id": f"q{i}", "question": f"What is the {key} code?", "answers": [code], "split": splits[i % 3]})
+    (root / "qa.jsonl").write_text(lines(qa))
+    rel = []
+    for i, (key, code) in enumerate(KB.items()):
+        other = list(KB)[(i + 1) % len(KB)]
+        split = "train" if i < 4 else "val"
+        rel.append({"question": f"What is the {key} code?", "passage": f"{key.title()} sheet\nThe {key} code is {code}.",
+                    "label": 1, "split": split})
+        rel.append({"question": f"What is the {key} code?", "passage": f"{other.title()} sheet\nThe {other} code is X.",
+                    "label": 0, "split": split})
+    (root / "relevance.jsonl").write_text(lines(rel))
+    (root / "domain.toml").write_text('name = "tiny"\nk = 2\n')
+    return root
+
+
+def key_of(question: str) -> str:
+    return re.search(r"the (\w+) code", question).group(1)
+
+
+def script(system: str, user: str):
+    question = field(user, "question")
+    if "You judge" in system:  # grader and strip filter
+        passage = field(user, "document") or field(user, "strip")
+        return 0.9 if f"The {key_of(question)} code" in passage else 0.1
+    if "web search query" in system:
+        return {"query": f"{key_of(question)} code"}
+    if "Answer the question using only the context" in system:
+        match = re.search(rf"The {key_of(question)} code is (\w+)", field(user, "context"))
+        return {"answer": match.group(1) if match else "I don't know"}
+    raise AssertionError(system[:60])
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("compile")
+    domain = make_domain(tmp_path / "tiny")
+    lm = ScriptedLM(script)
+    settings = Settings(domain_dir=domain, chroma_path=tmp_path / "chroma", web_search="offline")
+    out = tmp_path / "out" / "program.json"
+    report = compile_program(settings, lm=lm, trials=300, seed=1, out=out, progress=False)
+    return report, out, lm, settings
+
+
+def test_compile_writes_program_report_and_plot(compiled):
+    report, out, lm, _ = compiled
+    program = json.loads(out.read_text())
+    assert program["format"] == "crag-dspy-program" and program["metadata"]["domain"] == "tiny"
+    assert set(program["metadata"]["dataset_hashes"]) >= {"corpus.jsonl", "qa.jsonl", "relevance.jsonl"}
+    assert len(program["state"]["grader.predict"]["demos"]) == 4  # compiled demos survived saving
+    thresholds = program["state"]["thresholds"]
+    assert 0.0 <= thresholds["lower"] <= thresholds["upper"] <= 1.0
+    assert report["stages"]["grader"]["after"]["accuracy"] == 1.0
+    for suffix in (".report.md", ".report.json", ".landscape.png", ".optuna.db"):
+        assert out.with_suffix(suffix).is_file(), suffix
+    assert {r["name"] for r in report["test"]} == {"CRAG (compiled)", "CRAG (uncompiled)", "plain RAG"}
+
+
+def test_threshold_trials_make_zero_lm_calls(compiled):
+    report, *_ = compiled
+    t = report["thresholds"]
+    assert t["trials"] == 300 and t["lm_calls_during_trials"] == 0
+    assert t["precompute_lm_calls"] > 0
+
+
+def test_compiled_program_loads_in_a_fresh_process(compiled):
+    _, out, _, settings = compiled
+    code = f"""
+import sys, json
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from crag_dspy.app import load_program
+from crag_dspy.settings import Settings
+from fakes import ScriptedLM
+from test_compile import script
+crag = load_program({str(out)!r}, settings=Settings(domain_dir={str(settings.domain_dir)!r},
+                    chroma_path={str(settings.chroma_path)!r}, web_search="offline"), lm=ScriptedLM(script), progress=False)
+pred = crag(question="What is the omega code?")
+print(json.dumps({{"state": crag.dump_state(), "answer": pred.answer, "action": pred.action,
+                  "scores": [d.score for d in pred.trace.documents]}}))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    assert loaded["state"] == json.loads(out.read_text())["state"]
+    t = loaded["state"]["thresholds"]
+    assert loaded["action"] == decide_action(loaded["scores"], t["lower"], t["upper"]).value
+    assert loaded["answer"] == "W700"
+
+
+def test_tuning_is_pure_rerouting_and_resumable(tmp_path):
+    routes = [QuestionRoutes("a", [0.9], {"CORRECT": "x", "AMBIGUOUS": "y", "INCORRECT": "z"},
+                             {"CORRECT": True, "AMBIGUOUS": False, "INCORRECT": False}),
+              QuestionRoutes("b", [0.2], {"CORRECT": "x", "AMBIGUOUS": "y", "INCORRECT": "z"},
+                             {"CORRECT": False, "AMBIGUOUS": False, "INCORRECT": True})]
+    assert route_accuracy(routes, 0.3, 0.7) == 1.0 and route_accuracy(routes, 0.1, 0.95) == 0.0
+    db = tmp_path / "study.db"
+    first = tune_thresholds(routes, trials=200, seed=3, storage=db)
+    assert first.accuracy == 1.0 and first.lower <= first.upper and 0.2 < first.lower <= 0.9
+    resumed = tune_thresholds(routes, trials=250, seed=3, storage=db)
+    assert resumed.trials == 250  # 200 kept from the study + 50 new
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--domain-dir", "/nonexistent"], "domain directory not found"),
+        (["--stages", "grader,bogus"], "unknown stage"),
+        (["--lm", "gpt-4o"], "not a LiteLLM model string"),
+    ],
+)
+def test_bad_invocations_are_clear_errors(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,119 @@
+"""Program JSON: save, load in a fresh process, and clear errors for every bad file."""
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import dspy
+import pytest
+
+from crag_dspy import CRAG
+from crag_dspy.app import load_program
+from crag_dspy.program import ProgramError, apply_program, read_program, save_program
+from fakes import ListRetriever, ListWebSearch, ScriptedLM
+
+TESTS = Path(__file__).parent
+
+
+def compiled_crag() -> CRAG:
+    crag = CRAG(ListRetriever([]), ListWebSearch(), lower=0.12, upper=0.83, k=4, max_strips=3)
+    crag.grader.predict.demos = [
+        dspy.Example(question="q1", document="d1", relevant=True).with_inputs("question", "document"),
+        dspy.Example(question="q2", document="d2", relevant=False).with_inputs("question", "document"),
+    ]
+    crag.answerer.signature = crag.answerer.signature.with_instructions("Answer tersely from the context.")
+    return crag
+
+
+def test_save_writes_one_json_with_state_thresholds_and_metadata(tmp_path):
+    path = save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default", "seed": 3})
+    doc = json.loads(path.read_text())
+    assert doc["format"] == "crag-dspy-program" and doc["metadata"] == {"domain": "default", "seed": 3}
+    assert doc["state"]["thresholds"] == {"lower": 0.12, "upper": 0.83}
+    assert len(doc["state"]["grader.predict"]["demos"]) == 2  # the compiled sub-module's demos did not vanish
+    assert doc["config"]["k"] == 4 and doc["dspy_version"] == dspy.__version__
+
+
+LOADER = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from crag_dspy.app import load_program
+from crag_dspy.routing import decide_action
+from fakes import ListRetriever, ListWebSearch, ScriptedLM
+crag = load_program({path!r}, retriever=ListRetriever([]), web_search=ListWebSearch(), lm=ScriptedLM(lambda s, u: 0.5))
+print(json.dumps({{
+    "state": crag.dump_state(),
+    "k": crag.k, "max_strips": crag.max_strips,
+    "routes": [decide_action(s, crag.thresholds.lower, crag.thresholds.upper).value for s in ([0.1], [0.5], [0.9])],
+}}))
+"""
+
+
+def test_round_trip_in_a_fresh_process(tmp_path):
+    original = compiled_crag()
+    path = save_program(original, tmp_path / "p.json", {"domain": "default"})
+    out = subprocess.run([sys.executable, "-c", LOADER.format(tests=str(TESTS), path=str(path))],
+                         capture_output=True, text=True, check=True)
+    loaded = json.loads(out.stdout.strip().splitlines()[-1])
+    assert loaded["state"] == json.loads(json.dumps(original.dump_state()))
+    assert (loaded["k"], loaded["max_strips"]) == (4, 3)
+    assert loaded["routes"] == ["INCORRECT", "AMBIGUOUS", "CORRECT"]
+
+
+def test_loaded_program_behaves_like_the_saved_one(tmp_path):
+    original = compiled_crag()
+    path = save_program(original, tmp_path / "p.json", {"domain": "default"})
+    lm = ScriptedLM(lambda s, u: 0.5 if "judge" in s else {"answer": "x", "query": "q"})
+    texts = [("kb-1", "One fact here.")]
+    fresh = load_program(path, retriever=ListRetriever(texts), web_search=ListWebSearch(), lm=lm)
+    original.retriever, original.lm = ListRetriever(texts), lm
+    assert fresh(question="q").action == original(question="q").action == "AMBIGUOUS"
+    first, second = lm.calls[: len(lm.calls) // 2], lm.calls[len(lm.calls) // 2:]
+    assert first == second  # identical prompts, demos included
+
+
+def _write(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("p.json", '{"format": "crag-dspy-program", "format_', "corrupt or truncated"),
+        ("p.json", "[1, 2]", "not a crag-dspy program"),
+        ("p.json", '{"format": "crag-dspy-program", "format_version": 99}', "format version 99 is not supported"),
+        ("p.json", '{"format": "crag-dspy-program", "format_version": 1, "state": {}}', "missing its 'config'"),
+        ("p.pkl", pickle.dumps({"a": 1}), "never loaded"),
+        ("p.json", pickle.dumps({"a": 1}), "this is a pickle"),
+        ("missing.json", None, "cannot read program"),
+    ],
+)
+def test_bad_program_files_are_clear_errors(tmp_path, name, content, message):
+    path = tmp_path / name if content is None else _write(tmp_path, name, content)
+    with pytest.raises(ProgramError, match=message):
+        read_program(path)
+
+
+def test_other_domain_is_refused(tmp_path):
+    path = save_program(compiled_crag(), tmp_path / "p.json", {"domain": "hr"})
+    with pytest.raises(ProgramError, match="compiled for domain 'hr', not 'default'"):
+        read_program(path, domain="default")
+
+
+def test_state_of_another_structure_is_refused_and_leaves_the_module_untouched(tmp_path):
+    path = save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"})
+    doc = read_program(path)
+    del doc["state"]["rewriter"]
+    target = CRAG(ListRetriever([]), ListWebSearch())
+    with pytest.raises(ProgramError, match="lacks \\['rewriter'\\]"):
+        apply_program(target, doc)
+    doc = read_program(path)
+    doc["state"]["thresholds"] = {"lower": 0.9, "upper": 0.1}
+    with pytest.raises(ProgramError, match="does not fit"):
+        apply_program(target, doc)
+    assert (target.thresholds.lower, target.thresholds.upper) == (0.3, 0.7)
+    assert target.grader.predict.demos == []
