@@ -22,18 +22,8 @@ from crag_dspy.app import build_crag, open_backends
 from crag_dspy.baselines import PlainRAG
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.settings import Settings
+from crag_dspy.trace import usage_from_tracker
 from optimize.metrics import answer_matches
-
-
-def _usage(tracker) -> dict:
-    calls = prompt = cached = completion = 0
-    for entries in tracker.usage_data.values():
-        for e in entries:
-            calls += 1
-            prompt += int(e.get("prompt_tokens") or 0)
-            completion += int(e.get("completion_tokens") or 0)
-            cached += int(((e.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
-    return {"calls": calls, "prompt_tokens": prompt, "cached_prompt_tokens": cached, "completion_tokens": completion}
 
 
 def _duplicates(history: list[dict]) -> int:
@@ -66,7 +56,7 @@ def main() -> None:
             started = time.perf_counter()
             with dspy.track_usage() as tracker:
                 pred = program(question=q.question)
-            row = {"seconds": time.perf_counter() - started, **_usage(tracker),
+            row = {"seconds": time.perf_counter() - started, **usage_from_tracker(tracker).model_dump(),
                    "correct": answer_matches(pred.answer, q.answers), "duplicates": _duplicates(lm.history)}
             if name == "crag":
                 row["action"] = pred.action

@@ -225,7 +225,9 @@ class CRAG(dspy.Module):
 
     def _rewrite(self, question: str, run: TraceRecorder) -> str:
         pred = self._predict_with_retries(self.rewriter, "query rewrite", run, question=question)
-        query = " ".join(str(pred.query).split())[:300] if pred is not None and pred.query else ""
+        # Small models sometimes run the completion marker into the value ("...; screenwriter[[ ## completed").
+        raw = str(pred.query).split("[[", 1)[0] if pred is not None and pred.query else ""
+        query = " ".join(raw.split()).strip(" ;\"'")[:300]
         if not query:
             run.fallback("query rewrite failed; searched with the question itself")
             return question

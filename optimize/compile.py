@@ -75,6 +75,27 @@ def _compile_generation(crag: CRAG, domain: Domain, *, stages: set[str], demos: 
     return copied
 
 
+def _tune(crag: CRAG, lm: dspy.BaseLM, domain: Domain, *, out: Path, trials: int, seed: int,
+          val_limit: int | None, progress: bool) -> dict[str, Any]:
+    """Precompute every QA-val question's routes once, tune the thresholds on them, plot the landscape."""
+    val_questions = [q for q in domain.qa if q.split == "val"][:val_limit]
+    routes, precompute_usage = precompute_routes(crag, val_questions, progress=progress)
+    calls_before = len(lm.history)
+    with dspy.track_usage() as trial_tracker:
+        tuned = tune_thresholds(routes, trials=trials, seed=seed, storage=out.with_suffix(".optuna.db"),
+                                study_name=f"{domain.name}-thresholds-seed{seed}")
+    # Two independent counts of LM requests made while trials ran: the LM's history and DSPy's tracker.
+    trial_calls = len(lm.history) - calls_before + usage_from_tracker(trial_tracker).calls
+    crag.thresholds.load_state({"lower": tuned.lower, "upper": tuned.upper})
+    axis, grid = accuracy_landscape(routes)
+    plot = plot_landscape(axis, grid, (tuned.lower, tuned.upper), (0.3, 0.7), out.with_suffix(".landscape.png"),
+                          f"{domain.name}: val accuracy over thresholds")
+    result = {**tuned.as_dict(), "questions": len(routes), "plot": str(plot), "lm_calls_during_trials": trial_calls,
+              "precompute_lm_calls": precompute_usage.calls, "landscape": {"axis": axis, "grid": grid}}
+    result.pop("history")
+    return result
+
+
 def compile_program(settings: Settings, *, lm: dspy.BaseLM | None = None, optimizer: str = "labeled",
                     demos: int = 4, trials: int = 2000, seed: int = 0, stages: tuple[str, ...] = ("grader", "strips"),
                     out: Path | None = None, val_limit: int | None = None, test_limit: int | None = None,
@@ -109,22 +130,9 @@ def compile_program(settings: Settings, *, lm: dspy.BaseLM | None = None, optimi
             report["stages"]["generation"] = _compile_generation(crag, domain, stages=set(stages), demos=demos,
                                                                  progress=progress)
 
-        val_questions = [q for q in domain.qa if q.split == "val"][:val_limit]
-        routes, precompute_usage = precompute_routes(crag, val_questions, progress=progress)
-        with dspy.track_usage() as trial_tracker:
-            calls_before = len(lm.history)
-            tuned = tune_thresholds(routes, trials=trials, seed=seed, storage=out.with_suffix(".optuna.db"),
-                                    study_name=f"{domain.name}-thresholds-seed{seed}")
-            trial_calls = len(lm.history) - calls_before + usage_from_tracker(trial_tracker).calls
-        crag.thresholds.load_state({"lower": tuned.lower, "upper": tuned.upper})
-        axis, grid = accuracy_landscape(routes)
-        plot = plot_landscape(axis, grid, (tuned.lower, tuned.upper), (0.3, 0.7), out.with_suffix(".landscape.png"),
-                              f"{domain.name}: val accuracy over thresholds")
-        report["thresholds"] = {**tuned.as_dict(), "questions": len(routes), "plot": str(plot),
-                                "lm_calls_during_trials": trial_calls, "precompute_lm_calls": precompute_usage.calls,
-                                "landscape": {"axis": axis, "grid": grid}}
-        report["thresholds"].pop("history")
-
+        if trials > 0:  # --trials 0 keeps the current thresholds and skips the route precomputation
+            report["thresholds"] = _tune(crag, lm, domain, out=out, trials=trials, seed=seed,
+                                         val_limit=val_limit, progress=progress)
         if evaluate_test:
             test = qa_examples(domain, "test")[:test_limit]
             results = [evaluate_program("CRAG (compiled)", crag, test, progress=progress),
@@ -134,13 +142,14 @@ def compile_program(settings: Settings, *, lm: dspy.BaseLM | None = None, optimi
             report["test"] = [{**asdict(r), "usage": r.usage.model_dump()} for r in results]
 
     report["lm_usage"] = usage_from_tracker(tracker).model_dump()
+    report["thresholds_used"] = crag.thresholds.dump_state()
     report["seconds"] = time.perf_counter() - started
     metadata = {
         "domain": domain.name, "domain_dir": str(domain.root.resolve()), "dataset_hashes": domain.file_hashes(),
         "lm": report["lm"], "optimizer": optimizer, "seed": seed, "stages": list(stages),
         "scores": {"grader": report["stages"].get("grader", {}).get("after"),
                    "strip_filter": report["stages"].get("strip_filter", {}).get("after"),
-                   "val_accuracy": tuned.accuracy,
+                   "val_accuracy": report.get("thresholds", {}).get("accuracy"),
                    "test": {r["name"]: r["accuracy"] for r in report.get("test", [])}},
     }
     save_program(crag, out, metadata)
@@ -198,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     md = Path(report["program"]).with_suffix(".report.md")
     print(md.read_text(encoding="utf-8"))
     print(f"\nprogram: {report['program']}\nreport:  {md}")
-    print(f"study:   optuna-dashboard {report['thresholds']['storage']}")
+    if "thresholds" in report:
+        print(f"study:   optuna-dashboard {report['thresholds']['storage']}")
     return 0
 
 

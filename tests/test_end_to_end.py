@@ -29,7 +29,7 @@ def qa(crag):
 
 
 def test_internal_question_is_answered_through_correct(crag, qa):
-    q = qa["qa-kb-048"]  # list price of the AquaProbe 220 (KB only)
+    q = qa["qa-kb-058"]  # current firmware of the AquaProbe 2200 (KB only; near-twin products as distractors)
     pred = crag(question=q.question)
     trace = pred.trace
     assert pred.action == "CORRECT", trace.model_dump_json(indent=1)
@@ -41,7 +41,7 @@ def test_internal_question_is_answered_through_correct(crag, qa):
 
 
 def test_web_only_question_is_answered_through_incorrect_via_offline_web(crag, qa):
-    q = qa["qa-web-001"]
+    q = qa["qa-web-007"]  # an airport code: only the offline web knows it
     pred = crag(question=q.question)
     trace = pred.trace
     assert pred.action == "INCORRECT", trace.model_dump_json(indent=1)
