@@ -7,6 +7,8 @@ its token probabilities instead; the measurement behind this choice is in ``docs
 
 from __future__ import annotations
 
+import contextvars
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +21,19 @@ from dspy.utils.exceptions import AdapterParseError
 from .scoring import NO_WORDS, YES_WORDS, clamp_score, yes_probability
 
 __all__ = ["LabelAdapter", "Judgement", "BinaryJudge", "ADAPTERS"]
+
+_judging = contextvars.ContextVar("crag_dspy_judging", default=False)
+
+
+class _ExpectedTruncation(logging.Filter):
+    """Judges cap output at a few tokens on purpose (only the first decides); DSPy's "response was
+    truncated" warning is noise for them, and stays on for every other call."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (_judging.get() and "truncated" in record.getMessage())
+
+
+logging.getLogger("dspy.clients.lm").addFilter(_ExpectedTruncation())
 
 
 def _fence(value: Any) -> str:
@@ -135,8 +150,12 @@ class BinaryJudge(dspy.Module):
         adapter = ADAPTERS[self.adapter_name]()
         for attempt in range(self.retries + 1):
             try:
-                with dspy.context(adapter=adapter):
-                    pred = self.predict(**inputs, config=self._config(attempt))
+                token = _judging.set(True)
+                try:
+                    with dspy.context(adapter=adapter):
+                        pred = self.predict(**inputs, config=self._config(attempt))
+                finally:
+                    _judging.reset(token)
             except Exception as exc:  # noqa: BLE001 - any LM/provider/parse failure is retried, then reported
                 errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
                 continue
