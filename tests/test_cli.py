@@ -53,3 +53,11 @@ def test_flags_override_environment(monkeypatch):
     monkeypatch.setenv("CRAG_LOWER", "0.1")
     settings = settings_from_args(build_parser().parse_args(["ask", "q", "--k", "3"]))
     assert settings.k == 3 and settings.lower == 0.1
+
+
+def test_ask_with_a_corrupt_program_is_a_clear_error(tmp_path, capsys):
+    program = tmp_path / "program.json"
+    program.write_text('{"format": "crag-dspy-program", "format_version": 1, "sta')
+    argv = ["ask", "q", "--program", str(program), "--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]
+    assert main(argv) == 2
+    assert "corrupt or truncated program JSON" in capsys.readouterr().err

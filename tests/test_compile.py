@@ -140,3 +140,24 @@ def test_tuning_is_pure_rerouting_and_resumable(tmp_path):
 def test_bad_invocations_are_clear_errors(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_precompute_answers_each_distinct_context_once():
+    from crag_dspy import CRAG
+    from crag_dspy.domain import QAPair
+    from crag_dspy.protocols import WebResult
+    from fakes import ListRetriever, ListWebSearch
+    from optimize.thresholds import precompute_routes
+
+    lm = ScriptedLM(script)
+    retriever = ListRetriever([("kb-1", "The zeta code is Z100."), ("kb-2", "The theta code is T200.")])
+    questions = [QAPair(id="a", question="What is the zeta code?", answers=["Z100"], split="val"),
+                 QAPair(id="b", question="What is the omega code?", answers=["W700"], split="val")]
+    for web, answer_calls in ((ListWebSearch([WebResult("O", "u", "The omega code is W700.")]), 6),
+                              (ListWebSearch([]), 2)):  # no web: all three actions share one context
+        lm.calls.clear()
+        routes, usage = precompute_routes(CRAG(retriever, web, lm=lm, k=2), questions, progress=False)
+        answers = [u for s, u in lm.calls if "Answer the question" in s]
+        assert len(answers) == len(set(answers)) <= answer_calls
+        assert len(lm.calls) == len(set(lm.calls)) == usage.calls
+    assert routes[0].correct["CORRECT"] and not routes[1].correct["CORRECT"]

@@ -1,0 +1,32 @@
+import json
+
+import dspy
+
+from crag_dspy.domain import load_domain
+from optimize.datasets import interleave_balanced, relevance_examples, strip_examples
+
+
+def test_interleave_balanced_alternates_and_is_seeded():
+    examples = [dspy.Example(x=i, y=i % 3 == 0) for i in range(12)]
+    out = interleave_balanced(examples, "y", seed=1)
+    assert [e.y for e in out[:8]] == [True, False] * 4
+    assert sorted(e.x for e in out) == list(range(12))
+    assert [e.x for e in out] == [e.x for e in interleave_balanced(examples, "y", seed=1)]
+    assert [e.x for e in out] != [e.x for e in interleave_balanced(examples, "y", seed=2)]
+
+
+def test_strip_labels_follow_gold_aliases(tmp_path):
+    (tmp_path / "corpus.jsonl").write_text(json.dumps({"id": "a", "title": "T", "text": "x"}) + "\n")
+    qa = {"id": "q", "question": "What is the fee?", "answers": ["4,800 velds"], "split": "test"}
+    (tmp_path / "qa.jsonl").write_text(json.dumps(qa) + "\n")
+    passage = "Fees\nThe fee is 4800 velds. Members vote. Meetings are monthly. Dues are paid in May. Bye."
+    rel = [{"question": "What is the fee?", "passage": passage, "label": 1, "split": "train"},
+           {"question": "What is the fee?", "passage": "Other\nThe fee is unknown.", "label": 0, "split": "train"},
+           {"question": "Unknown aliases?", "passage": "P\nOne. Two. Three. Four. Five.", "label": 1, "split": "train"}]
+    (tmp_path / "relevance.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rel))
+    domain = load_domain(tmp_path)
+    examples = strip_examples(domain, "train", sentences_per_strip=3)
+    assert [(e.strip.split(".")[0], e.keep) for e in examples] == [
+        ("The fee is 4800 velds", True), ("Dues are paid in May", False), ("The fee is unknown", False)]
+    grader = relevance_examples(domain.relevance, "train")
+    assert grader[0].document == passage and grader[0].relevant is True and set(grader[0].inputs().keys()) == {"question", "document"}
