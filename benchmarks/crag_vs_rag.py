@@ -27,7 +27,9 @@ from optimize.metrics import answer_matches
 
 
 def _duplicates(history: list[dict]) -> int:
-    keys = Counter(orjson.dumps({"m": h["messages"], "k": h["kwargs"]}, option=orjson.OPT_SORT_KEYS) for h in history)
+    keys = Counter(
+        orjson.dumps({"m": h["messages"], "k": h["kwargs"]}, option=orjson.OPT_SORT_KEYS) for h in history
+    )
     return sum(n - 1 for n in keys.values())
 
 
@@ -56,8 +58,12 @@ def main() -> None:
             started = time.perf_counter()
             with dspy.track_usage() as tracker:
                 pred = program(question=q.question)
-            row = {"seconds": time.perf_counter() - started, **usage_from_tracker(tracker).model_dump(),
-                   "correct": answer_matches(pred.answer, q.answers), "duplicates": _duplicates(lm.history)}
+            row = {
+                "seconds": time.perf_counter() - started,
+                **usage_from_tracker(tracker).model_dump(),
+                "correct": answer_matches(pred.answer, q.answers),
+                "duplicates": _duplicates(lm.history),
+            }
             if name == "crag":
                 row["action"] = pred.action
                 for stage, seconds in pred.trace.timings.items():
@@ -76,14 +82,24 @@ def main() -> None:
         print(f"{key:<22} {r:10.1f} {c:10.1f} {c / r if r else float('nan'):7.2f}x")
     for name in ("rag", "crag"):
         summary[f"{name}_accuracy"] = mean(name, "correct")
-    print(f"accuracy (gold alias match): plain RAG {summary['rag_accuracy']:.2f}, CRAG {summary['crag_accuracy']:.2f}")
+    print(
+        f"accuracy (gold alias match): plain RAG {summary['rag_accuracy']:.2f}, CRAG {summary['crag_accuracy']:.2f}"
+    )
     total = sum(stage_time.values())
-    print("CRAG time by stage: " + ", ".join(f"{s} {t / total:.0%}" for s, t in sorted(stage_time.items(), key=lambda x: -x[1])))
-    print("CRAG actions: " + ", ".join(f"{a} {n}" for a, n in Counter(r["action"] for r in rows["crag"]).items()))
+    print(
+        "CRAG time by stage: "
+        + ", ".join(f"{s} {t / total:.0%}" for s, t in sorted(stage_time.items(), key=lambda x: -x[1]))
+    )
+    print(
+        "CRAG actions: "
+        + ", ".join(f"{a} {n}" for a, n in Counter(r["action"] for r in rows["crag"]).items())
+    )
     dup = sum(r["duplicates"] for r in rows["crag"]) + sum(r["duplicates"] for r in rows["rag"])
     print(f"identical LM requests repeated within a question: {dup}")
     if args.out:
-        args.out.write_text(json.dumps({"summary": summary, "rows": rows, "stage_seconds": stage_time}, indent=2))
+        args.out.write_text(
+            json.dumps({"summary": summary, "rows": rows, "stage_seconds": stage_time}, indent=2)
+        )
 
 
 if __name__ == "__main__":

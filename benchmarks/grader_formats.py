@@ -50,7 +50,9 @@ def run_variant(adapter: str, pairs, lm) -> dict:
         "seconds_per_pair": elapsed / len(pairs),
         "lm_calls": calls,
         "completion_tokens_per_call": completion_tokens / max(calls, 1),
-        "score_sources": {s: sum(1 for x in scores if (x is None) == (s == "error")) for s in ("ok", "error")},
+        "score_sources": {
+            s: sum(1 for x in scores if (x is None) == (s == "error")) for s in ("ok", "error")
+        },
     }
 
 
@@ -67,27 +69,40 @@ def main() -> None:
     settings = Settings(**({"lm": args.lm} if args.lm else {}))
     domain = load_domain(args.domain_dir)
     # Grouped by question so consecutive calls share the cached prompt prefix, as in a real CRAG query.
-    pairs = sorted((p for p in domain.relevance if p.split == args.split), key=lambda p: p.question)[: args.limit]
-    print(f"{len(pairs)} {args.split} pairs ({sum(p.label for p in pairs)} positive), LM {lm_identity(settings)}")
+    pairs = sorted((p for p in domain.relevance if p.split == args.split), key=lambda p: p.question)[
+        : args.limit
+    ]
+    print(
+        f"{len(pairs)} {args.split} pairs ({sum(p.label for p in pairs)} positive), LM {lm_identity(settings)}"
+    )
 
     embedder = Embedder()
     q = np.asarray(embedder.encode([p.question for p in pairs]))
     d = np.asarray(embedder.encode([p.passage for p in pairs]))
     cosine = binary_report(list((q * d).sum(axis=1)), [p.label for p in pairs]).roc_auc
-    results = {"pairs": len(pairs), "split": args.split, "lm": lm_identity(settings), "cosine_auc": cosine,
-               "variants": []}
+    results = {
+        "pairs": len(pairs),
+        "split": args.split,
+        "lm": lm_identity(settings),
+        "cosine_auc": cosine,
+        "variants": [],
+    }
     lm = build_lm(settings, cache=False)  # measure real calls, not cache hits
     for variant in args.variants:
         results["variants"].append(run_variant(variant, pairs, lm))
 
     print(f"\ncosine similarity baseline: AUC {cosine:.3f}")
-    print(f"{'variant':<8} {'read as':<9} {'acc':>6} {'prec':>6} {'rec':>6} {'AUC':>6} {'unk':>4} {'s/pair':>7} {'out tok':>7}")
+    print(
+        f"{'variant':<8} {'read as':<9} {'acc':>6} {'prec':>6} {'rec':>6} {'AUC':>6} {'unk':>4} {'s/pair':>7} {'out tok':>7}"
+    )
     for r in results["variants"]:
         for key, name in (("parsed_label", "label"), ("logprob_score", "P(yes)")):
             m = r[key]
             auc = "-" if m["roc_auc"] is None else f"{m['roc_auc']:.3f}"
-            print(f"{r['variant']:<8} {name:<9} {m['accuracy']:6.3f} {m['precision']:6.3f} {m['recall']:6.3f} {auc:>6} "
-                  f"{m['unknown']:4d} {r['seconds_per_pair']:7.2f} {r['completion_tokens_per_call']:7.1f}")
+            print(
+                f"{r['variant']:<8} {name:<9} {m['accuracy']:6.3f} {m['precision']:6.3f} {m['recall']:6.3f} {auc:>6} "
+                f"{m['unknown']:4d} {r['seconds_per_pair']:7.2f} {r['completion_tokens_per_call']:7.1f}"
+            )
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
 

@@ -19,6 +19,19 @@ from .routing import Action, decide_action
 from .settings import Settings
 
 __all__ = [
-    "CRAG", "Thresholds", "build_crag", "load_program", "Settings", "Action", "decide_action", "Domain", "DomainDataError",
-    "load_domain", "Passage", "WebResult", "Retriever", "WebSearch", "WebSearchError",
+    "CRAG",
+    "Thresholds",
+    "build_crag",
+    "load_program",
+    "Settings",
+    "Action",
+    "decide_action",
+    "Domain",
+    "DomainDataError",
+    "load_domain",
+    "Passage",
+    "WebResult",
+    "Retriever",
+    "WebSearch",
+    "WebSearchError",
 ]

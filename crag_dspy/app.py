@@ -49,7 +49,9 @@ def open_backends(settings: Settings, *, ingest_if_missing: bool = True, progres
     missing = kb not in existing or (domain.web and web not in existing)
     if missing:
         if not ingest_if_missing:
-            raise StoreError(f"Domain {domain.name!r} is not ingested: run `python -m crag_dspy ingest {domain.root}`")
+            raise StoreError(
+                f"Domain {domain.name!r} is not ingested: run `python -m crag_dspy ingest {domain.root}`"
+            )
         log.warning("domain %r is not ingested yet; ingesting now", domain.name)
         ingest_domain(client, domain, embedder, progress=progress)
     return Backends(settings, domain, client, embedder)
@@ -58,7 +60,9 @@ def open_backends(settings: Settings, *, ingest_if_missing: bool = True, progres
 def build_web_search(settings: Settings, backends: Backends) -> WebSearch:
     choice = settings.web_search
     if choice == "auto":
-        choice = "tavily" if os.environ.get("TAVILY_API_KEY") else ("offline" if backends.domain.web else "none")
+        choice = (
+            "tavily" if os.environ.get("TAVILY_API_KEY") else ("offline" if backends.domain.web else "none")
+        )
     if choice == "tavily":
         return TavilyWebSearch(timeout_s=settings.web_timeout_s, prefer_domains=settings.web_domains)
     if choice == "offline":
@@ -68,7 +72,9 @@ def build_web_search(settings: Settings, backends: Backends) -> WebSearch:
     return NoWebSearch()
 
 
-def assemble(settings: Settings, lm: dspy.BaseLM | None = None, progress: bool = True) -> tuple[CRAG, Backends]:
+def assemble(
+    settings: Settings, lm: dspy.BaseLM | None = None, progress: bool = True
+) -> tuple[CRAG, Backends]:
     """Build CRAG and return it with its storage backends (compile and evaluation need both)."""
     lm = lm or build_lm(settings)  # first: a bad model string or missing key fails before any indexing
     backends = open_backends(settings, progress=progress)
@@ -89,7 +95,9 @@ def assemble(settings: Settings, lm: dspy.BaseLM | None = None, progress: bool =
     return crag, backends
 
 
-def build_crag(settings: Settings | None = None, *, lm: dspy.BaseLM | None = None, progress: bool = True) -> CRAG:
+def build_crag(
+    settings: Settings | None = None, *, lm: dspy.BaseLM | None = None, progress: bool = True
+) -> CRAG:
     """A CRAG program for ``settings`` with real backends: Chroma, the bundled embeddings, web search, LM."""
     return assemble(settings or Settings(), lm, progress)[0]
 
@@ -115,8 +123,11 @@ def load_program(
         return apply_program(crag, document)
     if settings is None:
         recorded = document["metadata"].get("domain_dir")
-        settings = (Settings(domain_dir=Path(recorded)) if recorded and Path(recorded).is_dir()
-                    else Settings(domain=document["metadata"].get("domain") or "default"))
+        settings = (
+            Settings(domain_dir=Path(recorded))
+            if recorded and Path(recorded).is_dir()
+            else Settings(domain=document["metadata"].get("domain") or "default")
+        )
     crag, backends = assemble(settings, lm, progress)
     read_program(path, domain=backends.domain.name)
     return apply_program(crag, document)

@@ -25,7 +25,8 @@ class PlainRAG(dspy.Module):
     def forward(self, question: str) -> dspy.Prediction:
         passages = self.retriever.retrieve(question, self.k)
         context = format_context(
-            [Strip(p.text, "internal", p.doc_id, p.title, p.rank, 0, p.url) for p in passages], [])
+            [Strip(p.text, "internal", p.doc_id, p.title, p.rank, 0, p.url) for p in passages], []
+        )
         with dspy.context(lm=self.lm) if self.lm is not None else nullcontext():
             answer = self.answerer(question=question, context=context).answer
         return dspy.Prediction(answer=answer, context=context, passages=passages)

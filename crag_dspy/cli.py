@@ -18,7 +18,9 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("domain and storage (defaults from CRAG_* environment variables)")
     g.add_argument("--domain", help="bundled domain name under data/ (default: default)")
     g.add_argument("--domain-dir", type=Path, help="any directory in the domain format")
-    g.add_argument("--chroma-path", type=Path, help="embedded Chroma folder (default: ~/.cache/crag-dspy/chroma)")
+    g.add_argument(
+        "--chroma-path", type=Path, help="embedded Chroma folder (default: ~/.cache/crag-dspy/chroma)"
+    )
     g.add_argument("--chroma-host", help="Chroma server host: use a server instead of the embedded store")
     g.add_argument("--chroma-port", type=int, help="Chroma server port (default: 8000)")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
@@ -27,29 +29,47 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 def _add_lm(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("language model")
     g.add_argument("--lm", help="'embedded' (default) or a LiteLLM model string, e.g. openai/gpt-4o-mini")
-    g.add_argument("--lm-api-base", help="base URL of an OpenAI-compatible server (vLLM, llama.cpp, LM Studio)")
-    g.add_argument("--embedded-model", choices=["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"],
-                   help="which embedded model to run (the 0.5B is faster and weaker)")
+    g.add_argument(
+        "--lm-api-base", help="base URL of an OpenAI-compatible server (vLLM, llama.cpp, LM Studio)"
+    )
+    g.add_argument(
+        "--embedded-model",
+        choices=["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"],
+        help="which embedded model to run (the 0.5B is faster and weaker)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m crag_dspy", description="Corrective RAG as a DSPy program.")
+    parser = argparse.ArgumentParser(
+        prog="python -m crag_dspy", description="Corrective RAG as a DSPy program."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    ingest = sub.add_parser("ingest", help="chunk, embed and upsert a domain into Chroma (idempotent)",
-                            description="Chunk, embed and upsert a domain's corpus.jsonl and web.jsonl into Chroma. "
-                                        "Reruns add only new chunks and remove stale ones.")
-    ingest.add_argument("domain_path", type=Path, help="domain directory (corpus.jsonl, web.jsonl, domain.toml)")
+    ingest = sub.add_parser(
+        "ingest",
+        help="chunk, embed and upsert a domain into Chroma (idempotent)",
+        description="Chunk, embed and upsert a domain's corpus.jsonl and web.jsonl into Chroma. "
+        "Reruns add only new chunks and remove stale ones.",
+    )
+    ingest.add_argument(
+        "domain_path", type=Path, help="domain directory (corpus.jsonl, web.jsonl, domain.toml)"
+    )
     _add_common(ingest)
 
-    ask = sub.add_parser("ask", help="answer a question with CRAG and show what it did",
-                         description="Answer a question with CRAG; prints the answer and a compact trace.")
+    ask = sub.add_parser(
+        "ask",
+        help="answer a question with CRAG and show what it did",
+        description="Answer a question with CRAG; prints the answer and a compact trace.",
+    )
     ask.add_argument("question", help="the question to answer")
     _add_common(ask)
     _add_lm(ask)
     ask.add_argument("--program", type=Path, help="compiled program JSON (python -m optimize.compile)")
-    ask.add_argument("--web-search", choices=["auto", "tavily", "offline", "none"],
-                     help="web backend (auto: Tavily when TAVILY_API_KEY is set, else the offline stand-in)")
+    ask.add_argument(
+        "--web-search",
+        choices=["auto", "tavily", "offline", "none"],
+        help="web backend (auto: Tavily when TAVILY_API_KEY is set, else the offline stand-in)",
+    )
     ask.add_argument("--k", type=int, help="documents retrieved per question")
     ask.add_argument("--lower", type=float, help="lower threshold (overrides the program's)")
     ask.add_argument("--upper", type=float, help="upper threshold (overrides the program's)")
@@ -57,23 +77,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_SETTING_FLAGS = ("domain", "domain_dir", "chroma_path", "chroma_host", "chroma_port", "lm", "lm_api_base",
-                  "embedded_model", "web_search", "k", "lower", "upper")
+_SETTING_FLAGS = (
+    "domain",
+    "domain_dir",
+    "chroma_path",
+    "chroma_host",
+    "chroma_port",
+    "lm",
+    "lm_api_base",
+    "embedded_model",
+    "web_search",
+    "k",
+    "lower",
+    "upper",
+)
 
 
 def settings_from_args(args: argparse.Namespace, **extra: Any):
     """Settings from the environment, overridden by the flags the user actually gave."""
     from .settings import Settings
 
-    overrides = {name: getattr(args, name) for name in _SETTING_FLAGS if getattr(args, name, None) is not None}
+    overrides = {
+        name: getattr(args, name) for name in _SETTING_FLAGS if getattr(args, name, None) is not None
+    }
     overrides.update(extra)
     return Settings(**overrides)
 
 
 def format_trace(trace) -> str:
     """A compact, human-readable account of one CRAG run."""
-    lines = [f"answer: {trace.answer}", f"action: {trace.action}  (lower={trace.lower:.2f}, upper={trace.upper:.2f})",
-             "documents:"]
+    lines = [
+        f"answer: {trace.answer}",
+        f"action: {trace.action}  (lower={trace.lower:.2f}, upper={trace.upper:.2f})",
+        "documents:",
+    ]
     for d in trace.documents:
         score = "error" if d.score is None else f"{d.score:.2f}"
         lines.append(f"  #{d.rank} {score:>5}  {d.title[:70]}  [{d.doc_id}]")
@@ -90,9 +127,11 @@ def format_trace(trace) -> str:
         lines.append(f"error: {e}")
     usage = trace.total_usage
     total_time = sum(trace.timings.values())
-    lines.append(f"cost: {usage.calls} LM calls, {usage.prompt_tokens} prompt tokens "
-                 f"({usage.cached_prompt_tokens} cached), {usage.completion_tokens} completion tokens, "
-                 f"{total_time:.1f} s  [{trace.lm_model}]")
+    lines.append(
+        f"cost: {usage.calls} LM calls, {usage.prompt_tokens} prompt tokens "
+        f"({usage.cached_prompt_tokens} cached), {usage.completion_tokens} completion tokens, "
+        f"{total_time:.1f} s  [{trace.lm_model}]"
+    )
     return "\n".join(lines)
 
 
@@ -105,8 +144,10 @@ def _ingest(args: argparse.Namespace) -> int:
     domain = load_domain(args.domain_path)
     reports = ingest_domain(open_client(settings), domain, Embedder(settings.embedding_model))
     for r in reports:
-        print(f"{r.collection}: {r.documents} documents, {r.chunks} chunks "
-              f"({r.added} added, {r.unchanged} unchanged, {r.removed} removed)")
+        print(
+            f"{r.collection}: {r.documents} documents, {r.chunks} chunks "
+            f"({r.added} added, {r.unchanged} unchanged, {r.removed} removed)"
+        )
     return 0
 
 
@@ -117,11 +158,17 @@ def _ask(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     if args.program:
         explicit_domain = args.domain is not None or args.domain_dir is not None
-        crag = load_program(args.program, settings=settings if explicit_domain else None, lm=build_lm(settings))
+        crag = load_program(
+            args.program, settings=settings if explicit_domain else None, lm=build_lm(settings)
+        )
         # Explicit threshold flags beat the program's tuned thresholds.
         if args.lower is not None or args.upper is not None:
-            crag.thresholds.load_state({"lower": settings.lower if args.lower is not None else crag.thresholds.lower,
-                                        "upper": settings.upper if args.upper is not None else crag.thresholds.upper})
+            crag.thresholds.load_state(
+                {
+                    "lower": settings.lower if args.lower is not None else crag.thresholds.lower,
+                    "upper": settings.upper if args.upper is not None else crag.thresholds.upper,
+                }
+            )
     else:
         crag = build_crag(settings)
     prediction = crag(question=args.question)
@@ -134,7 +181,9 @@ def _ask(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
+    )
     from .domain import DomainDataError
     from .lm import LMConfigError, WeightsError
     from .program import ProgramError
@@ -142,6 +191,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return {"ingest": _ingest, "ask": _ask}[args.command](args)
-    except (DomainDataError, LMConfigError, WeightsError, StoreError, ProgramError, ValueError, ValidationError) as exc:
+    except (
+        DomainDataError,
+        LMConfigError,
+        WeightsError,
+        StoreError,
+        ProgramError,
+        ValueError,
+        ValidationError,
+    ) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -19,8 +19,15 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = [
-    "DomainDataError", "CorpusDoc", "WebDoc", "QAPair", "RelevancePair", "DomainConfig", "Domain",
-    "load_domain", "load_jsonl",
+    "DomainDataError",
+    "CorpusDoc",
+    "WebDoc",
+    "QAPair",
+    "RelevancePair",
+    "DomainConfig",
+    "Domain",
+    "load_domain",
+    "load_jsonl",
 ]
 
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{1,40}[a-zA-Z0-9]$")
@@ -81,7 +88,9 @@ class DomainConfig(BaseModel):
     @classmethod
     def _valid_name(cls, value: str) -> str:
         if not _NAME.match(value):
-            raise ValueError("must be 3-42 characters of letters, digits, '-' or '_' (it names Chroma collections)")
+            raise ValueError(
+                "must be 3-42 characters of letters, digits, '-' or '_' (it names Chroma collections)"
+            )
         return value
 
 
@@ -103,9 +112,13 @@ def load_jsonl(path: Path, model: type[R]) -> list[R]:
         try:
             records.append(model.model_validate(json.loads(line)))
         except json.JSONDecodeError as exc:
-            raise DomainDataError(f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            raise DomainDataError(
+                f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})"
+            ) from None
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in exc.errors())
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in exc.errors()
+            )
             raise DomainDataError(f"{path}:{number}: {problems}") from None
     return records
 
@@ -117,7 +130,9 @@ def _load_text_folder(folder: Path) -> list[CorpusDoc]:
         if not text:
             continue
         first = text.splitlines()[0].lstrip("# ").strip()
-        docs.append(CorpusDoc(id=str(path.relative_to(folder)), title=first or path.stem, text=text, source=str(path)))
+        docs.append(
+            CorpusDoc(id=str(path.relative_to(folder)), title=first or path.stem, text=text, source=str(path))
+        )
     return docs
 
 
@@ -184,4 +199,6 @@ def load_domain(root: Path | str) -> Domain:
 
     web = optional("web.jsonl", WebDoc)
     _unique_ids(root / "web.jsonl", web)
-    return Domain(root, config, corpus, web, optional("qa.jsonl", QAPair), optional("relevance.jsonl", RelevancePair))
+    return Domain(
+        root, config, corpus, web, optional("qa.jsonl", QAPair), optional("relevance.jsonl", RelevancePair)
+    )

@@ -47,7 +47,10 @@ class Embedder:
     def encode(self, texts: Sequence[str], *, progress: bool = False) -> list[list[float]]:
         model = self._load()
         vectors = model.encode(
-            list(texts), batch_size=self.batch_size, normalize_embeddings=True, show_progress_bar=progress,
+            list(texts),
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            show_progress_bar=progress,
             convert_to_numpy=True,
         )
         return vectors.tolist()

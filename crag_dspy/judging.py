@@ -57,8 +57,10 @@ class LabelAdapter(Adapter):
         return "\n".join(lines)
 
     def format_field_structure(self, signature) -> str:
-        (name, f), = signature.output_fields.items()
-        return f"Output: {name} - {f.json_schema_extra.get('desc', '')}. Reply with exactly one word: yes or no."
+        ((name, f),) = signature.output_fields.items()
+        return (
+            f"Output: {name} - {f.json_schema_extra.get('desc', '')}. Reply with exactly one word: yes or no."
+        )
 
     def format_task_description(self, signature) -> str:
         return signature.instructions
@@ -126,8 +128,14 @@ class BinaryJudge(dspy.Module):
     survive ``save``/``load`` (compiled sub-modules vanish from saved state; bare predictors do not).
     """
 
-    def __init__(self, signature: type[dspy.Signature], *, adapter: str = "label", use_logprobs: bool = True,
-                 retries: int = 2):
+    def __init__(
+        self,
+        signature: type[dspy.Signature],
+        *,
+        adapter: str = "label",
+        use_logprobs: bool = True,
+        retries: int = 2,
+    ):
         super().__init__()
         self.predict = dspy.Predict(signature)
         (self.output_name,) = signature.output_fields

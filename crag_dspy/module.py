@@ -86,8 +86,12 @@ class CRAG(dspy.Module):
         self.sentences_per_strip, self.web_results, self.retries = sentences_per_strip, web_results, retries
 
         self.thresholds = Thresholds(lower, upper)
-        self.grader = BinaryJudge(GradeDocument, adapter=judge_adapter, use_logprobs=use_logprobs, retries=retries)
-        self.strip_filter = BinaryJudge(FilterStrip, adapter=judge_adapter, use_logprobs=use_logprobs, retries=retries)
+        self.grader = BinaryJudge(
+            GradeDocument, adapter=judge_adapter, use_logprobs=use_logprobs, retries=retries
+        )
+        self.strip_filter = BinaryJudge(
+            FilterStrip, adapter=judge_adapter, use_logprobs=use_logprobs, retries=retries
+        )
         self.rewriter = dspy.Predict(RewriteQuery)
         self.answerer = dspy.Predict(AnswerFromContext)
 
@@ -117,11 +121,15 @@ class CRAG(dspy.Module):
 
     # -- stages (public so that threshold tuning can run each once and re-route offline) ------------
     def new_run(self, question: str) -> TraceRecorder:
-        return TraceRecorder(CRAGTrace(
-            question=question, lower=self.thresholds.lower, upper=self.thresholds.upper,
-            retriever=getattr(self.retriever, "name", type(self.retriever).__name__),
-            web_backend=getattr(self.web_search, "name", type(self.web_search).__name__),
-        ))
+        return TraceRecorder(
+            CRAGTrace(
+                question=question,
+                lower=self.thresholds.lower,
+                upper=self.thresholds.upper,
+                retriever=getattr(self.retriever, "name", type(self.retriever).__name__),
+                web_backend=getattr(self.web_search, "name", type(self.web_search).__name__),
+            )
+        )
 
     def lm_scope(self, trace: CRAGTrace):
         lm = self.lm or dspy.settings.lm
@@ -139,18 +147,28 @@ class CRAG(dspy.Module):
             for passage in passages:
                 judgement = self.grader(question=question, document=passage.display).judgement
                 scores.append(judgement.score)
-                run.trace.documents.append(DocumentGrade(
-                    id=passage.id, doc_id=passage.doc_id, title=passage.title, rank=passage.rank,
-                    similarity=round(passage.similarity, 4), score=judgement.score,
-                    score_source=judgement.score_source, attempts=judgement.attempts,
-                    error="; ".join(judgement.errors) or None,
-                ))
+                run.trace.documents.append(
+                    DocumentGrade(
+                        id=passage.id,
+                        doc_id=passage.doc_id,
+                        title=passage.title,
+                        rank=passage.rank,
+                        similarity=round(passage.similarity, 4),
+                        score=judgement.score,
+                        score_source=judgement.score_source,
+                        attempts=judgement.attempts,
+                        error="; ".join(judgement.errors) or None,
+                    )
+                )
                 if judgement.score is None:
-                    run.error(f"grader failed on {passage.doc_id} (treated as unknown): {judgement.errors[-1]}")
+                    run.error(
+                        f"grader failed on {passage.doc_id} (treated as unknown): {judgement.errors[-1]}"
+                    )
         return passages, scores
 
-    def internal_knowledge(self, question: str, passages: list[Passage], scores: list[float | None],
-                           run: TraceRecorder) -> list[Strip]:
+    def internal_knowledge(
+        self, question: str, passages: list[Passage], scores: list[float | None], run: TraceRecorder
+    ) -> list[Strip]:
         """Decompose, filter and recompose the retrieved passages into internal knowledge.
 
         Passages graded below ``strip_threshold`` are dropped whole (their strips would be judged on
@@ -165,7 +183,9 @@ class CRAG(dspy.Module):
                     continue
                 pieces = decompose(passage.text, self.sentences_per_strip)
                 for i, text in enumerate(pieces):
-                    strips.append(Strip(text, "internal", passage.doc_id, passage.title, passage.rank, i, passage.url))
+                    strips.append(
+                        Strip(text, "internal", passage.doc_id, passage.title, passage.rank, i, passage.url)
+                    )
                     if len(pieces) == 1:
                         # The grader already judged this passage whole: asking again would be the same question.
                         reuse[strips[-1]] = score
@@ -191,21 +211,26 @@ class CRAG(dspy.Module):
             run.fallback(f"web search returned no results for {trace.web_query!r}; internal knowledge only")
             return None
         with run.stage("refine_external"):
-            strips = [Strip(text, "web", r.url, r.title, rank, i, r.url)
-                      for rank, r in enumerate(results)
-                      for i, text in enumerate(decompose(r.content, self.sentences_per_strip))]
+            strips = [
+                Strip(text, "web", r.url, r.title, rank, i, r.url)
+                for rank, r in enumerate(results)
+                for i, text in enumerate(decompose(r.content, self.sentences_per_strip))
+            ]
             kept, trace.external_strips = self._filter(question, strips, {}, run)
         return kept
 
-    def generate(self, question: str, internal: list[Strip], external: list[Strip], run: TraceRecorder) -> str:
+    def generate(
+        self, question: str, internal: list[Strip], external: list[Strip], run: TraceRecorder
+    ) -> str:
         """Answer from the refined, source-tagged knowledge only."""
         with run.stage("answer"):
             run.trace.context = format_context(internal, external)
             run.trace.answer = self._answer(question, run.trace.context, run)
         return run.trace.answer
 
-    def _filter(self, question: str, strips: list[Strip], reuse: dict[Strip, float | None],
-                run: TraceRecorder) -> tuple[list[Strip], list[StripRecord]]:
+    def _filter(
+        self, question: str, strips: list[Strip], reuse: dict[Strip, float | None], run: TraceRecorder
+    ) -> tuple[list[Strip], list[StripRecord]]:
         scored: list[tuple[Strip, float | None, str]] = []
         for strip in strips:
             if strip in reuse:
@@ -213,14 +238,30 @@ class CRAG(dspy.Module):
                 continue
             judgement = self.strip_filter(question=question, strip=strip.text).judgement
             if judgement.score is None:
-                run.error(f"strip filter failed on a strip of {strip.doc_id} (dropped): {judgement.errors[-1]}")
-            scored.append((strip, judgement.score, "strip_filter" if judgement.score is not None else "error"))
-        kept = recompose(select_strips([(s, score) for s, score, _ in scored], self.strip_threshold, self.max_strips))
+                run.error(
+                    f"strip filter failed on a strip of {strip.doc_id} (dropped): {judgement.errors[-1]}"
+                )
+            scored.append(
+                (strip, judgement.score, "strip_filter" if judgement.score is not None else "error")
+            )
+        kept = recompose(
+            select_strips([(s, score) for s, score, _ in scored], self.strip_threshold, self.max_strips)
+        )
         kept_set = set(kept)
-        records = [StripRecord(source=s.source, doc_id=s.doc_id, title=s.title, position=s.position, text=s.text,
-                               score=None if score is None else round(score, 4), score_source=origin,
-                               kept=s in kept_set, url=s.url if s.source == "web" else None)
-                   for s, score, origin in scored]
+        records = [
+            StripRecord(
+                source=s.source,
+                doc_id=s.doc_id,
+                title=s.title,
+                position=s.position,
+                text=s.text,
+                score=None if score is None else round(score, 4),
+                score_source=origin,
+                kept=s in kept_set,
+                url=s.url if s.source == "web" else None,
+            )
+            for s, score, origin in scored
+        ]
         return kept, records
 
     def _rewrite(self, question: str, run: TraceRecorder) -> str:
@@ -243,8 +284,13 @@ class CRAG(dspy.Module):
             return UNKNOWN_ANSWER
         return str(pred.answer).strip()
 
-    def _predict_with_retries(self, predictor: dspy.Predict, what: str, run: TraceRecorder, **inputs: Any,
-                              ) -> dspy.Prediction | None:
+    def _predict_with_retries(
+        self,
+        predictor: dspy.Predict,
+        what: str,
+        run: TraceRecorder,
+        **inputs: Any,
+    ) -> dspy.Prediction | None:
         for attempt in range(self.retries + 1):
             config = {"rollout_id": attempt, "temperature": 0.7} if attempt else {}
             try:

@@ -15,8 +15,15 @@ import dspy
 from . import __version__
 from .module import CRAG
 
-__all__ = ["ProgramError", "PROGRAM_FORMAT", "PROGRAM_FORMAT_VERSION", "program_config", "save_program",
-           "read_program", "apply_program"]
+__all__ = [
+    "ProgramError",
+    "PROGRAM_FORMAT",
+    "PROGRAM_FORMAT_VERSION",
+    "program_config",
+    "save_program",
+    "read_program",
+    "apply_program",
+]
 
 PROGRAM_FORMAT = "crag-dspy-program"
 PROGRAM_FORMAT_VERSION = 1
@@ -67,18 +74,22 @@ def read_program(path: Path | str, *, domain: str | None = None) -> dict[str, An
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProgramError(f"{path}: corrupt or truncated program JSON ({exc})") from None
     if not isinstance(document, dict) or document.get("format") != PROGRAM_FORMAT:
-        raise ProgramError(f"{path}: not a crag-dspy program (missing \"format\": \"{PROGRAM_FORMAT}\")")
+        raise ProgramError(f'{path}: not a crag-dspy program (missing "format": "{PROGRAM_FORMAT}")')
     version = document.get("format_version")
     if version != PROGRAM_FORMAT_VERSION:
-        raise ProgramError(f"{path}: program format version {version!r} is not supported by this crag-dspy "
-                           f"(supports {PROGRAM_FORMAT_VERSION}); recompile with python -m optimize.compile")
+        raise ProgramError(
+            f"{path}: program format version {version!r} is not supported by this crag-dspy "
+            f"(supports {PROGRAM_FORMAT_VERSION}); recompile with python -m optimize.compile"
+        )
     for key in ("state", "config", "metadata"):
         if not isinstance(document.get(key), dict):
             raise ProgramError(f"{path}: program is missing its {key!r} section")
     found = document["metadata"].get("domain")
     if domain is not None and found != domain:
-        raise ProgramError(f"{path}: program was compiled for domain {found!r}, not {domain!r}; "
-                           f"compile one for {domain!r} or pass --domain {found}")
+        raise ProgramError(
+            f"{path}: program was compiled for domain {found!r}, not {domain!r}; "
+            f"compile one for {domain!r} or pass --domain {found}"
+        )
     return document
 
 
@@ -86,17 +97,23 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     """Apply a validated program's state and config to ``crag`` (raises ProgramError, leaves it untouched)."""
     config = document["config"]
     if config.get("judge_adapter", crag.grader.adapter_name) != crag.grader.adapter_name:
-        raise ProgramError(f"program uses judge adapter {config['judge_adapter']!r}, the module {crag.grader.adapter_name!r}")
+        raise ProgramError(
+            f"program uses judge adapter {config['judge_adapter']!r}, the module {crag.grader.adapter_name!r}"
+        )
     state = document["state"]
     expected = {name for name, _ in crag.named_parameters()}
     missing = expected - state.keys()
     if missing:
-        raise ProgramError(f"program state lacks {sorted(missing)}: it was saved from a different program structure")
+        raise ProgramError(
+            f"program state lacks {sorted(missing)}: it was saved from a different program structure"
+        )
     try:
         # dspy's load_state does a trial run on a copy first, so a bad state leaves `crag` untouched.
         crag.load_state({name: state[name] for name in expected})
     except Exception as exc:  # noqa: BLE001 - any malformed state is one clear error
-        raise ProgramError(f"program state does not fit this CRAG module: {type(exc).__name__}: {exc}") from exc
+        raise ProgramError(
+            f"program state does not fit this CRAG module: {type(exc).__name__}: {exc}"
+        ) from exc
     for key in _CONFIG_KEYS:
         if key in config:
             setattr(crag, key, config[key])

@@ -24,7 +24,9 @@ class Action(str, Enum):
 
 def validate_thresholds(lower: float, upper: float) -> None:
     if not (0.0 <= lower <= upper <= 1.0):
-        raise ValueError(f"thresholds must satisfy 0 <= lower <= upper <= 1, got lower={lower}, upper={upper}")
+        raise ValueError(
+            f"thresholds must satisfy 0 <= lower <= upper <= 1, got lower={lower}, upper={upper}"
+        )
 
 
 def decide_action(scores: Sequence[float | None], lower: float, upper: float) -> Action:

@@ -38,20 +38,33 @@ class Settings(BaseSettings):
         description="'embedded' for the in-process llama.cpp model, or any LiteLLM model string "
         "('openai/gpt-4o-mini', 'ollama_chat/qwen2.5', 'openai/<name>' with lm_api_base, ...).",
     )
-    lm_api_base: str | None = Field(None, description="Base URL of an OpenAI-compatible server (vLLM, llama.cpp, ...).")
-    embedded_model: Literal["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"] = Field(
-        "qwen2.5-coder-1.5b-instruct", description="Which embedded GGUF model to serve; the 0.5B is ~2.5x faster."
+    lm_api_base: str | None = Field(
+        None, description="Base URL of an OpenAI-compatible server (vLLM, llama.cpp, ...)."
     )
-    embedded_threads: int = Field(default_factory=lambda: os.cpu_count() or 2, ge=1, description="CPU threads.")
+    embedded_model: Literal["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"] = Field(
+        "qwen2.5-coder-1.5b-instruct",
+        description="Which embedded GGUF model to serve; the 0.5B is ~2.5x faster.",
+    )
+    embedded_threads: int = Field(
+        default_factory=lambda: os.cpu_count() or 2, ge=1, description="CPU threads."
+    )
     embedded_ctx: int = Field(8192, ge=1024, description="Context window of the embedded model, in tokens.")
     lm_timeout_s: float = Field(120.0, gt=0, description="Seconds before an LM request is abandoned.")
-    lm_retries: int = Field(2, ge=0, le=5, description="Extra attempts after an unparseable or failed LM output.")
-    use_logprobs: bool = Field(True, description="Read grades from token probabilities when the LM returns them.")
+    lm_retries: int = Field(
+        2, ge=0, le=5, description="Extra attempts after an unparseable or failed LM output."
+    )
+    use_logprobs: bool = Field(
+        True, description="Read grades from token probabilities when the LM returns them."
+    )
 
     # --- retrieval ------------------------------------------------------------------------------
     domain: str = Field("default", description="Name of a bundled domain under data/.")
-    domain_dir: Path | None = Field(None, description="Any directory in the domain format (overrides domain).")
-    chroma_path: Path | None = Field(None, description="Embedded Chroma folder (default: <cache_dir>/chroma).")
+    domain_dir: Path | None = Field(
+        None, description="Any directory in the domain format (overrides domain)."
+    )
+    chroma_path: Path | None = Field(
+        None, description="Embedded Chroma folder (default: <cache_dir>/chroma)."
+    )
     chroma_host: str | None = Field(None, description="Chroma server host; when set, HttpClient is used.")
     chroma_port: int = Field(8000, ge=1, le=65535, description="Chroma server port.")
     embedding_model: str | None = Field(
@@ -67,13 +80,16 @@ class Settings(BaseSettings):
     web_results: int = Field(3, ge=1, le=10, description="Web results requested per search.")
     web_timeout_s: float = Field(15.0, gt=0, description="Seconds before a web search is abandoned.")
     web_domains: list[str] = Field(
-        default_factory=list, description="Domains Tavily should prefer, e.g. ['wikipedia.org'] (paper's choice)."
+        default_factory=list,
+        description="Domains Tavily should prefer, e.g. ['wikipedia.org'] (paper's choice).",
     )
     web_search: Literal["auto", "tavily", "offline", "none"] = Field(
         "auto", description="'auto' uses Tavily when TAVILY_API_KEY is set, else the offline stand-in."
     )
 
-    cache_dir: Path = Field(default_factory=default_cache_dir, description="Joined model weights and Chroma data.")
+    cache_dir: Path = Field(
+        default_factory=default_cache_dir, description="Joined model weights and Chroma data."
+    )
 
     @model_validator(mode="after")
     def _thresholds_ordered(self) -> "Settings":

@@ -16,8 +16,15 @@ from .embeddings import Embedder
 from .protocols import Passage
 from .settings import Settings
 
-__all__ = ["StoreError", "open_client", "collection_names", "ingest_documents", "ingest_domain", "ChromaRetriever",
-           "IngestReport"]
+__all__ = [
+    "StoreError",
+    "open_client",
+    "collection_names",
+    "ingest_documents",
+    "ingest_domain",
+    "ChromaRetriever",
+    "IngestReport",
+]
 
 log = logging.getLogger(__name__)
 
@@ -28,17 +35,24 @@ class StoreError(RuntimeError):
 
 def open_client(settings: Settings) -> chromadb.ClientAPI:
     """Embedded ``PersistentClient`` by default; ``HttpClient`` when ``chroma_host`` is set."""
-    chroma_settings = ChromaSettings(anonymized_telemetry=False)  # telemetry would call out of an offline machine
+    chroma_settings = ChromaSettings(
+        anonymized_telemetry=False
+    )  # telemetry would call out of an offline machine
     try:
         if settings.chroma_host:
-            client = chromadb.HttpClient(host=settings.chroma_host, port=settings.chroma_port, settings=chroma_settings)
+            client = chromadb.HttpClient(
+                host=settings.chroma_host, port=settings.chroma_port, settings=chroma_settings
+            )
             client.heartbeat()
             return client
         settings.resolved_chroma_path.mkdir(parents=True, exist_ok=True)
         return chromadb.PersistentClient(path=str(settings.resolved_chroma_path), settings=chroma_settings)
     except Exception as exc:  # noqa: BLE001 - every backend failure becomes one actionable error
-        where = (f"server {settings.chroma_host}:{settings.chroma_port}" if settings.chroma_host
-                 else f"folder {settings.resolved_chroma_path}")
+        where = (
+            f"server {settings.chroma_host}:{settings.chroma_port}"
+            if settings.chroma_host
+            else f"folder {settings.resolved_chroma_path}"
+        )
         raise StoreError(f"Cannot open Chroma ({where}): {exc}") from exc
 
 
@@ -108,29 +122,49 @@ def ingest_documents(
     stale = sorted(existing - wanted.keys())
     new_ids = [cid for cid in wanted if cid not in existing]
     batch = 64
-    with tqdm(total=len(new_ids), desc=f"ingest {name}", unit="chunk", disable=not progress or not new_ids) as bar:
+    with tqdm(
+        total=len(new_ids), desc=f"ingest {name}", unit="chunk", disable=not progress or not new_ids
+    ) as bar:
         for start in range(0, len(new_ids), batch):
-            ids = new_ids[start:start + batch]
+            ids = new_ids[start : start + batch]
             vectors = embedder.encode([wanted[i][0] for i in ids])
             collection.upsert(
-                ids=ids, embeddings=vectors, documents=[wanted[i][1] for i in ids],
+                ids=ids,
+                embeddings=vectors,
+                documents=[wanted[i][1] for i in ids],
                 metadatas=[wanted[i][2] for i in ids],
             )
             bar.update(len(ids))
     # Stale chunks go only after the new ones are in, so an interruption never leaves a document absent.
     for start in range(0, len(stale), 500):
-        collection.delete(ids=stale[start:start + 500])
+        collection.delete(ids=stale[start : start + 500])
     return IngestReport(name, len(docs), len(wanted), len(new_ids), len(wanted) - len(new_ids), len(stale))
 
 
-def ingest_domain(client: chromadb.ClientAPI, domain: Domain, embedder: Embedder, *, progress: bool = True,
-                  ) -> list[IngestReport]:
+def ingest_domain(
+    client: chromadb.ClientAPI,
+    domain: Domain,
+    embedder: Embedder,
+    *,
+    progress: bool = True,
+) -> list[IngestReport]:
     kb_name, web_name = collection_names(domain.name)
-    reports = [ingest_documents(client, kb_name, domain.corpus, embedder,
-                                chunk_words=domain.config.chunk_words, progress=progress)]
+    reports = [
+        ingest_documents(
+            client, kb_name, domain.corpus, embedder, chunk_words=domain.config.chunk_words, progress=progress
+        )
+    ]
     if domain.web:
-        reports.append(ingest_documents(client, web_name, domain.web, embedder,
-                                        chunk_words=domain.config.chunk_words, progress=progress))
+        reports.append(
+            ingest_documents(
+                client,
+                web_name,
+                domain.web,
+                embedder,
+                chunk_words=domain.config.chunk_words,
+                progress=progress,
+            )
+        )
     return reports
 
 
@@ -149,15 +183,24 @@ class ChromaRetriever:
         if k < 1:
             return []
         result = self._collection.query(
-            query_embeddings=self._embedder.encode([query]), n_results=k,
+            query_embeddings=self._embedder.encode([query]),
+            n_results=k,
             include=["documents", "metadatas", "distances"],
         )
         passages = []
-        for rank, (cid, text, meta, distance) in enumerate(zip(
-            result["ids"][0], result["documents"][0], result["metadatas"][0], result["distances"][0]
-        )):
-            passages.append(Passage(
-                id=cid, doc_id=str(meta.get("doc_id", cid)), title=str(meta.get("title", "")), text=text or "",
-                rank=rank, similarity=1.0 - float(distance), source=meta.get("source"), url=meta.get("url"),
-            ))
+        for rank, (cid, text, meta, distance) in enumerate(
+            zip(result["ids"][0], result["documents"][0], result["metadatas"][0], result["distances"][0])
+        ):
+            passages.append(
+                Passage(
+                    id=cid,
+                    doc_id=str(meta.get("doc_id", cid)),
+                    title=str(meta.get("title", "")),
+                    text=text or "",
+                    rank=rank,
+                    similarity=1.0 - float(distance),
+                    source=meta.get("source"),
+                    url=meta.get("url"),
+                )
+            )
         return passages

@@ -13,8 +13,35 @@ Source = Literal["internal", "web"]
 
 # A sentence ends at . ! or ? followed by whitespace and an upper-case letter, digit or quote, unless
 # the period belongs to a common abbreviation or an initial ("e.g.", "Dr.", "J. Smith").
-_ABBREVIATIONS = {"e.g", "i.e", "etc", "dr", "mr", "mrs", "ms", "st", "no", "vs", "approx", "inc", "ltd", "co",
-                  "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "fig"}
+_ABBREVIATIONS = {
+    "e.g",
+    "i.e",
+    "etc",
+    "dr",
+    "mr",
+    "mrs",
+    "ms",
+    "st",
+    "no",
+    "vs",
+    "approx",
+    "inc",
+    "ltd",
+    "co",
+    "jan",
+    "feb",
+    "mar",
+    "apr",
+    "jun",
+    "jul",
+    "aug",
+    "sep",
+    "sept",
+    "oct",
+    "nov",
+    "dec",
+    "fig",
+}
 _BOUNDARY = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
 
 
@@ -26,11 +53,11 @@ def split_sentences(text: str) -> list[str]:
     sentences: list[str] = []
     start = 0
     for match in _BOUNDARY.finditer(text):
-        candidate = text[start:match.start()].rstrip()
+        candidate = text[start : match.start()].rstrip()
         last_word = candidate.rsplit(" ", 1)[-1].rstrip(".").lower()
         if last_word in _ABBREVIATIONS or (len(last_word) == 1 and last_word.isalpha()):
             continue
-        sentences.append(text[start:match.end()].strip())
+        sentences.append(text[start : match.end()].strip())
         start = match.end()
     sentences.append(text[start:].strip())
     return [s for s in sentences if s]
@@ -48,7 +75,7 @@ def decompose(text: str, sentences_per_strip: int = 3) -> list[str]:
     sentences = split_sentences(text)
     if len(sentences) <= 2:
         return [" ".join(sentences)] if sentences else []
-    strips = [sentences[i:i + sentences_per_strip] for i in range(0, len(sentences), sentences_per_strip)]
+    strips = [sentences[i : i + sentences_per_strip] for i in range(0, len(sentences), sentences_per_strip)]
     if len(strips) > 1 and len(strips[-1]) == 1 and sentences_per_strip > 1:
         strips[-2].extend(strips.pop())
     return [" ".join(group) for group in strips]
@@ -71,7 +98,9 @@ class Strip:
         return f"[{self.source}]"
 
 
-def select_strips(scored: Sequence[tuple[Strip, float | None]], threshold: float, max_strips: int) -> list[Strip]:
+def select_strips(
+    scored: Sequence[tuple[Strip, float | None]], threshold: float, max_strips: int
+) -> list[Strip]:
     """Keep strips scoring >= threshold, at most ``max_strips`` of the highest (ties: earlier first).
 
     Unknown scores (None) are never kept: a strip the filter could not judge is not trusted as context.

@@ -11,7 +11,15 @@ from typing import Any
 import dspy
 from pydantic import BaseModel, Field
 
-__all__ = ["DocumentGrade", "StripRecord", "WebRecord", "StageUsage", "CRAGTrace", "TraceRecorder", "usage_from_tracker"]
+__all__ = [
+    "DocumentGrade",
+    "StripRecord",
+    "WebRecord",
+    "StageUsage",
+    "CRAGTrace",
+    "TraceRecorder",
+    "usage_from_tracker",
+]
 
 
 class DocumentGrade(BaseModel):
@@ -88,12 +96,16 @@ def usage_from_tracker(tracker: Any) -> StageUsage:
     for entries in tracker.usage_data.values():
         for entry in entries:
             details = entry.get("prompt_tokens_details") or {}
-            usage = usage.add(StageUsage(
-                calls=1,
-                prompt_tokens=int(entry.get("prompt_tokens") or 0),
-                cached_prompt_tokens=int((details.get("cached_tokens") if isinstance(details, dict) else 0) or 0),
-                completion_tokens=int(entry.get("completion_tokens") or 0),
-            ))
+            usage = usage.add(
+                StageUsage(
+                    calls=1,
+                    prompt_tokens=int(entry.get("prompt_tokens") or 0),
+                    cached_prompt_tokens=int(
+                        (details.get("cached_tokens") if isinstance(details, dict) else 0) or 0
+                    ),
+                    completion_tokens=int(entry.get("completion_tokens") or 0),
+                )
+            )
     return usage
 
 

@@ -15,7 +15,9 @@ class TavilyWebSearch:
 
     name = "tavily"
 
-    def __init__(self, *, timeout_s: float = 15.0, prefer_domains: Sequence[str] = (), api_key: str | None = None):
+    def __init__(
+        self, *, timeout_s: float = 15.0, prefer_domains: Sequence[str] = (), api_key: str | None = None
+    ):
         from tavily import TavilyClient
 
         key = api_key or os.environ.get("TAVILY_API_KEY")
@@ -33,7 +35,9 @@ class TavilyWebSearch:
             # str(exc) of tavily errors never contains the key; it is kept out of traces regardless.
             raise WebSearchError(f"Tavily search failed: {type(exc).__name__}: {exc}") from exc
         return [
-            WebResult(title=r.get("title") or r.get("url", ""), url=r.get("url", ""), content=r.get("content") or "")
+            WebResult(
+                title=r.get("title") or r.get("url", ""), url=r.get("url", ""), content=r.get("content") or ""
+            )
             for r in response.get("results", [])
             if (r.get("content") or "").strip()
         ]
@@ -56,7 +60,9 @@ class OfflineWebSearch:
             passages: list[Passage] = self._retriever.retrieve(query, max_results)
         except Exception as exc:  # noqa: BLE001 - storage faults degrade like network faults
             raise WebSearchError(f"offline web search failed: {type(exc).__name__}: {exc}") from exc
-        return [WebResult(title=p.title, url=p.url or f"offline://{p.doc_id}", content=p.text) for p in passages]
+        return [
+            WebResult(title=p.title, url=p.url or f"offline://{p.doc_id}", content=p.text) for p in passages
+        ]
 
 
 class NoWebSearch:

@@ -43,8 +43,18 @@ log = logging.getLogger(__name__)
 STAGES = ("grader", "strips", "rewriter", "answerer")
 
 
-def _compile_judge(crag: CRAG, name: str, train: list[dspy.Example], val: list[dspy.Example], label: str, *,
-                   optimizer: str, demos: int, seed: int, progress: bool) -> dict[str, Any]:
+def _compile_judge(
+    crag: CRAG,
+    name: str,
+    train: list[dspy.Example],
+    val: list[dspy.Example],
+    label: str,
+    *,
+    optimizer: str,
+    demos: int,
+    seed: int,
+    progress: bool,
+) -> dict[str, Any]:
     """Compile one yes/no judge and copy the result's state into ``crag``'s own bare predictor.
 
     Copying state (instead of assigning the compiled module) keeps the predictor un-``_compiled``,
@@ -52,12 +62,18 @@ def _compile_judge(crag: CRAG, name: str, train: list[dspy.Example], val: list[d
     """
     judge = getattr(crag, name)
     before = evaluate_judge(judge, val, label, desc=f"{name} val (before)", progress=progress)
-    compiled = compile_stage(judge, train, optimizer=optimizer, metric=judge_metric(label), demos=demos,
-                             seed=seed, valset=val)
+    compiled = compile_stage(
+        judge, train, optimizer=optimizer, metric=judge_metric(label), demos=demos, seed=seed, valset=val
+    )
     judge.predict.load_state(compiled.predict.dump_state())
     after = evaluate_judge(judge, val, label, desc=f"{name} val (after)", progress=progress)
-    return {"train": len(train), "val": len(val), "demos": len(judge.predict.demos),
-            "before": before.as_dict(), "after": after.as_dict()}
+    return {
+        "train": len(train),
+        "val": len(val),
+        "demos": len(judge.predict.demos),
+        "before": before.as_dict(),
+        "after": after.as_dict(),
+    }
 
 
 def _compile_generation(crag: CRAG, domain: Domain, *, stages: set[str], demos: int, progress: bool) -> dict:
@@ -65,7 +81,10 @@ def _compile_generation(crag: CRAG, domain: Domain, *, stages: set[str], demos: 
     train = qa_examples(domain, "train")
     teleprompter = dspy.teleprompt.BootstrapFewShot(
         metric=lambda ex, pred, trace=None: answer_matches(pred.answer, ex.answers),
-        max_bootstrapped_demos=demos, max_labeled_demos=0, max_errors=len(train))
+        max_bootstrapped_demos=demos,
+        max_labeled_demos=0,
+        max_errors=len(train),
+    )
     compiled = teleprompter.compile(crag.deepcopy(), trainset=train)
     copied = {}
     for name in ("rewriter", "answerer"):
@@ -75,31 +94,68 @@ def _compile_generation(crag: CRAG, domain: Domain, *, stages: set[str], demos: 
     return copied
 
 
-def _tune(crag: CRAG, lm: dspy.BaseLM, domain: Domain, *, out: Path, trials: int, seed: int,
-          val_limit: int | None, progress: bool) -> dict[str, Any]:
+def _tune(
+    crag: CRAG,
+    lm: dspy.BaseLM,
+    domain: Domain,
+    *,
+    out: Path,
+    trials: int,
+    seed: int,
+    val_limit: int | None,
+    progress: bool,
+) -> dict[str, Any]:
     """Precompute every QA-val question's routes once, tune the thresholds on them, plot the landscape."""
     val_questions = [q for q in domain.qa if q.split == "val"][:val_limit]
     routes, precompute_usage = precompute_routes(crag, val_questions, progress=progress)
     calls_before = len(lm.history)
     with dspy.track_usage() as trial_tracker:
-        tuned = tune_thresholds(routes, trials=trials, seed=seed, storage=out.with_suffix(".optuna.db"),
-                                study_name=f"{domain.name}-thresholds-seed{seed}")
+        tuned = tune_thresholds(
+            routes,
+            trials=trials,
+            seed=seed,
+            storage=out.with_suffix(".optuna.db"),
+            study_name=f"{domain.name}-thresholds-seed{seed}",
+        )
     # Two independent counts of LM requests made while trials ran: the LM's history and DSPy's tracker.
     trial_calls = len(lm.history) - calls_before + usage_from_tracker(trial_tracker).calls
     crag.thresholds.load_state({"lower": tuned.lower, "upper": tuned.upper})
     axis, grid = accuracy_landscape(routes)
-    plot = plot_landscape(axis, grid, (tuned.lower, tuned.upper), (0.3, 0.7), out.with_suffix(".landscape.png"),
-                          f"{domain.name}: val accuracy over thresholds")
-    result = {**tuned.as_dict(), "questions": len(routes), "plot": str(plot), "lm_calls_during_trials": trial_calls,
-              "precompute_lm_calls": precompute_usage.calls, "landscape": {"axis": axis, "grid": grid}}
+    plot = plot_landscape(
+        axis,
+        grid,
+        (tuned.lower, tuned.upper),
+        (0.3, 0.7),
+        out.with_suffix(".landscape.png"),
+        f"{domain.name}: val accuracy over thresholds",
+    )
+    result = {
+        **tuned.as_dict(),
+        "questions": len(routes),
+        "plot": str(plot),
+        "lm_calls_during_trials": trial_calls,
+        "precompute_lm_calls": precompute_usage.calls,
+        "landscape": {"axis": axis, "grid": grid},
+    }
     result.pop("history")
     return result
 
 
-def compile_program(settings: Settings, *, lm: dspy.BaseLM | None = None, optimizer: str = "labeled",
-                    demos: int = 4, trials: int = 2000, seed: int = 0, stages: tuple[str, ...] = ("grader", "strips"),
-                    out: Path | None = None, val_limit: int | None = None, test_limit: int | None = None,
-                    evaluate_test: bool = True, progress: bool = True) -> dict[str, Any]:
+def compile_program(
+    settings: Settings,
+    *,
+    lm: dspy.BaseLM | None = None,
+    optimizer: str = "labeled",
+    demos: int = 4,
+    trials: int = 2000,
+    seed: int = 0,
+    stages: tuple[str, ...] = ("grader", "strips"),
+    out: Path | None = None,
+    val_limit: int | None = None,
+    test_limit: int | None = None,
+    evaluate_test: bool = True,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Compile the domain of ``settings`` and write the program JSON and report; returns the report."""
     started = time.perf_counter()
     lm = lm or build_lm(settings)
@@ -108,49 +164,83 @@ def compile_program(settings: Settings, *, lm: dspy.BaseLM | None = None, optimi
     ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed
     out = out or Path("runs") / domain.name / "program.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    report: dict[str, Any] = {"domain": domain.name, "lm": getattr(lm, "model", lm_identity(settings)), "optimizer": optimizer,
-                              "seed": seed, "stages": {}}
+    report: dict[str, Any] = {
+        "domain": domain.name,
+        "lm": getattr(lm, "model", lm_identity(settings)),
+        "optimizer": optimizer,
+        "seed": seed,
+        "stages": {},
+    }
     uncompiled = crag.deepcopy()
 
     with dspy.track_usage() as tracker, dspy.context(lm=lm):
         if "grader" in stages:
             train = interleave_balanced(relevance_examples(domain.relevance, "train"), "relevant", seed)
             val = relevance_examples(domain.relevance, "val")[:val_limit]
-            report["stages"]["grader"] = _compile_judge(crag, "grader", train, val, "relevant", optimizer=optimizer,
-                                                        demos=demos, seed=seed, progress=progress)
+            report["stages"]["grader"] = _compile_judge(
+                crag,
+                "grader",
+                train,
+                val,
+                "relevant",
+                optimizer=optimizer,
+                demos=demos,
+                seed=seed,
+                progress=progress,
+            )
         if "strips" in stages:
             spp = crag.sentences_per_strip
             train = interleave_balanced(strip_examples(domain, "train", spp), "keep", seed)
             val = strip_examples(domain, "val", spp)[:val_limit]
             if train and val:
-                report["stages"]["strip_filter"] = _compile_judge(crag, "strip_filter", train, val, "keep",
-                                                                  optimizer=optimizer, demos=demos, seed=seed,
-                                                                  progress=progress)
+                report["stages"]["strip_filter"] = _compile_judge(
+                    crag,
+                    "strip_filter",
+                    train,
+                    val,
+                    "keep",
+                    optimizer=optimizer,
+                    demos=demos,
+                    seed=seed,
+                    progress=progress,
+                )
         if {"rewriter", "answerer"} & set(stages):
-            report["stages"]["generation"] = _compile_generation(crag, domain, stages=set(stages), demos=demos,
-                                                                 progress=progress)
+            report["stages"]["generation"] = _compile_generation(
+                crag, domain, stages=set(stages), demos=demos, progress=progress
+            )
 
         if trials > 0:  # --trials 0 keeps the current thresholds and skips the route precomputation
-            report["thresholds"] = _tune(crag, lm, domain, out=out, trials=trials, seed=seed,
-                                         val_limit=val_limit, progress=progress)
+            report["thresholds"] = _tune(
+                crag, lm, domain, out=out, trials=trials, seed=seed, val_limit=val_limit, progress=progress
+            )
         if evaluate_test:
             test = qa_examples(domain, "test")[:test_limit]
-            results = [evaluate_program("CRAG (compiled)", crag, test, progress=progress),
-                       evaluate_program("CRAG (uncompiled)", uncompiled, test, progress=progress),
-                       evaluate_program("plain RAG", PlainRAG(crag.retriever, lm=lm, k=crag.k), test,
-                                        progress=progress)]
+            results = [
+                evaluate_program("CRAG (compiled)", crag, test, progress=progress),
+                evaluate_program("CRAG (uncompiled)", uncompiled, test, progress=progress),
+                evaluate_program(
+                    "plain RAG", PlainRAG(crag.retriever, lm=lm, k=crag.k), test, progress=progress
+                ),
+            ]
             report["test"] = [{**asdict(r), "usage": r.usage.model_dump()} for r in results]
 
     report["lm_usage"] = usage_from_tracker(tracker).model_dump()
     report["thresholds_used"] = crag.thresholds.dump_state()
     report["seconds"] = time.perf_counter() - started
     metadata = {
-        "domain": domain.name, "domain_dir": str(domain.root.resolve()), "dataset_hashes": domain.file_hashes(),
-        "lm": report["lm"], "optimizer": optimizer, "seed": seed, "stages": list(stages),
-        "scores": {"grader": report["stages"].get("grader", {}).get("after"),
-                   "strip_filter": report["stages"].get("strip_filter", {}).get("after"),
-                   "val_accuracy": report.get("thresholds", {}).get("accuracy"),
-                   "test": {r["name"]: r["accuracy"] for r in report.get("test", [])}},
+        "domain": domain.name,
+        "domain_dir": str(domain.root.resolve()),
+        "dataset_hashes": domain.file_hashes(),
+        "lm": report["lm"],
+        "optimizer": optimizer,
+        "seed": seed,
+        "stages": list(stages),
+        "scores": {
+            "grader": report["stages"].get("grader", {}).get("after"),
+            "strip_filter": report["stages"].get("strip_filter", {}).get("after"),
+            "val_accuracy": report.get("thresholds", {}).get("accuracy"),
+            "test": {r["name"]: r["accuracy"] for r in report.get("test", [])},
+        },
     }
     save_program(crag, out, metadata)
     report["program"] = str(out)
@@ -164,16 +254,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--domain-dir", type=Path, help="any directory in the domain format")
     parser.add_argument("--lm", help="'embedded' (default) or a LiteLLM model string")
     parser.add_argument("--lm-api-base", help="base URL of an OpenAI-compatible server")
-    parser.add_argument("--embedded-model", choices=["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"])
+    parser.add_argument(
+        "--embedded-model", choices=["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"]
+    )
     parser.add_argument("--chroma-path", type=Path)
     parser.add_argument("--chroma-host")
     parser.add_argument("--chroma-port", type=int)
-    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="labeled",
-                        help="DSPy teleprompter for the grader and strip filter (default: labeled, chosen by "
-                             "measurement, see docs/compile.md)")
+    parser.add_argument(
+        "--optimizer",
+        choices=OPTIMIZERS,
+        default="labeled",
+        help="DSPy teleprompter for the grader and strip filter (default: labeled, chosen by "
+        "measurement, see docs/compile.md)",
+    )
     parser.add_argument("--demos", type=int, default=4, help="few-shot demos per predictor")
-    parser.add_argument("--stages", default="grader,strips",
-                        help=f"comma-separated subset of {','.join(STAGES)} (rewriter/answerer: end-to-end bootstrap)")
+    parser.add_argument(
+        "--stages",
+        default="grader,strips",
+        help=f"comma-separated subset of {','.join(STAGES)} (rewriter/answerer: end-to-end bootstrap)",
+    )
     parser.add_argument("--trials", type=int, default=2000, help="Optuna trials for the thresholds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
@@ -186,7 +285,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
+    )
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
     unknown = set(stages) - set(STAGES)
     if unknown:
@@ -198,9 +299,18 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         settings = settings_from_args(args)
-        report = compile_program(settings, optimizer=args.optimizer, demos=args.demos, trials=args.trials,
-                                 seed=args.seed, stages=stages, out=args.out, val_limit=args.val_limit,
-                                 test_limit=args.test_limit, evaluate_test=not args.no_test_eval)
+        report = compile_program(
+            settings,
+            optimizer=args.optimizer,
+            demos=args.demos,
+            trials=args.trials,
+            seed=args.seed,
+            stages=stages,
+            out=args.out,
+            val_limit=args.val_limit,
+            test_limit=args.test_limit,
+            evaluate_test=not args.no_test_eval,
+        )
     except (DomainDataError, LMConfigError, WeightsError, StoreError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -12,7 +12,13 @@ from crag_dspy.strips import decompose
 
 from .metrics import normalize_answer
 
-__all__ = ["relevance_examples", "strip_examples", "qa_examples", "interleave_balanced", "answers_by_question"]
+__all__ = [
+    "relevance_examples",
+    "strip_examples",
+    "qa_examples",
+    "interleave_balanced",
+    "answers_by_question",
+]
 
 
 def interleave_balanced(examples: Sequence[dspy.Example], label: str, seed: int) -> list[dspy.Example]:
@@ -31,8 +37,13 @@ def interleave_balanced(examples: Sequence[dspy.Example], label: str, seed: int)
 
 def relevance_examples(pairs: Sequence[RelevancePair], split: str) -> list[dspy.Example]:
     """Grader examples: (question, document) -> relevant, with the passage exactly as the grader reads it."""
-    return [dspy.Example(question=p.question, document=p.passage, relevant=bool(p.label)).with_inputs("question", "document")
-            for p in pairs if p.split == split]
+    return [
+        dspy.Example(question=p.question, document=p.passage, relevant=bool(p.label)).with_inputs(
+            "question", "document"
+        )
+        for p in pairs
+        if p.split == split
+    ]
 
 
 def answers_by_question(domain: Domain) -> dict[str, list[str]]:
@@ -68,10 +79,15 @@ def strip_examples(domain: Domain, split: str, sentences_per_strip: int) -> list
                 keep = True
             else:
                 continue
-            examples.append(dspy.Example(question=pair.question, strip=strip, keep=keep).with_inputs("question", "strip"))
+            examples.append(
+                dspy.Example(question=pair.question, strip=strip, keep=keep).with_inputs("question", "strip")
+            )
     return examples
 
 
 def qa_examples(domain: Domain, split: str) -> list[dspy.Example]:
-    return [dspy.Example(question=q.question, answers=q.answers, id=q.id).with_inputs("question")
-            for q in domain.qa if q.split == split]
+    return [
+        dspy.Example(question=q.question, answers=q.answers, id=q.id).with_inputs("question")
+        for q in domain.qa
+        if q.split == split
+    ]

@@ -16,8 +16,13 @@ from .metrics import BinaryReport, answer_matches, binary_report
 __all__ = ["judge_scores", "evaluate_judge", "ProgramEvaluation", "evaluate_program"]
 
 
-def judge_scores(judge: dspy.Module, examples: Sequence[dspy.Example], *, desc: str, progress: bool = True,
-                 ) -> list[float | None]:
+def judge_scores(
+    judge: dspy.Module,
+    examples: Sequence[dspy.Example],
+    *,
+    desc: str,
+    progress: bool = True,
+) -> list[float | None]:
     # Sorted by question so consecutive calls share the cached prompt prefix; results keep input order.
     order = sorted(range(len(examples)), key=lambda i: examples[i].question)
     scores: list[float | None] = [None] * len(examples)
@@ -26,8 +31,9 @@ def judge_scores(judge: dspy.Module, examples: Sequence[dspy.Example], *, desc: 
     return scores
 
 
-def evaluate_judge(judge: dspy.Module, examples: Sequence[dspy.Example], label: str, *, desc: str,
-                   progress: bool = True) -> BinaryReport:
+def evaluate_judge(
+    judge: dspy.Module, examples: Sequence[dspy.Example], label: str, *, desc: str, progress: bool = True
+) -> BinaryReport:
     scores = judge_scores(judge, examples, desc=desc, progress=progress)
     return binary_report(scores, [int(bool(e[label])) for e in examples])
 
@@ -43,8 +49,9 @@ class ProgramEvaluation:
     rows: list[dict] = field(default_factory=list)
 
 
-def evaluate_program(name: str, program: dspy.Module, examples: Sequence[dspy.Example], *,
-                     progress: bool = True) -> ProgramEvaluation:
+def evaluate_program(
+    name: str, program: dspy.Module, examples: Sequence[dspy.Example], *, progress: bool = True
+) -> ProgramEvaluation:
     """Answer accuracy (normalized gold-alias match) of ``program`` on QA examples, with cost."""
     rows, actions = [], {}
     started = time.perf_counter()
@@ -54,9 +61,22 @@ def evaluate_program(name: str, program: dspy.Module, examples: Sequence[dspy.Ex
             action = pred.get("action")
             if action:
                 actions[action] = actions.get(action, 0) + 1
-            rows.append({"id": example.id, "answer": pred.answer, "action": action,
-                         "correct": answer_matches(pred.answer, example.answers)})
+            rows.append(
+                {
+                    "id": example.id,
+                    "answer": pred.answer,
+                    "action": action,
+                    "correct": answer_matches(pred.answer, example.answers),
+                }
+            )
     seconds = time.perf_counter() - started
     n = len(examples)
-    return ProgramEvaluation(name, sum(r["correct"] for r in rows) / n if n else 0.0, n,
-                             seconds / n if n else 0.0, usage_from_tracker(tracker), actions, rows)
+    return ProgramEvaluation(
+        name,
+        sum(r["correct"] for r in rows) / n if n else 0.0,
+        n,
+        seconds / n if n else 0.0,
+        usage_from_tracker(tracker),
+        actions,
+        rows,
+    )

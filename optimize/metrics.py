@@ -8,7 +8,14 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-__all__ = ["BinaryReport", "binary_report", "roc_auc", "normalize_answer", "answer_matches", "UNKNOWN_ALIASES"]
+__all__ = [
+    "BinaryReport",
+    "binary_report",
+    "roc_auc",
+    "normalize_answer",
+    "answer_matches",
+    "UNKNOWN_ALIASES",
+]
 
 UNKNOWN_ALIASES = ("i don't know", "i do not know")
 
@@ -37,7 +44,9 @@ def roc_auc(scores: Sequence[float], labels: Sequence[int]) -> float | None:
     return wins / (len(pos) * len(neg))
 
 
-def binary_report(scores: Sequence[float | None], labels: Sequence[int], threshold: float = 0.5) -> BinaryReport:
+def binary_report(
+    scores: Sequence[float | None], labels: Sequence[int], threshold: float = 0.5
+) -> BinaryReport:
     """Accuracy, precision, recall, F1 at ``threshold`` and ROC AUC; a None score is a wrong prediction."""
     if len(scores) != len(labels):
         raise ValueError("scores and labels differ in length")
@@ -54,7 +63,9 @@ def binary_report(scores: Sequence[float | None], labels: Sequence[int], thresho
     f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
     known = [(s, y) for s, y in zip(scores, labels) if s is not None]
     auc = roc_auc([s for s, _ in known], [y for _, y in known])
-    return BinaryReport(n, correct / n if n else 0.0, precision, recall, f1, auc, sum(s is None for s in scores))
+    return BinaryReport(
+        n, correct / n if n else 0.0, precision, recall, f1, auc, sum(s is None for s in scores)
+    )
 
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

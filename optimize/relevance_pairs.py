@@ -36,17 +36,27 @@ def _norm(text: str) -> str:
 
 def _passages(docs: Iterable[CorpusDoc], chunk_words: int) -> list[tuple[str, str]]:
     """(doc_id, passage as the grader sees it) for every chunk."""
-    return [(d.id, f"{d.title}\n{c.text}") for d in docs for c in chunk_document(d.id, d.title, d.text, chunk_words)]
+    return [
+        (d.id, f"{d.title}\n{c.text}")
+        for d in docs
+        for c in chunk_document(d.id, d.title, d.text, chunk_words)
+    ]
 
 
 def build_relevance_pairs(domain: Domain, questions: list[QAPair], embedder: Embedder) -> list[dict]:
     """Balanced positive / hard-negative pairs for every evidence quote of every non-test question."""
-    passages = {"kb": _passages(domain.corpus, domain.config.chunk_words),
-                "web": _passages(domain.web, domain.config.chunk_words)}
+    passages = {
+        "kb": _passages(domain.corpus, domain.config.chunk_words),
+        "web": _passages(domain.web, domain.config.chunk_words),
+    }
     web_ids = {d.id for d in domain.web}
-    vectors = {name: np.asarray(embedder.encode([p for _, p in items])) for name, items in passages.items() if items}
+    vectors = {
+        name: np.asarray(embedder.encode([p for _, p in items])) for name, items in passages.items() if items
+    }
     usable = [q for q in questions if q.split != "test" and getattr(q, "evidence", None)]
-    question_vectors = np.asarray(embedder.encode([q.question for q in usable])) if usable else np.zeros((0, 0))
+    question_vectors = (
+        np.asarray(embedder.encode([q.question for q in usable])) if usable else np.zeros((0, 0))
+    )
 
     pairs = []
     for q, q_vector in zip(usable, question_vectors):
@@ -56,13 +66,16 @@ def build_relevance_pairs(domain: Domain, questions: list[QAPair], embedder: Emb
             side = "web" if evidence["doc_id"] in web_ids else "kb"
             items = passages[side]
             quote = _norm(evidence["quote"])
-            positive = next((p for doc_id, p in items if doc_id == evidence["doc_id"] and quote in _norm(p)), None)
+            positive = next(
+                (p for doc_id, p in items if doc_id == evidence["doc_id"] and quote in _norm(p)), None
+            )
             if positive is None:
-                raise EvidenceError(f"{q.id}: quote not found in any chunk of {evidence['doc_id']}: {evidence['quote']!r}")
+                raise EvidenceError(
+                    f"{q.id}: quote not found in any chunk of {evidence['doc_id']}: {evidence['quote']!r}"
+                )
             order = np.argsort(-(vectors[side] @ q_vector))
             negative = next(
-                (items[i][1] for i in order
-                 if not any(x in _norm(items[i][1]) for x in [*quotes, *aliases])),
+                (items[i][1] for i in order if not any(x in _norm(items[i][1]) for x in [*quotes, *aliases])),
                 None,
             )
             base = {"question": q.question, "split": q.split, "question_id": q.id}
@@ -74,10 +87,17 @@ def build_relevance_pairs(domain: Domain, questions: list[QAPair], embedder: Emb
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m optimize.relevance_pairs", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m optimize.relevance_pairs", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--domain-dir", type=Path, required=True)
-    parser.add_argument("--questions", type=Path, action="append", default=[],
-                        help="extra question files (qa.jsonl format with evidence); qa.jsonl is always used")
+    parser.add_argument(
+        "--questions",
+        type=Path,
+        action="append",
+        default=[],
+        help="extra question files (qa.jsonl format with evidence); qa.jsonl is always used",
+    )
     parser.add_argument("--out", type=Path, help="default: <domain-dir>/relevance.jsonl")
     args = parser.parse_args(argv)
     domain = load_domain(args.domain_dir)
@@ -87,9 +107,14 @@ def main(argv: list[str] | None = None) -> int:
     pairs = build_relevance_pairs(domain, questions, Embedder())
     out = args.out or args.domain_dir / "relevance.jsonl"
     out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs), encoding="utf-8")
-    counts = {(s, lab): sum(1 for p in pairs if p["split"] == s and p["label"] == lab)
-              for s in ("train", "val") for lab in (0, 1)}
-    print(f"wrote {len(pairs)} pairs to {out}: " + ", ".join(f"{s}/{lab}={n}" for (s, lab), n in counts.items()))
+    counts = {
+        (s, lab): sum(1 for p in pairs if p["split"] == s and p["label"] == lab)
+        for s in ("train", "val")
+        for lab in (0, 1)
+    }
+    print(
+        f"wrote {len(pairs)} pairs to {out}: " + ", ".join(f"{s}/{lab}={n}" for (s, lab), n in counts.items())
+    )
     return 0
 
 

@@ -23,23 +23,41 @@ def judge_metric(label: str) -> Callable[..., bool]:
     return metric
 
 
-def compile_stage(student: dspy.Module, trainset: Sequence[dspy.Example], *, optimizer: str, metric: Callable,
-                  demos: int, seed: int, valset: Sequence[dspy.Example] | None = None) -> dspy.Module:
+def compile_stage(
+    student: dspy.Module,
+    trainset: Sequence[dspy.Example],
+    *,
+    optimizer: str,
+    metric: Callable,
+    demos: int,
+    seed: int,
+    valset: Sequence[dspy.Example] | None = None,
+) -> dspy.Module:
     """Compile ``student`` (a copy is returned; the student is not modified)."""
     student = student.deepcopy()
     if optimizer == "labeled":
         # sample=False: take the first `demos` of the (already balanced, seeded) trainset.
         return LabeledFewShot(k=demos).compile(student, trainset=list(trainset), sample=False)
     if optimizer == "bootstrap":
-        return BootstrapFewShot(metric=metric, max_bootstrapped_demos=demos, max_labeled_demos=demos,
-                                max_errors=len(trainset)).compile(student, trainset=list(trainset))
+        return BootstrapFewShot(
+            metric=metric, max_bootstrapped_demos=demos, max_labeled_demos=demos, max_errors=len(trainset)
+        ).compile(student, trainset=list(trainset))
     if optimizer == "random-search":
         return BootstrapFewShotWithRandomSearch(
-            metric=metric, max_bootstrapped_demos=demos, max_labeled_demos=demos, num_candidate_programs=4,
-            num_threads=1, max_errors=len(trainset),
+            metric=metric,
+            max_bootstrapped_demos=demos,
+            max_labeled_demos=demos,
+            num_candidate_programs=4,
+            num_threads=1,
+            max_errors=len(trainset),
         ).compile(student, trainset=list(trainset), valset=list(valset or trainset))
     if optimizer == "mipro":
-        return MIPROv2(metric=metric, auto="light", max_bootstrapped_demos=demos, max_labeled_demos=demos,
-                       num_threads=1, seed=seed).compile(student, trainset=list(trainset),
-                                                         valset=list(valset) if valset else None)
+        return MIPROv2(
+            metric=metric,
+            auto="light",
+            max_bootstrapped_demos=demos,
+            max_labeled_demos=demos,
+            num_threads=1,
+            seed=seed,
+        ).compile(student, trainset=list(trainset), valset=list(valset) if valset else None)
     raise ValueError(f"unknown optimizer {optimizer!r}; choose one of {OPTIMIZERS}")

@@ -24,8 +24,14 @@ from crag_dspy.trace import StageUsage
 
 from .metrics import answer_matches
 
-__all__ = ["QuestionRoutes", "precompute_routes", "route_accuracy", "TuningResult", "tune_thresholds",
-           "accuracy_landscape"]
+__all__ = [
+    "QuestionRoutes",
+    "precompute_routes",
+    "route_accuracy",
+    "TuningResult",
+    "tune_thresholds",
+    "accuracy_landscape",
+]
 
 
 @dataclass
@@ -41,8 +47,12 @@ class QuestionRoutes:
         return self.correct[decide_action(self.scores, lower, upper).value]
 
 
-def precompute_routes(crag: CRAG, questions: Sequence[QAPair], *, progress: bool = True,
-                      ) -> tuple[list[QuestionRoutes], StageUsage]:
+def precompute_routes(
+    crag: CRAG,
+    questions: Sequence[QAPair],
+    *,
+    progress: bool = True,
+) -> tuple[list[QuestionRoutes], StageUsage]:
     """Grade each question once and answer it once per distinct action context; count the LM usage.
 
     Internal and external knowledge do not depend on the thresholds (see ``CRAG.internal_knowledge``),
@@ -70,8 +80,11 @@ def precompute_routes(crag: CRAG, questions: Sequence[QAPair], *, progress: bool
                     by_context[key] = crag.generate(q.question, internal_part, external_part, run)
                 answers[action.value] = by_context[key]
         usage = usage.add(run.trace.total_usage)
-        routes.append(QuestionRoutes(q.id, scores, answers,
-                                     {a: answer_matches(ans, q.answers) for a, ans in answers.items()}))
+        routes.append(
+            QuestionRoutes(
+                q.id, scores, answers, {a: answer_matches(ans, q.answers) for a, ans in answers.items()}
+            )
+        )
     return routes, usage
 
 
@@ -103,9 +116,15 @@ class TuningResult:
         return asdict(self)
 
 
-def tune_thresholds(routes: Sequence[QuestionRoutes], *, trials: int = 2000, seed: int = 0,
-                    storage: Path | None = None, study_name: str = "crag-thresholds",
-                    default: tuple[float, float] = (0.3, 0.7)) -> TuningResult:
+def tune_thresholds(
+    routes: Sequence[QuestionRoutes],
+    *,
+    trials: int = 2000,
+    seed: int = 0,
+    storage: Path | None = None,
+    study_name: str = "crag-thresholds",
+    default: tuple[float, float] = (0.3, 0.7),
+) -> TuningResult:
     """Maximise :func:`route_accuracy` over (lower, upper) with seeded multivariate TPE.
 
     With ``storage`` the study lives in sqlite and a rerun resumes it (only the missing trials run).
@@ -117,7 +136,10 @@ def tune_thresholds(routes: Sequence[QuestionRoutes], *, trials: int = 2000, see
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     url = f"sqlite:///{storage}" if storage else None
     study = optuna.create_study(
-        study_name=study_name, storage=url, load_if_exists=True, direction="maximize",
+        study_name=study_name,
+        storage=url,
+        load_if_exists=True,
+        direction="maximize",
         sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True),
     )
 
@@ -134,18 +156,29 @@ def tune_thresholds(routes: Sequence[QuestionRoutes], *, trials: int = 2000, see
     seconds = time.perf_counter() - started
     done = [t for t in study.trials if t.value is not None]
     best_value = max(t.value for t in done)
-    best = max((t for t in done if math.isclose(t.value, best_value)),
-               key=lambda t: (t.user_attrs["upper"] - t.params["lower"], -t.number))
+    best = max(
+        (t for t in done if math.isclose(t.value, best_value)),
+        key=lambda t: (t.user_attrs["upper"] - t.params["lower"], -t.number),
+    )
     return TuningResult(
-        lower=best.params["lower"], upper=best.user_attrs["upper"], accuracy=best_value, trials=len(done),
-        seconds=seconds, trials_per_second=remaining / seconds if seconds and remaining else float("nan"),
-        default_accuracy=route_accuracy(routes, *default), study_name=study_name,
-        storage=url, history=[{"lower": t.params["lower"], "upper": t.user_attrs["upper"], "accuracy": t.value}
-                              for t in done],
+        lower=best.params["lower"],
+        upper=best.user_attrs["upper"],
+        accuracy=best_value,
+        trials=len(done),
+        seconds=seconds,
+        trials_per_second=remaining / seconds if seconds and remaining else float("nan"),
+        default_accuracy=route_accuracy(routes, *default),
+        study_name=study_name,
+        storage=url,
+        history=[
+            {"lower": t.params["lower"], "upper": t.user_attrs["upper"], "accuracy": t.value} for t in done
+        ],
     )
 
 
-def accuracy_landscape(routes: Sequence[QuestionRoutes], steps: int = 41) -> tuple[list[float], list[list[float]]]:
+def accuracy_landscape(
+    routes: Sequence[QuestionRoutes], steps: int = 41
+) -> tuple[list[float], list[list[float]]]:
     """Accuracy on a grid: grid[i][j] for lower = axis[i], upper = axis[j]; NaN where lower > upper."""
     axis = [i / (steps - 1) for i in range(steps)]
     grid = [[route_accuracy(routes, lo, up) if lo <= up else float("nan") for up in axis] for lo in axis]

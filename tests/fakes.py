@@ -14,10 +14,14 @@ from crag_dspy.protocols import Passage, WebResult, WebSearchError
 
 
 def _response(text: str, logprobs: dict | None, prompt_tokens: int, model: str):
-    choice = SimpleNamespace(message=SimpleNamespace(content=text, tool_calls=None), logprobs=logprobs,
-                             finish_reason="stop")
-    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max(1, len(text.split())),
-             "total_tokens": prompt_tokens + len(text.split())}
+    choice = SimpleNamespace(
+        message=SimpleNamespace(content=text, tool_calls=None), logprobs=logprobs, finish_reason="stop"
+    )
+    usage = {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": max(1, len(text.split())),
+        "total_tokens": prompt_tokens + len(text.split()),
+    }
     return SimpleNamespace(choices=[choice], usage=usage, model=model)
 
 
@@ -52,8 +56,12 @@ class ScriptedLM(dspy.BaseLM):
             raise result
         if isinstance(result, float):
             text = "yes" if result >= 0.5 else "no"
-            return _response(text, yes_no_logprobs(result) if kwargs.get("logprobs") else None,
-                             len(system.split()) + len(user.split()), self.model)
+            return _response(
+                text,
+                yes_no_logprobs(result) if kwargs.get("logprobs") else None,
+                len(system.split()) + len(user.split()),
+                self.model,
+            )
         if isinstance(result, dict):
             text = "".join(f"[[ ## {k} ## ]]\n{v}\n\n" for k, v in result.items()) + "[[ ## completed ## ]]"
         else:
@@ -79,8 +87,10 @@ class ListRetriever:
     name = "list"
 
     def __init__(self, texts: list[tuple[str, str]]):
-        self.passages = [Passage(id=f"c{i}", doc_id=doc_id, title=doc_id, text=text, rank=i, similarity=1 - i / 10)
-                         for i, (doc_id, text) in enumerate(texts)]
+        self.passages = [
+            Passage(id=f"c{i}", doc_id=doc_id, title=doc_id, text=text, rank=i, similarity=1 - i / 10)
+            for i, (doc_id, text) in enumerate(texts)
+        ]
 
     def retrieve(self, query: str, k: int) -> list[Passage]:
         return self.passages[:k]

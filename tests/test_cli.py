@@ -17,7 +17,9 @@ def test_ingest_tiny_domain_twice(tmp_path, capsys):
     domain = tmp_path / "tiny"
     domain.mkdir()
     (domain / "corpus.jsonl").write_text(
-        json.dumps({"id": "a", "title": "Leave", "text": "Staff get 27 days of leave."}) + "\n", encoding="utf-8")
+        json.dumps({"id": "a", "title": "Leave", "text": "Staff get 27 days of leave."}) + "\n",
+        encoding="utf-8",
+    )
     argv = ["ingest", str(domain), "--chroma-path", str(tmp_path / "chroma")]
     assert main(argv) == 0
     assert "1 added" in capsys.readouterr().out
@@ -29,8 +31,19 @@ def test_ingest_tiny_domain_twice(tmp_path, capsys):
     ("argv", "message"),
     [
         (["ingest", "/nonexistent/domain"], "domain directory not found"),
-        (["ask", "q", "--domain-dir", "/nonexistent/domain", "--lm", "openai/gpt-4o-mini",
-          "--lm-api-base", "http://127.0.0.1:9/v1"], "domain directory not found"),
+        (
+            [
+                "ask",
+                "q",
+                "--domain-dir",
+                "/nonexistent/domain",
+                "--lm",
+                "openai/gpt-4o-mini",
+                "--lm-api-base",
+                "http://127.0.0.1:9/v1",
+            ],
+            "domain directory not found",
+        ),
         (["ask", "q", "--lm", "gpt-4o-mini"], "not a LiteLLM model string"),
         (["ask", "q", "--lower", "0.9", "--upper", "0.1"], "must not exceed upper"),
     ],
@@ -58,6 +71,15 @@ def test_flags_override_environment(monkeypatch):
 def test_ask_with_a_corrupt_program_is_a_clear_error(tmp_path, capsys):
     program = tmp_path / "program.json"
     program.write_text('{"format": "crag-dspy-program", "format_version": 1, "sta')
-    argv = ["ask", "q", "--program", str(program), "--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]
+    argv = [
+        "ask",
+        "q",
+        "--program",
+        str(program),
+        "--lm",
+        "openai/m",
+        "--lm-api-base",
+        "http://127.0.0.1:9/v1",
+    ]
     assert main(argv) == 2
     assert "corrupt or truncated program JSON" in capsys.readouterr().err

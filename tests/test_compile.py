@@ -20,25 +20,44 @@ WEB = {"omega": "W700", "gamma": "G800", "rho": "R900", "tau": "U010"}
 
 def make_domain(root: Path) -> Path:
     root.mkdir()
+
     def doc(i, key, code, web=False):
-        d = {"id": f"{'web' if web else 'kb'}-{i}", "title": f"{key.title()} sheet",
-             "text": f"The {key} code is {code}. It was issued in 2024.\n\nThe {key} office is open daily."}
+        d = {
+            "id": f"{'web' if web else 'kb'}-{i}",
+            "title": f"{key.title()} sheet",
+            "text": f"The {key} code is {code}. It was issued in 2024.\n\nThe {key} office is open daily.",
+        }
         return d | ({"url": f"https://{key}.example"} if web else {})
+
     lines = lambda items: "".join(json.dumps(x) + "\n" for x in items)
     (root / "corpus.jsonl").write_text(lines(doc(i, k, c) for i, (k, c) in enumerate(KB.items())))
     (root / "web.jsonl").write_text(lines(doc(i, k, c, True) for i, (k, c) in enumerate(WEB.items())))
     qa, splits = [], ["train", "val", "test"]
     for i, (key, code) in enumerate([*KB.items(), *WEB.items()]):
-        qa.append({"id": f"q{i}", "question": f"What is the {key} code?", "answers": [code], "split": splits[i % 3]})
+        qa.append(
+            {"id": f"q{i}", "question": f"What is the {key} code?", "answers": [code], "split": splits[i % 3]}
+        )
     (root / "qa.jsonl").write_text(lines(qa))
     rel = []
     for i, (key, code) in enumerate(KB.items()):
         other = list(KB)[(i + 1) % len(KB)]
         split = "train" if i < 4 else "val"
-        rel.append({"question": f"What is the {key} code?", "passage": f"{key.title()} sheet\nThe {key} code is {code}.",
-                    "label": 1, "split": split})
-        rel.append({"question": f"What is the {key} code?", "passage": f"{other.title()} sheet\nThe {other} code is X.",
-                    "label": 0, "split": split})
+        rel.append(
+            {
+                "question": f"What is the {key} code?",
+                "passage": f"{key.title()} sheet\nThe {key} code is {code}.",
+                "label": 1,
+                "split": split,
+            }
+        )
+        rel.append(
+            {
+                "question": f"What is the {key} code?",
+                "passage": f"{other.title()} sheet\nThe {other} code is X.",
+                "label": 0,
+                "split": split,
+            }
+        )
     (root / "relevance.jsonl").write_text(lines(rel))
     (root / "domain.toml").write_text('name = "tiny"\nk = 2\n')
     return root
@@ -117,10 +136,20 @@ print(json.dumps({{"state": crag.dump_state(), "answer": pred.answer, "action": 
 
 
 def test_tuning_is_pure_rerouting_and_resumable(tmp_path):
-    routes = [QuestionRoutes("a", [0.9], {"CORRECT": "x", "AMBIGUOUS": "y", "INCORRECT": "z"},
-                             {"CORRECT": True, "AMBIGUOUS": False, "INCORRECT": False}),
-              QuestionRoutes("b", [0.2], {"CORRECT": "x", "AMBIGUOUS": "y", "INCORRECT": "z"},
-                             {"CORRECT": False, "AMBIGUOUS": False, "INCORRECT": True})]
+    routes = [
+        QuestionRoutes(
+            "a",
+            [0.9],
+            {"CORRECT": "x", "AMBIGUOUS": "y", "INCORRECT": "z"},
+            {"CORRECT": True, "AMBIGUOUS": False, "INCORRECT": False},
+        ),
+        QuestionRoutes(
+            "b",
+            [0.2],
+            {"CORRECT": "x", "AMBIGUOUS": "y", "INCORRECT": "z"},
+            {"CORRECT": False, "AMBIGUOUS": False, "INCORRECT": True},
+        ),
+    ]
     assert route_accuracy(routes, 0.3, 0.7) == 1.0 and route_accuracy(routes, 0.1, 0.95) == 0.0
     db = tmp_path / "study.db"
     first = tune_thresholds(routes, trials=200, seed=3, storage=db)
@@ -151,10 +180,14 @@ def test_precompute_answers_each_distinct_context_once():
 
     lm = ScriptedLM(script)
     retriever = ListRetriever([("kb-1", "The zeta code is Z100."), ("kb-2", "The theta code is T200.")])
-    questions = [QAPair(id="a", question="What is the zeta code?", answers=["Z100"], split="val"),
-                 QAPair(id="b", question="What is the omega code?", answers=["W700"], split="val")]
-    for web, answer_calls in ((ListWebSearch([WebResult("O", "u", "The omega code is W700.")]), 6),
-                              (ListWebSearch([]), 2)):  # no web: all three actions share one context
+    questions = [
+        QAPair(id="a", question="What is the zeta code?", answers=["Z100"], split="val"),
+        QAPair(id="b", question="What is the omega code?", answers=["W700"], split="val"),
+    ]
+    for web, answer_calls in (
+        (ListWebSearch([WebResult("O", "u", "The omega code is W700.")]), 6),
+        (ListWebSearch([]), 2),
+    ):  # no web: all three actions share one context
         lm.calls.clear()
         routes, usage = precompute_routes(CRAG(retriever, web, lm=lm, k=2), questions, progress=False)
         answers = [u for s, u in lm.calls if "Answer the question" in s]

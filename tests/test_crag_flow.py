@@ -11,8 +11,10 @@ from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 
 GOOD = "The AquaProbe 220 has a range of 0 to 25 mg/L."
 BAD = "The canteen opens at 08:00."
-LONG = ("Travel Policy v4 sets the hotel cap at 180 velds. Hotels are booked in Ledgerly. Receipts are kept. "
-        "The canteen serves soup on Fridays. Parking is free for visitors. Taxis need approval.")
+LONG = (
+    "Travel Policy v4 sets the hotel cap at 180 velds. Hotels are booked in Ledgerly. Receipts are kept. "
+    "The canteen serves soup on Fridays. Parking is free for visitors. Taxis need approval."
+)
 WEB = WebResult("WQ-17", "https://ihsc.example/wq17", "IHSC WQ-17 requires recalibration every 90 days.")
 
 
@@ -53,7 +55,9 @@ def test_correct_uses_internal_only_and_reuses_one_strip_grades():
     assert web.queries == []  # CORRECT never searches the web
     (context,) = answer_contexts(lm)
     assert "[internal]" in context and "0 to 25 mg/L" in context
-    assert "canteen" not in context and "[web]" not in context  # raw/irrelevant docs never reach the generator
+    assert (
+        "canteen" not in context and "[web]" not in context
+    )  # raw/irrelevant docs never reach the generator
     # 2 grades + 1 answer: the one-strip passage reuses its grade instead of asking the strip filter again
     assert len(lm.calls) == 3
     kept = [s for s in pred.trace.internal_strips if s.kept]

@@ -20,13 +20,32 @@ def test_strip_labels_follow_gold_aliases(tmp_path):
     qa = {"id": "q", "question": "What is the fee?", "answers": ["4,800 velds"], "split": "test"}
     (tmp_path / "qa.jsonl").write_text(json.dumps(qa) + "\n")
     passage = "Fees\nThe fee is 4800 velds. Members vote. Meetings are monthly. Dues are paid in May. Bye."
-    rel = [{"question": "What is the fee?", "passage": passage, "label": 1, "split": "train"},
-           {"question": "What is the fee?", "passage": "Other\nThe fee is unknown.", "label": 0, "split": "train"},
-           {"question": "Unknown aliases?", "passage": "P\nOne. Two. Three. Four. Five.", "label": 1, "split": "train"}]
+    rel = [
+        {"question": "What is the fee?", "passage": passage, "label": 1, "split": "train"},
+        {
+            "question": "What is the fee?",
+            "passage": "Other\nThe fee is unknown.",
+            "label": 0,
+            "split": "train",
+        },
+        {
+            "question": "Unknown aliases?",
+            "passage": "P\nOne. Two. Three. Four. Five.",
+            "label": 1,
+            "split": "train",
+        },
+    ]
     (tmp_path / "relevance.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rel))
     domain = load_domain(tmp_path)
     examples = strip_examples(domain, "train", sentences_per_strip=3)
     assert [(e.strip.split(".")[0], e.keep) for e in examples] == [
-        ("The fee is 4800 velds", True), ("Dues are paid in May", False), ("The fee is unknown", False)]
+        ("The fee is 4800 velds", True),
+        ("Dues are paid in May", False),
+        ("The fee is unknown", False),
+    ]
     grader = relevance_examples(domain.relevance, "train")
-    assert grader[0].document == passage and grader[0].relevant is True and set(grader[0].inputs().keys()) == {"question", "document"}
+    assert (
+        grader[0].document == passage
+        and grader[0].relevant is True
+        and set(grader[0].inputs().keys()) == {"question", "document"}
+    )

@@ -54,8 +54,12 @@ print(json.dumps({{
 def test_round_trip_in_a_fresh_process(tmp_path):
     original = compiled_crag()
     path = save_program(original, tmp_path / "p.json", {"domain": "default"})
-    out = subprocess.run([sys.executable, "-c", LOADER.format(tests=str(TESTS), path=str(path))],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", LOADER.format(tests=str(TESTS), path=str(path))],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     loaded = json.loads(out.stdout.strip().splitlines()[-1])
     assert loaded["state"] == json.loads(json.dumps(original.dump_state()))
     assert (loaded["k"], loaded["max_strips"]) == (4, 3)
@@ -70,7 +74,7 @@ def test_loaded_program_behaves_like_the_saved_one(tmp_path):
     fresh = load_program(path, retriever=ListRetriever(texts), web_search=ListWebSearch(), lm=lm)
     original.retriever, original.lm = ListRetriever(texts), lm
     assert fresh(question="q").action == original(question="q").action == "AMBIGUOUS"
-    first, second = lm.calls[: len(lm.calls) // 2], lm.calls[len(lm.calls) // 2:]
+    first, second = lm.calls[: len(lm.calls) // 2], lm.calls[len(lm.calls) // 2 :]
     assert first == second  # identical prompts, demos included
 
 
@@ -85,8 +89,16 @@ def _write(tmp_path, name, content):
     [
         ("p.json", '{"format": "crag-dspy-program", "format_', "corrupt or truncated"),
         ("p.json", "[1, 2]", "not a crag-dspy program"),
-        ("p.json", '{"format": "crag-dspy-program", "format_version": 99}', "format version 99 is not supported"),
-        ("p.json", '{"format": "crag-dspy-program", "format_version": 1, "state": {}}', "missing its 'config'"),
+        (
+            "p.json",
+            '{"format": "crag-dspy-program", "format_version": 99}',
+            "format version 99 is not supported",
+        ),
+        (
+            "p.json",
+            '{"format": "crag-dspy-program", "format_version": 1, "state": {}}',
+            "missing its 'config'",
+        ),
         ("p.pkl", pickle.dumps({"a": 1}), "never loaded"),
         ("p.json", pickle.dumps({"a": 1}), "this is a pickle"),
         ("missing.json", None, "cannot read program"),

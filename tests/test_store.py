@@ -7,8 +7,16 @@ from crag_dspy.settings import Settings
 from crag_dspy.store import ChromaRetriever, StoreError, ingest_documents, open_client
 
 DOCS = [
-    CorpusDoc(id="leave", title="Annual Leave", text="Staff receive 27 days of annual leave.\n\nLeave is booked in Harbour."),
-    CorpusDoc(id="probe", title="AquaProbe 220", text="The AquaProbe 220 measures dissolved oxygen from 0 to 25 mg/L."),
+    CorpusDoc(
+        id="leave",
+        title="Annual Leave",
+        text="Staff receive 27 days of annual leave.\n\nLeave is booked in Harbour.",
+    ),
+    CorpusDoc(
+        id="probe",
+        title="AquaProbe 220",
+        text="The AquaProbe 220 measures dissolved oxygen from 0 to 25 mg/L.",
+    ),
     CorpusDoc(id="canteen", title="Canteen", text="The canteen opens at 08:00 and serves soup on Fridays."),
 ]
 
@@ -29,7 +37,9 @@ def test_ingest_is_idempotent_and_retrieves(client, embedder):
     again = ingest_documents(client, "t__kb", DOCS, embedder, chunk_words=120, progress=False)
     assert (again.added, again.unchanged, again.removed) == (0, first.chunks, 0)
     assert ids(client) == before
-    hits = ChromaRetriever(client, "t__kb", embedder).retrieve("dissolved oxygen range of the AquaProbe 220", 2)
+    hits = ChromaRetriever(client, "t__kb", embedder).retrieve(
+        "dissolved oxygen range of the AquaProbe 220", 2
+    )
     assert hits[0].doc_id == "probe" and hits[0].rank == 0 and hits[0].similarity > hits[1].similarity
     assert hits[0].display.startswith("AquaProbe 220\n")
 
@@ -45,7 +55,9 @@ def test_changed_document_replaces_its_chunks_and_removed_ones_go(client, embedd
 
 
 def test_interrupted_ingest_resumes_without_duplicates(client, embedder):
-    ingest_documents(client, "t__kb", DOCS[:1], embedder, chunk_words=120, progress=False)  # "crashed" after doc 1
+    ingest_documents(
+        client, "t__kb", DOCS[:1], embedder, chunk_words=120, progress=False
+    )  # "crashed" after doc 1
     report = ingest_documents(client, "t__kb", DOCS, embedder, chunk_words=120, progress=False)
     assert report.unchanged == 1 and report.removed == 0
     assert len(ids(client)) == report.chunks

@@ -30,7 +30,10 @@ def test_short_passage_is_one_strip():
 
 def test_long_passage_windows_and_no_orphan_sentence():
     text = " ".join(f"Sentence {i}." for i in range(1, 8))  # 7 sentences
-    assert decompose(text, 3) == ["Sentence 1. Sentence 2. Sentence 3.", "Sentence 4. Sentence 5. Sentence 6. Sentence 7."]
+    assert decompose(text, 3) == [
+        "Sentence 1. Sentence 2. Sentence 3.",
+        "Sentence 4. Sentence 5. Sentence 6. Sentence 7.",
+    ]
     assert decompose(text, 2)[-1] == "Sentence 5. Sentence 6. Sentence 7."
     assert decompose(text, 1) == [f"Sentence {i}." for i in range(1, 8)]
     with pytest.raises(ValueError):
@@ -58,8 +61,12 @@ def test_select_strips_threshold_topk_and_unknown():
 
 
 def test_recompose_restores_original_order():
-    strips = [_strip("r1p1", rank=1, position=1), _strip("r0p2", rank=0, position=2),
-              _strip("r1p0", rank=1, position=0), _strip("r0p0", rank=0, position=0)]
+    strips = [
+        _strip("r1p1", rank=1, position=1),
+        _strip("r0p2", rank=0, position=2),
+        _strip("r1p0", rank=1, position=0),
+        _strip("r0p0", rank=0, position=0),
+    ]
     assert [s.text for s in recompose(strips)] == ["r0p0", "r0p2", "r1p0", "r1p1"]
 
 
@@ -67,7 +74,10 @@ def test_format_context_tags_sources_internal_first():
     internal = [_strip("kb fact", rank=1), _strip("kb first", rank=0)]
     web = [_strip("web fact", source="web", rank=0)]
     assert format_context(internal, web).splitlines() == [
-        "[internal] (T0) kb first", "[internal] (T1) kb fact", "[web] (T0) web fact"]
+        "[internal] (T0) kb first",
+        "[internal] (T1) kb fact",
+        "[web] (T0) web fact",
+    ]
     assert format_context([], []) == ""
 
 

@@ -18,8 +18,16 @@ def fake_parts(tmp_path, monkeypatch, chunks):
 
 
 def spec(n, data, sha=None):
-    return EmbeddedModelSpec("fake-model", "crag_fake_part", "crag-fake-part", "1.0", n, len(data),
-                             sha or hashlib.sha256(data).hexdigest(), "local")
+    return EmbeddedModelSpec(
+        "fake-model",
+        "crag_fake_part",
+        "crag-fake-part",
+        "1.0",
+        n,
+        len(data),
+        sha or hashlib.sha256(data).hexdigest(),
+        "local",
+    )
 
 
 def test_joins_verifies_and_reuses(tmp_path, monkeypatch):

@@ -49,7 +49,9 @@ def _free_loopback_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_embedded_server(model_name: str, cache_dir: Path, *, n_threads: int, n_ctx: int, n_parallel: int = 1) -> EmbeddedServer:
+def start_embedded_server(
+    model_name: str, cache_dir: Path, *, n_threads: int, n_ctx: int, n_parallel: int = 1
+) -> EmbeddedServer:
     """Start (once per process and configuration) the embedded model and return its handle.
 
     The server is shared: loading 1 GB of weights twice in one process would double memory and start-up

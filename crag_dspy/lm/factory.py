@@ -38,7 +38,9 @@ def build_lm(settings: Settings, **overrides) -> dspy.LM:
     The embedded model is addressed as ``openai/<model name>`` so that DSPy's cache key names the exact
     model (the port, being an ``api_base``, is left out of the key and may change between runs).
     """
-    kwargs = dict(temperature=0.0, max_tokens=512, num_retries=settings.lm_retries, timeout=settings.lm_timeout_s)
+    kwargs = dict(
+        temperature=0.0, max_tokens=512, num_retries=settings.lm_retries, timeout=settings.lm_timeout_s
+    )
     kwargs.update(overrides)
     if settings.lm == "embedded":
         server = start_embedded_server(

@@ -98,9 +98,10 @@ def ensure_weights(spec: EmbeddedModelSpec, cache_dir: Path) -> Path:
     partial = target.with_suffix(f".partial.{os.getpid()}")
     digest = hashlib.sha256()
     try:
-        with partial.open("wb") as out, tqdm(
-            total=spec.size, unit="B", unit_scale=True, desc=f"joining {spec.name}", leave=False
-        ) as bar:
+        with (
+            partial.open("wb") as out,
+            tqdm(total=spec.size, unit="B", unit_scale=True, desc=f"joining {spec.name}", leave=False) as bar,
+        ):
             for part in parts:
                 with part.open("rb") as chunk_file:
                     while chunk := chunk_file.read(8 << 20):
