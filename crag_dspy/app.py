@@ -20,7 +20,7 @@ from .settings import Settings
 from .store import ChromaRetriever, StoreError, collection_names, ingest_domain, open_client
 from .web import NoWebSearch, OfflineWebSearch, TavilyWebSearch
 
-__all__ = ["Backends", "open_backends", "build_web_search", "assemble", "build_crag", "load_program"]
+__all__ = ["Backends", "assemble", "build_crag", "build_web_search", "load_program", "open_backends"]
 
 log = logging.getLogger(__name__)
 

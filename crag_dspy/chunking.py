@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .strips import split_sentences
 
-__all__ = ["Chunk", "split_paragraphs", "chunk_text", "chunk_document"]
+__all__ = ["Chunk", "chunk_document", "chunk_text", "split_paragraphs"]
 
 
 @dataclass(frozen=True)

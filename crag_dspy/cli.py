@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-__all__ = ["main", "build_parser", "settings_from_args", "format_trace"]
+__all__ = ["build_parser", "format_trace", "main", "settings_from_args"]
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:

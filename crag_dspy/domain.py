@@ -19,13 +19,13 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 __all__ = [
-    "DomainDataError",
     "CorpusDoc",
-    "WebDoc",
+    "Domain",
+    "DomainConfig",
+    "DomainDataError",
     "QAPair",
     "RelevancePair",
-    "DomainConfig",
-    "Domain",
+    "WebDoc",
     "load_domain",
     "load_jsonl",
 ]

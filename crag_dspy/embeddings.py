@@ -7,7 +7,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["Embedder", "bundled_model_path", "EmbeddingError"]
+__all__ = ["Embedder", "EmbeddingError", "bundled_model_path"]
 
 
 class EmbeddingError(RuntimeError):

@@ -20,7 +20,7 @@ from dspy.utils.exceptions import AdapterParseError
 
 from .scoring import NO_WORDS, YES_WORDS, clamp_score, yes_probability
 
-__all__ = ["LabelAdapter", "Judgement", "BinaryJudge", "ADAPTERS"]
+__all__ = ["ADAPTERS", "BinaryJudge", "Judgement", "LabelAdapter"]
 
 _judging = contextvars.ContextVar("crag_dspy_judging", default=False)
 

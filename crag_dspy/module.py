@@ -17,7 +17,7 @@ from .routing import Action, decide_action, validate_thresholds
 from .strips import Strip, decompose, format_context, recompose, select_strips
 from .trace import CRAGTrace, DocumentGrade, StripRecord, TraceRecorder, WebRecord
 
-__all__ = ["CRAG", "Thresholds", "UNKNOWN_ANSWER"]
+__all__ = ["CRAG", "UNKNOWN_ANSWER", "Thresholds"]
 
 UNKNOWN_ANSWER = "I don't know"
 _SHARED = frozenset({"retriever", "web_search", "lm"})
@@ -34,7 +34,7 @@ class Thresholds(Parameter):
     def dump_state(self, json_mode: bool = True) -> dict[str, float]:
         return {"lower": self.lower, "upper": self.upper}
 
-    def load_state(self, state: dict[str, Any]) -> "Thresholds":
+    def load_state(self, state: dict[str, Any]) -> Thresholds:
         lower, upper = float(state["lower"]), float(state["upper"])
         validate_thresholds(lower, upper)
         self.lower, self.upper = lower, upper
@@ -95,7 +95,7 @@ class CRAG(dspy.Module):
         self.rewriter = dspy.Predict(RewriteQuery)
         self.answerer = dspy.Predict(AnswerFromContext)
 
-    def __deepcopy__(self, memo: dict) -> "CRAG":
+    def __deepcopy__(self, memo: dict) -> CRAG:
         # Optimizers copy programs often; stores, clients and the LM are shared infrastructure, not state.
         new = self.__class__.__new__(self.__class__)
         memo[id(self)] = new

@@ -16,13 +16,13 @@ from . import __version__
 from .module import CRAG
 
 __all__ = [
-    "ProgramError",
     "PROGRAM_FORMAT",
     "PROGRAM_FORMAT_VERSION",
-    "program_config",
-    "save_program",
-    "read_program",
+    "ProgramError",
     "apply_program",
+    "program_config",
+    "read_program",
+    "save_program",
 ]
 
 PROGRAM_FORMAT = "crag-dspy-program"

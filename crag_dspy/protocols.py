@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Passage", "WebResult", "Retriever", "WebSearch", "WebSearchError"]
+__all__ = ["Passage", "Retriever", "WebResult", "WebSearch", "WebSearchError"]
 
 
 @dataclass(frozen=True)

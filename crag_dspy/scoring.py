@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["YES_WORDS", "NO_WORDS", "yes_probability", "clamp_score"]
+__all__ = ["NO_WORDS", "YES_WORDS", "clamp_score", "yes_probability"]
 
 YES_WORDS = frozenset({"yes", "true", "y"})
 NO_WORDS = frozenset({"no", "false", "n"})

@@ -15,7 +15,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["Settings", "default_cache_dir", "DEFAULT_DATA_DIR"]
+__all__ = ["DEFAULT_DATA_DIR", "Settings", "default_cache_dir"]
 
 # Bundled domains live in the repository's data/ folder; an installed wheel has no such folder, so
 # users then point --domain-dir at their own copy.
@@ -92,7 +92,7 @@ class Settings(BaseSettings):
     )
 
     @model_validator(mode="after")
-    def _thresholds_ordered(self) -> "Settings":
+    def _thresholds_ordered(self) -> Settings:
         if self.lower > self.upper:
             raise ValueError(f"lower ({self.lower}) must not exceed upper ({self.upper})")
         return self

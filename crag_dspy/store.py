@@ -17,13 +17,13 @@ from .protocols import Passage
 from .settings import Settings
 
 __all__ = [
+    "ChromaRetriever",
+    "IngestReport",
     "StoreError",
-    "open_client",
     "collection_names",
     "ingest_documents",
     "ingest_domain",
-    "ChromaRetriever",
-    "IngestReport",
+    "open_client",
 ]
 
 log = logging.getLogger(__name__)

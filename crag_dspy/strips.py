@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["Strip", "split_sentences", "decompose", "select_strips", "recompose", "format_context"]
+__all__ = ["Strip", "decompose", "format_context", "recompose", "select_strips", "split_sentences"]
 
 Source = Literal["internal", "web"]
 

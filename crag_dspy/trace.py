@@ -12,12 +12,12 @@ import dspy
 from pydantic import BaseModel, Field
 
 __all__ = [
-    "DocumentGrade",
-    "StripRecord",
-    "WebRecord",
-    "StageUsage",
     "CRAGTrace",
+    "DocumentGrade",
+    "StageUsage",
+    "StripRecord",
     "TraceRecorder",
+    "WebRecord",
     "usage_from_tracker",
 ]
 
@@ -58,7 +58,7 @@ class StageUsage(BaseModel):
     cached_prompt_tokens: int = 0
     completion_tokens: int = 0
 
-    def add(self, other: "StageUsage") -> "StageUsage":
+    def add(self, other: StageUsage) -> StageUsage:
         return StageUsage(**{k: getattr(self, k) + getattr(other, k) for k in StageUsage.model_fields})
 
 

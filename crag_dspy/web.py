@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from .protocols import Passage, Retriever, WebResult, WebSearchError
 
-__all__ = ["TavilyWebSearch", "OfflineWebSearch", "NoWebSearch"]
+__all__ = ["NoWebSearch", "OfflineWebSearch", "TavilyWebSearch"]
 
 
 class TavilyWebSearch:

@@ -13,11 +13,11 @@ from crag_dspy.strips import decompose
 from .metrics import normalize_answer
 
 __all__ = [
+    "answers_by_question",
+    "interleave_balanced",
+    "qa_examples",
     "relevance_examples",
     "strip_examples",
-    "qa_examples",
-    "interleave_balanced",
-    "answers_by_question",
 ]
 
 

@@ -13,7 +13,7 @@ from crag_dspy.trace import StageUsage, usage_from_tracker
 
 from .metrics import BinaryReport, answer_matches, binary_report
 
-__all__ = ["judge_scores", "evaluate_judge", "ProgramEvaluation", "evaluate_program"]
+__all__ = ["ProgramEvaluation", "evaluate_judge", "evaluate_program", "judge_scores"]
 
 
 def judge_scores(

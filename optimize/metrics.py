@@ -9,12 +9,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 __all__ = [
-    "BinaryReport",
-    "binary_report",
-    "roc_auc",
-    "normalize_answer",
-    "answer_matches",
     "UNKNOWN_ALIASES",
+    "BinaryReport",
+    "answer_matches",
+    "binary_report",
+    "normalize_answer",
+    "roc_auc",
 ]
 
 UNKNOWN_ALIASES = ("i don't know", "i do not know")

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["write_report", "plot_landscape"]
+__all__ = ["plot_landscape", "write_report"]
 
 
 def plot_landscape(

@@ -8,7 +8,7 @@ from typing import Any
 import dspy
 from dspy.teleprompt import BootstrapFewShot, BootstrapFewShotWithRandomSearch, LabeledFewShot, MIPROv2
 
-__all__ = ["OPTIMIZERS", "judge_metric", "compile_stage"]
+__all__ = ["OPTIMIZERS", "compile_stage", "judge_metric"]
 
 OPTIMIZERS = ("labeled", "bootstrap", "random-search", "mipro")
 

@@ -26,11 +26,11 @@ from .metrics import answer_matches
 
 __all__ = [
     "QuestionRoutes",
+    "TuningResult",
+    "accuracy_landscape",
     "precompute_routes",
     "route_accuracy",
-    "TuningResult",
     "tune_thresholds",
-    "accuracy_landscape",
 ]
 
 

@@ -5,4 +5,4 @@ from .grading import GradeDocument
 from .rewriting import RewriteQuery
 from .strips import FilterStrip
 
-__all__ = ["GradeDocument", "FilterStrip", "RewriteQuery", "AnswerFromContext"]
+__all__ = ["AnswerFromContext", "FilterStrip", "GradeDocument", "RewriteQuery"]

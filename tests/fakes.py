@@ -111,4 +111,4 @@ class ListWebSearch:
         return self.results[:max_results]
 
 
-__all__ = ["ScriptedLM", "ListRetriever", "ListWebSearch", "yes_no_logprobs", "field", "WebSearchError"]
+__all__ = ["ListRetriever", "ListWebSearch", "ScriptedLM", "WebSearchError", "field", "yes_no_logprobs"]

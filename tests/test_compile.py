@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes import ScriptedLM, field
 
 from crag_dspy.routing import decide_action
 from crag_dspy.settings import Settings
-from fakes import ScriptedLM, field
 from optimize.compile import compile_program, main
 from optimize.thresholds import QuestionRoutes, route_accuracy, tune_thresholds
 
@@ -172,10 +172,11 @@ def test_bad_invocations_are_clear_errors(argv, message, capsys):
 
 
 def test_precompute_answers_each_distinct_context_once():
+    from fakes import ListRetriever, ListWebSearch
+
     from crag_dspy import CRAG
     from crag_dspy.domain import QAPair
     from crag_dspy.protocols import WebResult
-    from fakes import ListRetriever, ListWebSearch
     from optimize.thresholds import precompute_routes
 
     lm = ScriptedLM(script)

@@ -4,10 +4,10 @@ import json
 
 import dspy
 import pytest
+from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 
 from crag_dspy import CRAG, Action
 from crag_dspy.protocols import WebResult, WebSearchError
-from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 
 GOOD = "The AquaProbe 220 has a range of 0 to 25 mg/L."
 BAD = "The canteen opens at 08:00."

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from crag_dspy.domain import DomainDataError, load_domain, load_jsonl, QAPair
+from crag_dspy.domain import DomainDataError, QAPair, load_domain, load_jsonl
 from optimize.metrics import normalize_answer
 
 DEFAULT = Path(__file__).resolve().parent.parent / "data" / "default"

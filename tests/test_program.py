@@ -8,11 +8,11 @@ from pathlib import Path
 
 import dspy
 import pytest
+from fakes import ListRetriever, ListWebSearch, ScriptedLM
 
 from crag_dspy import CRAG
 from crag_dspy.app import load_program
 from crag_dspy.program import ProgramError, apply_program, read_program, save_program
-from fakes import ListRetriever, ListWebSearch, ScriptedLM
 
 TESTS = Path(__file__).parent
 

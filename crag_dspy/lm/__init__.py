@@ -3,4 +3,4 @@
 from .factory import LMConfigError, build_lm, lm_identity
 from .weights import EMBEDDED_MODELS, WeightsError
 
-__all__ = ["build_lm", "lm_identity", "LMConfigError", "EMBEDDED_MODELS", "WeightsError"]
+__all__ = ["EMBEDDED_MODELS", "LMConfigError", "WeightsError", "build_lm", "lm_identity"]

@@ -7,7 +7,7 @@ import dspy
 from ..settings import Settings
 from .embedded import start_embedded_server
 
-__all__ = ["build_lm", "lm_identity", "LMConfigError"]
+__all__ = ["LMConfigError", "build_lm", "lm_identity"]
 
 # Provider prefix -> the environment variable LiteLLM reads the key from. Checked up front so a missing
 # key is reported by name before any work starts, not as a provider error mid-request.

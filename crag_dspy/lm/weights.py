@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-__all__ = ["EmbeddedModelSpec", "EMBEDDED_MODELS", "WeightsError", "ensure_weights"]
+__all__ = ["EMBEDDED_MODELS", "EmbeddedModelSpec", "WeightsError", "ensure_weights"]
 
 
 class WeightsError(RuntimeError):
