@@ -61,19 +61,36 @@ def _compile_judge(
     so its demos are saved with the program: DSPy skips compiled sub-modules when saving.
     """
     judge = getattr(crag, name)
+    uncompiled_state = judge.predict.dump_state()
     before = evaluate_judge(judge, val, label, desc=f"{name} val (before)", progress=progress)
     compiled = compile_stage(
         judge, train, optimizer=optimizer, metric=judge_metric(label), demos=demos, seed=seed, valset=val
     )
     judge.predict.load_state(compiled.predict.dump_state())
     after = evaluate_judge(judge, val, label, desc=f"{name} val (after)", progress=progress)
+    # Small models can get worse with demos (the 1.5B turns into a yes-sayer); a compile must never ship
+    # a judge that is worse on val than the one it started from, so the uncompiled state is kept then.
+    kept = "compiled"
+    if after.accuracy < before.accuracy:
+        judge.predict.load_state(uncompiled_state)
+        kept = "uncompiled"
+        log.warning("%s: compiled candidate is worse on val (%.3f < %.3f); keeping the uncompiled predictor",
+                    name, after.accuracy, before.accuracy)
     return {
         "train": len(train),
         "val": len(val),
         "demos": len(judge.predict.demos),
         "before": before.as_dict(),
         "after": after.as_dict(),
+        "kept": kept,
     }
+
+
+def _shipped(stage: dict | None) -> dict | None:
+    """Val metrics of the judge state that was actually saved."""
+    if not stage:
+        return None
+    return stage["after"] if stage["kept"] == "compiled" else stage["before"]
 
 
 def _compile_generation(crag: CRAG, domain: Domain, *, stages: set[str], demos: int, progress: bool) -> dict:
@@ -236,8 +253,8 @@ def compile_program(
         "seed": seed,
         "stages": list(stages),
         "scores": {
-            "grader": report["stages"].get("grader", {}).get("after"),
-            "strip_filter": report["stages"].get("strip_filter", {}).get("after"),
+            "grader": _shipped(report["stages"].get("grader")),
+            "strip_filter": _shipped(report["stages"].get("strip_filter")),
             "val_accuracy": report.get("thresholds", {}).get("accuracy"),
             "test": {r["name"]: r["accuracy"] for r in report.get("test", [])},
         },

@@ -89,6 +89,8 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
                 lines.append(
                     f"| {when} | {_pct(m['accuracy'])} | {_pct(m['precision'])} | {_pct(m['recall'])} | {auc} |"
                 )
+            if s.get("kept") == "uncompiled":
+                lines.append("\nThe compiled candidate was worse on val, so the uncompiled predictor was kept.")
             lines.append("")
     t = report.get("thresholds")
     if t:

@@ -51,6 +51,7 @@ class ScriptedLM(dspy.BaseLM):
         user = messages[-1]["content"]
         with self._lock:
             self.calls.append((system, user))
+            self.last_messages = messages  # scripts may look at the whole conversation (e.g. demos)
         result = self.script(system, user)
         if isinstance(result, Exception):
             raise result

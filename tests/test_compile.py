@@ -195,3 +195,31 @@ def test_precompute_answers_each_distinct_context_once():
         assert len(answers) == len(set(answers)) <= answer_calls
         assert len(lm.calls) == len(set(lm.calls)) == usage.calls
     assert routes[0].correct["CORRECT"] and not routes[1].correct["CORRECT"]
+
+
+def test_a_compiled_judge_that_is_worse_on_val_is_not_shipped(tmp_path):
+    from crag_dspy import CRAG
+    from fakes import ListRetriever, ListWebSearch
+    from optimize.compile import _compile_judge
+    from optimize.datasets import relevance_examples
+    from crag_dspy.domain import load_domain
+
+    domain = load_domain(make_domain(tmp_path / "tiny"))
+    holder = {}
+
+    def demos_make_it_say_yes(system, user):
+        if "You judge" in system and len(holder["lm"].last_messages) > 2:
+            return 0.9  # with demos in the conversation, everything is "relevant"
+        return script(system, user)
+
+    holder["lm"] = lm = ScriptedLM(demos_make_it_say_yes)
+    crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm)
+    train = relevance_examples(domain.relevance, "train")
+    val = relevance_examples(domain.relevance, "val")
+    import dspy
+
+    with dspy.context(lm=lm):
+        result = _compile_judge(crag, "grader", train, val, "relevant", optimizer="labeled", demos=2, seed=0,
+                                progress=False)
+    assert result["after"]["accuracy"] < result["before"]["accuracy"] == 1.0
+    assert result["kept"] == "uncompiled" and crag.grader.predict.demos == []
