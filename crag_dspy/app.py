@@ -14,7 +14,7 @@ from .domain import Domain, load_domain
 from .embeddings import Embedder
 from .lm import build_lm
 from .module import CRAG
-from .program import apply_program, read_program
+from .program import apply_program, check_domain, read_program
 from .protocols import Retriever, WebSearch
 from .settings import Settings
 from .store import ChromaRetriever, StoreError, collection_names, ingest_domain, open_client
@@ -129,5 +129,5 @@ def load_program(
             else Settings(domain=document["metadata"].get("domain") or "default")
         )
     crag, backends = assemble(settings, lm, progress)
-    read_program(path, domain=backends.domain.name)
+    check_domain(document, backends.domain.name, path)
     return apply_program(crag, document)

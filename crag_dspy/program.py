@@ -20,6 +20,7 @@ __all__ = [
     "PROGRAM_FORMAT_VERSION",
     "ProgramError",
     "apply_program",
+    "check_domain",
     "program_config",
     "read_program",
     "save_program",
@@ -84,13 +85,19 @@ def read_program(path: Path | str, *, domain: str | None = None) -> dict[str, An
     for key in ("state", "config", "metadata"):
         if not isinstance(document.get(key), dict):
             raise ProgramError(f"{path}: program is missing its {key!r} section")
+    if domain is not None:
+        check_domain(document, domain, path)
+    return document
+
+
+def check_domain(document: dict[str, Any], domain: str, path: Path | str) -> None:
+    """Refuse a program compiled for another domain than ``domain``."""
     found = document["metadata"].get("domain")
-    if domain is not None and found != domain:
+    if found != domain:
         raise ProgramError(
             f"{path}: program was compiled for domain {found!r}, not {domain!r}; "
             f"compile one for {domain!r} or pass --domain {found}"
         )
-    return document
 
 
 def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
