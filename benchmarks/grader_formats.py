@@ -25,13 +25,14 @@ from crag_dspy.embeddings import Embedder
 from crag_dspy.judging import BinaryJudge
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.settings import Settings
+from crag_dspy.trace import usage_from_tracker
 from optimize.metrics import binary_report
 from signatures import GradeDocument
 
 
 def run_variant(adapter: str, pairs, lm) -> dict:
     judge = BinaryJudge(GradeDocument, adapter=adapter, use_logprobs=True, retries=1)
-    scores, labels, completion_tokens, calls = [], [], 0, 0
+    scores, labels = [], []
     started = time.perf_counter()
     with dspy.context(lm=lm), dspy.track_usage() as usage:
         for pair in tqdm(pairs, desc=f"grader[{adapter}]"):
@@ -39,17 +40,15 @@ def run_variant(adapter: str, pairs, lm) -> dict:
             scores.append(j.score)
             labels.append(None if j.label is None else float(j.label))
     elapsed = time.perf_counter() - started
-    for entries in usage.usage_data.values():
-        calls += len(entries)
-        completion_tokens += sum(int(e.get("completion_tokens") or 0) for e in entries)
+    counted = usage_from_tracker(usage)
     gold = [p.label for p in pairs]
     return {
         "variant": adapter,
         "logprob_score": binary_report(scores, gold).as_dict(),
         "parsed_label": binary_report(labels, gold).as_dict(),
         "seconds_per_pair": elapsed / len(pairs),
-        "lm_calls": calls,
-        "completion_tokens_per_call": completion_tokens / max(calls, 1),
+        "lm_calls": counted.calls,
+        "completion_tokens_per_call": counted.completion_tokens / max(counted.calls, 1),
         "score_sources": {
             s: sum(1 for x in scores if (x is None) == (s == "error")) for s in ("ok", "error")
         },

@@ -11,10 +11,21 @@ from typing import Any
 
 from pydantic import ValidationError
 
-__all__ = ["build_parser", "format_trace", "main", "settings_from_args"]
+from .lm.weights import EMBEDDED_MODELS
+
+__all__ = [
+    "add_lm_arguments",
+    "add_storage_arguments",
+    "build_parser",
+    "format_trace",
+    "main",
+    "settings_from_args",
+    "user_error_types",
+]
 
 
-def _add_common(parser: argparse.ArgumentParser) -> None:
+def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
+    """Domain and Chroma flags, shared by every command that opens a domain."""
     g = parser.add_argument_group("domain and storage (defaults from CRAG_* environment variables)")
     g.add_argument("--domain", help="bundled domain name under data/ (default: default)")
     g.add_argument("--domain-dir", type=Path, help="any directory in the domain format")
@@ -26,7 +37,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
 
 
-def _add_lm(parser: argparse.ArgumentParser) -> None:
+def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
+    """LM flags, shared by every command that calls a model."""
     g = parser.add_argument_group("language model")
     g.add_argument("--lm", help="'embedded' (default) or a LiteLLM model string, e.g. openai/gpt-4o-mini")
     g.add_argument(
@@ -34,7 +46,7 @@ def _add_lm(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--embedded-model",
-        choices=["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"],
+        choices=sorted(EMBEDDED_MODELS),
         help="which embedded model to run (the 0.5B is faster and weaker)",
     )
 
@@ -54,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument(
         "domain_path", type=Path, help="domain directory (corpus.jsonl, web.jsonl, domain.toml)"
     )
-    _add_common(ingest)
+    add_storage_arguments(ingest)
 
     ask = sub.add_parser(
         "ask",
@@ -62,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Answer a question with CRAG; prints the answer and a compact trace.",
     )
     ask.add_argument("question", help="the question to answer")
-    _add_common(ask)
-    _add_lm(ask)
+    add_storage_arguments(ask)
+    add_lm_arguments(ask)
     ask.add_argument("--program", type=Path, help="compiled program JSON (python -m optimize.compile)")
     ask.add_argument(
         "--web-search",
@@ -184,14 +196,21 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
     )
+    try:
+        return {"ingest": _ingest, "ask": _ask}[args.command](args)
+    except user_error_types() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def user_error_types() -> tuple[type[Exception], ...]:
+    """Errors caused by the user's input or setup: reported as one line and exit code 2, not a traceback."""
     from .domain import DomainDataError
     from .lm import LMConfigError, WeightsError
     from .program import ProgramError
     from .store import StoreError
 
-    try:
-        return {"ingest": _ingest, "ask": _ask}[args.command](args)
-    except (
+    return (
         DomainDataError,
         LMConfigError,
         WeightsError,
@@ -199,6 +218,4 @@ def main(argv: list[str] | None = None) -> int:
         ProgramError,
         ValueError,
         ValidationError,
-    ) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    )

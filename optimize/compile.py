@@ -21,7 +21,7 @@ import dspy
 
 from crag_dspy.app import assemble
 from crag_dspy.baselines import PlainRAG
-from crag_dspy.cli import settings_from_args
+from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.module import CRAG
@@ -74,8 +74,12 @@ def _compile_judge(
     if after.accuracy < before.accuracy:
         judge.predict.load_state(uncompiled_state)
         kept = "uncompiled"
-        log.warning("%s: compiled candidate is worse on val (%.3f < %.3f); keeping the uncompiled predictor",
-                    name, after.accuracy, before.accuracy)
+        log.warning(
+            "%s: compiled candidate is worse on val (%.3f < %.3f); keeping the uncompiled predictor",
+            name,
+            after.accuracy,
+            before.accuracy,
+        )
     return {
         "train": len(train),
         "val": len(val),
@@ -267,16 +271,8 @@ def compile_program(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m optimize.compile", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--domain", help="bundled domain name under data/ (default: default)")
-    parser.add_argument("--domain-dir", type=Path, help="any directory in the domain format")
-    parser.add_argument("--lm", help="'embedded' (default) or a LiteLLM model string")
-    parser.add_argument("--lm-api-base", help="base URL of an OpenAI-compatible server")
-    parser.add_argument(
-        "--embedded-model", choices=["qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"]
-    )
-    parser.add_argument("--chroma-path", type=Path)
-    parser.add_argument("--chroma-host")
-    parser.add_argument("--chroma-port", type=int)
+    add_storage_arguments(parser)
+    add_lm_arguments(parser)
     parser.add_argument(
         "--optimizer",
         choices=OPTIMIZERS,
@@ -296,7 +292,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--val-limit", type=int, help="use at most N val examples per stage (quick runs)")
     parser.add_argument("--test-limit", type=int, help="evaluate on at most N test questions")
     parser.add_argument("--no-test-eval", action="store_true", help="skip the test-split comparison")
-    parser.add_argument("-v", "--verbose", action="store_true")
     return parser
 
 
@@ -310,10 +305,6 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: unknown stage(s) {sorted(unknown)}; choose from {STAGES}", file=sys.stderr)
         return 2
-    from crag_dspy.domain import DomainDataError
-    from crag_dspy.lm import LMConfigError, WeightsError
-    from crag_dspy.store import StoreError
-
     try:
         settings = settings_from_args(args)
         report = compile_program(
@@ -328,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
             test_limit=args.test_limit,
             evaluate_test=not args.no_test_eval,
         )
-    except (DomainDataError, LMConfigError, WeightsError, StoreError, ValueError) as exc:
+    except user_error_types() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     md = Path(report["program"]).with_suffix(".report.md")
