@@ -17,10 +17,22 @@ from .routing import Action, decide_action, validate_thresholds
 from .strips import Strip, decompose, format_context, recompose, select_strips
 from .trace import CRAGTrace, DocumentGrade, StripRecord, TraceRecorder, WebRecord
 
-__all__ = ["CRAG", "UNKNOWN_ANSWER", "Thresholds"]
+__all__ = ["CRAG", "UNKNOWN_ANSWER", "Thresholds", "knowledge_for"]
 
 UNKNOWN_ANSWER = "I don't know"
 _SHARED = frozenset({"retriever", "web_search", "lm"})
+
+
+def knowledge_for(
+    action: Action, internal: list[Strip], external: list[Strip] | None
+) -> tuple[list[Strip], list[Strip]]:
+    """The (internal, external) strips an action answers from; ``external`` is None when web search
+    produced nothing, and then INCORRECT falls back to internal knowledge."""
+    if action is Action.CORRECT:
+        return internal, []
+    if action is Action.INCORRECT:
+        return (internal, []) if external is None else ([], external)
+    return internal, external or []
 
 
 class Thresholds(Parameter):
@@ -116,7 +128,7 @@ class CRAG(dspy.Module):
                 if action is Action.INCORRECT:
                     run.fallback("web search gave nothing; answered from internal knowledge instead")
                 internal = self.internal_knowledge(question, passages, scores, run)
-            self.generate(question, internal, external or [], run)
+            self.generate(question, *knowledge_for(action, internal, external), run)
         return run.prediction()
 
     # -- stages (public so that threshold tuning can run each once and re-route offline) ------------

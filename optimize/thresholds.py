@@ -17,7 +17,7 @@ import optuna
 from tqdm.auto import tqdm
 
 from crag_dspy.domain import QAPair
-from crag_dspy.module import CRAG
+from crag_dspy.module import CRAG, knowledge_for
 from crag_dspy.routing import Action, decide_action
 from crag_dspy.strips import format_context
 from crag_dspy.trace import StageUsage
@@ -57,7 +57,7 @@ def precompute_routes(
 
     Internal and external knowledge do not depend on the thresholds (see ``CRAG.internal_knowledge``),
     so CORRECT uses k_in, INCORRECT k_ex (k_in when the web gave nothing, as at run time) and
-    AMBIGUOUS both; identical contexts are answered by the same cached LM call.
+    AMBIGUOUS both; actions whose contexts coincide share one answer.
     """
     routes, usage = [], StageUsage()
     for q in tqdm(questions, desc="routes", disable=not progress):
@@ -66,11 +66,7 @@ def precompute_routes(
             passages, scores = crag.grade_documents(q.question, run)
             internal = crag.internal_knowledge(q.question, passages, scores, run)
             external = crag.external_knowledge(q.question, run)
-            contexts = {
-                Action.CORRECT: (internal, []),
-                Action.INCORRECT: (internal, []) if external is None else ([], external),
-                Action.AMBIGUOUS: (internal, external or []),
-            }
+            contexts = {action: knowledge_for(action, internal, external) for action in Action}
             # Actions whose contexts coincide (e.g. AMBIGUOUS when the web gave nothing) share one answer.
             by_context: dict[str, str] = {}
             answers = {}

@@ -170,3 +170,14 @@ def test_deepcopy_shares_infrastructure_but_not_state():
     clone.thresholds.load_state({"lower": 0.1, "upper": 0.2})
     clone.grader.predict.demos.append("x")
     assert (crag.thresholds.lower, crag.grader.predict.demos) == (0.3, [])
+
+
+def test_knowledge_for_each_action():
+    from crag_dspy.module import knowledge_for
+
+    internal, external = ["kb"], ["web"]
+    assert knowledge_for(Action.CORRECT, internal, external) == (internal, [])
+    assert knowledge_for(Action.INCORRECT, internal, external) == ([], external)
+    assert knowledge_for(Action.INCORRECT, internal, None) == (internal, [])  # web gave nothing
+    assert knowledge_for(Action.AMBIGUOUS, internal, external) == (internal, external)
+    assert knowledge_for(Action.AMBIGUOUS, internal, None) == (internal, [])
