@@ -18,6 +18,7 @@ from dspy.adapters.base import Adapter
 from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.utils.exceptions import AdapterParseError
 
+from .calibration import Calibration
 from .scoring import NO_WORDS, YES_WORDS, clamp_score, yes_probability
 
 __all__ = ["ADAPTERS", "BinaryJudge", "Judgement", "LabelAdapter"]
@@ -119,6 +120,7 @@ class Judgement:
     attempts: int
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    raw_score: float | None = None  # the model's own P(yes), before the judge's calibration
 
 
 class BinaryJudge(dspy.Module):
@@ -126,6 +128,8 @@ class BinaryJudge(dspy.Module):
 
     The inner ``predict`` is a bare ``dspy.Predict`` so that teleprompters can compile it and its demos
     survive ``save``/``load`` (compiled sub-modules vanish from saved state; bare predictors do not).
+    ``calibration`` maps P(yes) to the reported score; it is fitted by ``optimize.compile`` and is the
+    identity until then.
     """
 
     def __init__(
@@ -138,6 +142,7 @@ class BinaryJudge(dspy.Module):
     ):
         super().__init__()
         self.predict = dspy.Predict(signature)
+        self.calibration = Calibration()
         (self.output_name,) = signature.output_fields
         self.adapter_name = adapter
         self.use_logprobs = use_logprobs
@@ -174,10 +179,15 @@ class BinaryJudge(dspy.Module):
             # Popped so that bootstrapped demos (which copy the prediction) never carry provider logprobs.
             p_yes = yes_probability(pred._store.pop("logprobs", None)) if self.use_logprobs else None
             if p_yes is None:
-                score, source = (1.0 if label else 0.0), "label"
+                # A parsed label is not a probability, so it is not calibrated either.
+                score = raw = 1.0 if label else 0.0
+                source = "label"
             else:
-                score, source = clamp_score(p_yes), "logprobs"
-            judgement = Judgement(score, label, source, attempt + 1, errors, time.perf_counter() - started)
+                raw = clamp_score(p_yes)
+                score, source = clamp_score(self.calibration(raw)), "logprobs"
+            judgement = Judgement(
+                score, label, source, attempt + 1, errors, time.perf_counter() - started, raw_score=raw
+            )
             return dspy.Prediction(**{self.output_name: label}, score=score, judgement=judgement)
         judgement = Judgement(None, None, "error", self.retries + 1, errors, time.perf_counter() - started)
         return dspy.Prediction(**{self.output_name: None}, score=None, judgement=judgement)

@@ -35,6 +35,11 @@ def knowledge_for(
     return internal, external or []
 
 
+def _before_marker(value: object) -> str:
+    # Small models sometimes run the adapter's completion marker into a value ("6 months [[ ## completed").
+    return str(value).split("[[", 1)[0]
+
+
 class Thresholds(Parameter):
     """The (lower, upper) action thresholds as DSPy state, so they are saved with the program's JSON,
     also when CRAG is nested in another module, and survive optimizers' ``reset_copy``."""
@@ -278,8 +283,7 @@ class CRAG(dspy.Module):
 
     def _rewrite(self, question: str, run: TraceRecorder) -> str:
         pred = self._predict_with_retries(self.rewriter, "query rewrite", run, question=question)
-        # Small models sometimes run the completion marker into the value ("...; screenwriter[[ ## completed").
-        raw = str(pred.query).split("[[", 1)[0] if pred is not None and pred.query else ""
+        raw = _before_marker(pred.query) if pred is not None and pred.query else ""
         query = " ".join(raw.split()).strip(" ;\"'")[:300]
         if not query:
             run.fallback("query rewrite failed; searched with the question itself")
@@ -291,10 +295,11 @@ class CRAG(dspy.Module):
             run.fallback("no knowledge survived refinement; answered without calling the LM")
             return UNKNOWN_ANSWER
         pred = self._predict_with_retries(self.answerer, "answer", run, question=question, context=context)
-        if pred is None or not str(pred.answer or "").strip():
+        answer = _before_marker(pred.answer).strip() if pred is not None and pred.answer else ""
+        if not answer:
             run.fallback("answer generation failed; returned the unknown answer")
             return UNKNOWN_ANSWER
-        return str(pred.answer).strip()
+        return answer
 
     def _predict_with_retries(
         self,

@@ -27,7 +27,7 @@ __all__ = [
 ]
 
 PROGRAM_FORMAT = "crag-dspy-program"
-PROGRAM_FORMAT_VERSION = 1
+PROGRAM_FORMAT_VERSION = 2  # 2: judges carry a fitted calibration
 _CONFIG_KEYS = ("k", "strip_threshold", "max_strips", "sentences_per_strip", "web_results")
 
 

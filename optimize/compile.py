@@ -20,9 +20,11 @@ from typing import Any
 import dspy
 
 from crag_dspy.app import assemble
+from crag_dspy.calibration import Calibration, fit_calibration
 from crag_dspy.baselines import PlainRAG
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain
+from crag_dspy.judging import BinaryJudge
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.module import CRAG
 from crag_dspy.program import save_program
@@ -30,8 +32,8 @@ from crag_dspy.settings import Settings
 from crag_dspy.store import ingest_domain
 from crag_dspy.trace import usage_from_tracker
 
-from .datasets import interleave_balanced, qa_examples, relevance_examples, strip_examples
-from .evaluation import evaluate_judge, evaluate_program
+from .datasets import interleave_balanced, qa_examples, qa_split, relevance_examples, strip_examples
+from .evaluation import evaluate_judge, evaluate_program, judge_scores
 from .metrics import answer_matches
 from .report import plot_landscape, write_report
 from .teleprompters import OPTIMIZERS, compile_stage, judge_metric
@@ -52,49 +54,86 @@ def _compile_judge(
     *,
     optimizer: str,
     demos: int,
+    calibration_pairs: int,
     seed: int,
     progress: bool,
 ) -> dict[str, Any]:
-    """Compile one yes/no judge and copy the result's state into ``crag``'s own bare predictor.
+    """Compile one yes/no judge in place and return its val metrics before and after.
 
-    Copying state (instead of assigning the compiled module) keeps the predictor un-``_compiled``,
-    so its demos are saved with the program: DSPy skips compiled sub-modules when saving.
+    Candidates: the zero-shot prompt with a fitted calibration, and (unless ``optimizer`` is "none")
+    the teleprompter's few-shot prompt with its own calibration. The best on val is shipped, and only
+    if it beats the uncompiled judge: small models can get worse with demos (the 1.5B turns into a
+    yes-sayer, docs/compile.md), and a compile must never ship a judge worse than its starting point.
+    The winner's state is copied into ``crag``'s own bare predictor instead of assigning a compiled
+    module, so its demos are saved with the program (DSPy skips compiled sub-modules when saving).
     """
     judge = getattr(crag, name)
-    uncompiled_state = judge.predict.dump_state()
+    uncompiled_state = judge.dump_state()
     before = evaluate_judge(judge, val, label, desc=f"{name} val (before)", progress=progress)
-    compiled = compile_stage(
-        judge, train, optimizer=optimizer, metric=judge_metric(label), demos=demos, seed=seed, valset=val
-    )
-    judge.predict.load_state(compiled.predict.dump_state())
-    after = evaluate_judge(judge, val, label, desc=f"{name} val (after)", progress=progress)
-    # Small models can get worse with demos (the 1.5B turns into a yes-sayer); a compile must never ship
-    # a judge that is worse on val than the one it started from, so the uncompiled state is kept then.
-    kept = "compiled"
-    if after.accuracy < before.accuracy:
-        judge.predict.load_state(uncompiled_state)
-        kept = "uncompiled"
+    candidates: dict[str, dict[str, Any]] = {}
+    plans = ["zero-shot"] + (["few-shot"] if optimizer != "none" and demos > 0 else [])
+    for plan in plans:
+        judge.load_state(uncompiled_state)
+        if plan == "few-shot":
+            compiled = compile_stage(
+                judge, train, optimizer=optimizer, metric=judge_metric(label), demos=demos, seed=seed, valset=val
+            )
+            judge.predict.load_state(compiled.predict.dump_state())
+        calibration = _fit_calibration(judge, train, label, calibration_pairs, progress=progress)
+        metrics = evaluate_judge(judge, val, label, desc=f"{name} val ({plan})", progress=progress)
+        candidates[plan] = {
+            "demos": len(judge.predict.demos),
+            "calibration": calibration,
+            "val": metrics.as_dict(),
+            "state": judge.dump_state(),
+        }
+    # Ties go to the earlier (cheaper, zero-shot) candidate.
+    best = max(candidates, key=lambda plan: candidates[plan]["val"]["accuracy"])
+    kept = best if candidates[best]["val"]["accuracy"] >= before.accuracy else "uncompiled"
+    judge.load_state(uncompiled_state if kept == "uncompiled" else candidates[best]["state"])
+    if kept == "uncompiled":
         log.warning(
-            "%s: compiled candidate is worse on val (%.3f < %.3f); keeping the uncompiled predictor",
+            "%s: no compiled candidate beats the uncompiled judge on val (%.3f < %.3f); keeping it",
             name,
-            after.accuracy,
+            candidates[best]["val"]["accuracy"],
             before.accuracy,
         )
+    for candidate in candidates.values():
+        candidate.pop("state")
     return {
         "train": len(train),
         "val": len(val),
         "demos": len(judge.predict.demos),
+        "calibration": candidates[kept]["calibration"] if kept != "uncompiled" else None,
         "before": before.as_dict(),
-        "after": after.as_dict(),
+        "after": candidates[kept]["val"] if kept != "uncompiled" else before.as_dict(),
         "kept": kept,
+        "candidates": candidates,
     }
 
 
-def _shipped(stage: dict | None) -> dict | None:
-    """Val metrics of the judge state that was actually saved."""
-    if not stage:
-        return None
-    return stage["after"] if stage["kept"] == "compiled" else stage["before"]
+def _fit_calibration(
+    judge: BinaryJudge, train: list[dspy.Example], label: str, pairs: int, *, progress: bool
+) -> dict[str, Any]:
+    """Fit ``judge.calibration`` on train pairs that are not among its demos (those it has seen answered)."""
+    judge.calibration = Calibration()
+    fields = list(judge.predict.signature.input_fields)
+    shown = {tuple(str(demo.get(f)) for f in fields) for demo in judge.predict.demos}
+    held_out = [e for e in train if tuple(str(e.get(f)) for f in fields) not in shown][: max(pairs, 0)]
+    if not held_out:
+        return {"fitted": False, "reason": "no held-out train pairs to fit on", "pairs": 0}
+    raw = judge_scores(judge, held_out, desc=f"calibrate {label}", progress=progress)
+    try:
+        judge.calibration = fit_calibration(raw, [int(bool(e[label])) for e in held_out])
+    except ValueError as exc:
+        log.warning("calibration not fitted: %s", exc)
+        return {"fitted": False, "reason": str(exc), "pairs": len(held_out)}
+    return {
+        "fitted": True,
+        "pairs": len(held_out),
+        **judge.calibration.dump_state(),
+        "cut": judge.calibration.cut(),
+    }
 
 
 def _compile_generation(crag: CRAG, domain: Domain, *, stages: set[str], demos: int, progress: bool) -> dict:
@@ -127,7 +166,7 @@ def _tune(
     progress: bool,
 ) -> dict[str, Any]:
     """Precompute every QA-val question's routes once, tune the thresholds on them, plot the landscape."""
-    val_questions = [q for q in domain.qa if q.split == "val"][:val_limit]
+    val_questions = qa_split(domain, "val", val_limit)
     routes, precompute_usage = precompute_routes(crag, val_questions, progress=progress)
     calls_before = len(lm.history)
     with dspy.track_usage() as trial_tracker:
@@ -166,14 +205,16 @@ def compile_program(
     settings: Settings,
     *,
     lm: dspy.BaseLM | None = None,
-    optimizer: str = "labeled",
+    optimizer: str = "none",
     demos: int = 4,
+    calibration_pairs: int = 32,
     trials: int = 2000,
     seed: int = 0,
     stages: tuple[str, ...] = ("grader", "strips"),
     out: Path | None = None,
-    val_limit: int | None = None,
-    test_limit: int | None = None,
+    val_limit: int | None = 24,
+    judge_val_limit: int | None = 80,
+    test_limit: int | None = 24,
     evaluate_test: bool = True,
     progress: bool = True,
 ) -> dict[str, Any]:
@@ -197,7 +238,7 @@ def compile_program(
     with dspy.track_usage() as tracker, dspy.context(lm=lm):
         if "grader" in stages:
             train = interleave_balanced(relevance_examples(domain.relevance, "train"), "relevant", seed)
-            val = relevance_examples(domain.relevance, "val")[:val_limit]
+            val = relevance_examples(domain.relevance, "val")[:judge_val_limit]
             report["stages"]["grader"] = _compile_judge(
                 crag,
                 "grader",
@@ -206,13 +247,14 @@ def compile_program(
                 "relevant",
                 optimizer=optimizer,
                 demos=demos,
+                calibration_pairs=calibration_pairs,
                 seed=seed,
                 progress=progress,
             )
         if "strips" in stages:
             spp = crag.sentences_per_strip
             train = interleave_balanced(strip_examples(domain, "train", spp), "keep", seed)
-            val = strip_examples(domain, "val", spp)[:val_limit]
+            val = strip_examples(domain, "val", spp)[:judge_val_limit]
             if train and val:
                 report["stages"]["strip_filter"] = _compile_judge(
                     crag,
@@ -222,6 +264,7 @@ def compile_program(
                     "keep",
                     optimizer=optimizer,
                     demos=demos,
+                    calibration_pairs=calibration_pairs,
                     seed=seed,
                     progress=progress,
                 )
@@ -235,7 +278,7 @@ def compile_program(
                 crag, lm, domain, out=out, trials=trials, seed=seed, val_limit=val_limit, progress=progress
             )
         if evaluate_test:
-            test = qa_examples(domain, "test")[:test_limit]
+            test = qa_examples(domain, "test", test_limit)
             results = [
                 evaluate_program("CRAG (compiled)", crag, test, progress=progress),
                 evaluate_program("CRAG (uncompiled)", uncompiled, test, progress=progress),
@@ -257,8 +300,9 @@ def compile_program(
         "seed": seed,
         "stages": list(stages),
         "scores": {
-            "grader": _shipped(report["stages"].get("grader")),
-            "strip_filter": _shipped(report["stages"].get("strip_filter")),
+            # val metrics of the judge states actually saved
+            "grader": report["stages"].get("grader", {}).get("after"),
+            "strip_filter": report["stages"].get("strip_filter", {}).get("after"),
             "val_accuracy": report.get("thresholds", {}).get("accuracy"),
             "test": {r["name"]: r["accuracy"] for r in report.get("test", [])},
         },
@@ -276,11 +320,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--optimizer",
         choices=OPTIMIZERS,
-        default="labeled",
-        help="DSPy teleprompter for the grader and strip filter (default: labeled, chosen by "
-        "measurement, see docs/compile.md)",
+        default="none",
+        help="DSPy teleprompter proposing few-shot grader/strip-filter prompts; the zero-shot prompt is "
+        "always a candidate and the best on val ships (default: none = zero-shot + calibration, chosen by "
+        "measurement: on the embedded 1.5B every few-shot candidate scored lower, see docs/compile.md)",
     )
     parser.add_argument("--demos", type=int, default=4, help="few-shot demos per predictor")
+    parser.add_argument(
+        "--calibration-pairs",
+        type=int,
+        default=32,
+        help="held-out train examples per judge to fit its P(yes) calibration on (0: no calibration)",
+    )
     parser.add_argument(
         "--stages",
         default="grader,strips",
@@ -289,8 +340,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trials", type=int, default=2000, help="Optuna trials for the thresholds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
-    parser.add_argument("--val-limit", type=int, help="use at most N val examples per stage (quick runs)")
-    parser.add_argument("--test-limit", type=int, help="evaluate on at most N test questions")
+    # Defaults keep a cold compile on a 2-core CPU near 20-30 minutes (docs/compile.md); 0 means "all".
+    parser.add_argument(
+        "--val-limit",
+        type=int,
+        default=24,
+        help="tune thresholds on N QA val questions, taken evenly across kinds (default 24; 0: all)",
+    )
+    parser.add_argument(
+        "--judge-val-limit",
+        type=int,
+        default=80,
+        help="measure grader and strip filter on N val examples each (default 80; 0: all)",
+    )
+    parser.add_argument(
+        "--test-limit",
+        type=int,
+        default=24,
+        help="evaluate on N QA test questions, taken evenly across kinds (default 24; 0: all)",
+    )
     parser.add_argument("--no-test-eval", action="store_true", help="skip the test-split comparison")
     return parser
 
@@ -311,12 +379,14 @@ def main(argv: list[str] | None = None) -> int:
             settings,
             optimizer=args.optimizer,
             demos=args.demos,
+            calibration_pairs=args.calibration_pairs,
             trials=args.trials,
             seed=args.seed,
             stages=stages,
             out=args.out,
-            val_limit=args.val_limit,
-            test_limit=args.test_limit,
+            val_limit=args.val_limit or None,
+            judge_val_limit=args.judge_val_limit or None,
+            test_limit=args.test_limit or None,
             evaluate_test=not args.no_test_eval,
         )
     except user_error_types() as exc:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from itertools import zip_longest
+from typing import TypeVar
 
 import dspy
 
@@ -12,10 +14,14 @@ from crag_dspy.strips import decompose
 
 from .metrics import normalize_answer
 
+T = TypeVar("T")
+
 __all__ = [
     "answers_by_question",
     "interleave_balanced",
     "qa_examples",
+    "qa_split",
+    "round_robin",
     "relevance_examples",
     "strip_examples",
 ]
@@ -85,9 +91,29 @@ def strip_examples(domain: Domain, split: str, sentences_per_strip: int) -> list
     return examples
 
 
-def qa_examples(domain: Domain, split: str) -> list[dspy.Example]:
+def round_robin(items: Sequence[T], key: Callable[[T], str], limit: int | None = None) -> list[T]:
+    """Take items one group at a time (groups in order of first appearance, items in their order).
+
+    A ``--limit`` on a file sorted by kind would otherwise evaluate only its first kinds (e.g. only
+    questions the knowledge base answers, none that need the web).
+    """
+    groups: dict[str, list[T]] = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    gap = object()
+    out: list[T] = []
+    for row in zip_longest(*groups.values(), fillvalue=gap):
+        out.extend(item for item in row if item is not gap)
+    return out[:limit]
+
+
+def qa_split(domain: Domain, split: str, limit: int | None = None) -> list[QAPair]:
+    """The QA questions of ``split``; with ``limit``, the first ``limit`` taken evenly across kinds."""
+    return round_robin([q for q in domain.qa if q.split == split], lambda q: q.kind, limit)
+
+
+def qa_examples(domain: Domain, split: str, limit: int | None = None) -> list[dspy.Example]:
     return [
         dspy.Example(question=q.question, answers=q.answers, id=q.id).with_inputs("question")
-        for q in domain.qa
-        if q.split == split
+        for q in qa_split(domain, split, limit)
     ]

@@ -61,6 +61,18 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.1f}%"
 
 
+def _judge_row(name: str, demos: int, calibration: dict | None, m: dict) -> str:
+    if calibration and calibration.get("fitted"):
+        fit = f"yes from raw P ≥ {calibration['cut']:.3f} ({calibration['pairs']} train ex.)"
+    else:
+        fit = "-" if calibration is None else f"not fitted: {calibration.get('reason')}"
+    auc = "-" if m["roc_auc"] is None else f"{m['roc_auc']:.3f}"
+    return (
+        f"| {name} | {demos} | {fit} | {_pct(m['accuracy'])} | {_pct(m['precision'])} | "
+        f"{_pct(m['recall'])} | {auc} |"
+    )
+
+
 def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
     """Write ``<prefix>.report.json`` and ``<prefix>.report.md``."""
     json_path = out_prefix.with_suffix(".report.json")
@@ -78,19 +90,16 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
         if stage in report["stages"]:
             s = report["stages"][stage]
             lines += [
-                f"## {stage} ({s['train']} train / {s['val']} val examples, {s['demos']} demos)",
+                f"## {stage} ({s['train']} train / {s['val']} val examples; shipped: {s['kept']})",
                 "",
-                "| | accuracy | precision | recall | ROC AUC |",
-                "|---|---|---|---|---|",
+                "| val | demos | calibration | accuracy | precision | recall | ROC AUC |",
+                "|---|---|---|---|---|---|---|",
+                _judge_row("uncompiled", 0, None, s["before"]),
             ]
-            for when in ("before", "after"):
-                m = s[when]
-                auc = "-" if m["roc_auc"] is None else f"{m['roc_auc']:.3f}"
-                lines.append(
-                    f"| {when} | {_pct(m['accuracy'])} | {_pct(m['precision'])} | {_pct(m['recall'])} | {auc} |"
-                )
-            if s.get("kept") == "uncompiled":
-                lines.append("\nThe compiled candidate was worse on val, so the uncompiled predictor was kept.")
+            for plan, candidate in s.get("candidates", {}).items():
+                lines.append(_judge_row(plan, candidate["demos"], candidate["calibration"], candidate["val"]))
+            if s["kept"] == "uncompiled":
+                lines.append("\nNo compiled candidate beat the uncompiled judge on val, so it was kept.")
             lines.append("")
     t = report.get("thresholds")
     if t:

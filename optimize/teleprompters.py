@@ -10,7 +10,8 @@ from dspy.teleprompt import BootstrapFewShot, BootstrapFewShotWithRandomSearch, 
 
 __all__ = ["OPTIMIZERS", "compile_stage", "judge_metric"]
 
-OPTIMIZERS = ("labeled", "bootstrap", "random-search", "mipro")
+# "none" compiles no demos: the judge keeps its zero-shot prompt and only its calibration is fitted.
+OPTIMIZERS = ("none", "labeled", "bootstrap", "random-search", "mipro")
 
 
 def judge_metric(label: str) -> Callable[..., bool]:
@@ -35,6 +36,8 @@ def compile_stage(
 ) -> dspy.Module:
     """Compile ``student`` (a copy is returned; the student is not modified)."""
     student = student.deepcopy()
+    if optimizer == "none":
+        return student
     if optimizer == "labeled":
         # sample=False: take the first `demos` of the (already balanced, seeded) trainset.
         return LabeledFewShot(k=demos).compile(student, trainset=list(trainset), sample=False)

@@ -84,10 +84,20 @@ def script(system: str, user: str):
 def compiled(tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("compile")
     domain = make_domain(tmp_path / "tiny")
-    lm = ScriptedLM(script)
+    holder = {}
+
+    def needs_demos(system, user):
+        # The grader only ranks documents when shown demos, so the few-shot candidate must win and ship.
+        if "You judge search results" in system and len(holder["lm"].last_messages) <= 2:
+            return 0.6
+        return script(system, user)
+
+    holder["lm"] = lm = ScriptedLM(needs_demos)
     settings = Settings(domain_dir=domain, chroma_path=tmp_path / "chroma", web_search="offline")
     out = tmp_path / "out" / "program.json"
-    report = compile_program(settings, lm=lm, trials=300, seed=1, out=out, progress=False)
+    report = compile_program(
+        settings, lm=lm, optimizer="labeled", trials=300, seed=1, out=out, progress=False
+    )
     return report, out, lm, settings
 
 
@@ -99,7 +109,9 @@ def test_compile_writes_program_report_and_plot(compiled):
     assert len(program["state"]["grader.predict"]["demos"]) == 4  # compiled demos survived saving
     thresholds = program["state"]["thresholds"]
     assert 0.0 <= thresholds["lower"] <= thresholds["upper"] <= 1.0
-    assert report["stages"]["grader"]["after"]["accuracy"] == 1.0
+    grader = report["stages"]["grader"]
+    assert grader["kept"] == "few-shot" and grader["after"]["accuracy"] == 1.0
+    assert grader["candidates"]["zero-shot"]["val"]["accuracy"] == grader["before"]["accuracy"] == 0.5
     for suffix in (".report.md", ".report.json", ".landscape.png", ".optuna.db"):
         assert out.with_suffix(suffix).is_file(), suffix
     assert {r["name"] for r in report["test"]} == {"CRAG (compiled)", "CRAG (uncompiled)", "plain RAG"}
@@ -219,7 +231,84 @@ def test_a_compiled_judge_that_is_worse_on_val_is_not_shipped(tmp_path):
     import dspy
 
     with dspy.context(lm=lm):
-        result = _compile_judge(crag, "grader", train, val, "relevant", optimizer="labeled", demos=2, seed=0,
-                                progress=False)
-    assert result["after"]["accuracy"] < result["before"]["accuracy"] == 1.0
-    assert result["kept"] == "uncompiled" and crag.grader.predict.demos == []
+        result = _compile_judge(
+            crag, "grader", train, val, "relevant", optimizer="labeled", demos=2, calibration_pairs=8,
+            seed=0, progress=False,
+        )
+    few_shot = result["candidates"]["few-shot"]
+    assert few_shot["demos"] == 2 and few_shot["val"]["accuracy"] < result["before"]["accuracy"] == 1.0
+    # All-yes scores cannot be calibrated: the compile says so instead of inventing a map.
+    assert few_shot["calibration"]["fitted"] is False and "do not rank" in few_shot["calibration"]["reason"]
+    assert result["kept"] == "zero-shot" and crag.grader.predict.demos == []
+    assert result["after"] == result["candidates"]["zero-shot"]["val"]
+
+
+def test_a_calibration_that_does_not_transfer_to_val_is_not_shipped(tmp_path):
+    import dspy
+
+    from crag_dspy import CRAG
+    from crag_dspy.domain import load_domain
+    from fakes import ListRetriever, ListWebSearch
+    from optimize.compile import _compile_judge
+    from optimize.datasets import relevance_examples
+
+    domain = load_domain(make_domain(tmp_path / "tiny"))
+    train = relevance_examples(domain.relevance, "train")
+    train_questions = {e.question for e in train}
+
+    def drifting(system, user):
+        p = script(system, user)
+        if field(user, "question") in train_questions:  # train: yes-sayer; val: well calibrated
+            return 0.99 if p == 0.9 else 0.97
+        return p
+
+    lm = ScriptedLM(drifting)
+    crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm)
+    val = relevance_examples(domain.relevance, "val")
+    with dspy.context(lm=lm):
+        result = _compile_judge(
+            crag, "grader", train, val, "relevant", optimizer="none", demos=4, calibration_pairs=8,
+            seed=0, progress=False,
+        )
+    assert list(result["candidates"]) == ["zero-shot"]  # --optimizer none compiles no demos
+    assert result["candidates"]["zero-shot"]["calibration"]["fitted"] is True
+    assert result["candidates"]["zero-shot"]["val"]["accuracy"] < result["before"]["accuracy"] == 1.0
+    assert result["kept"] == "uncompiled" and result["calibration"] is None
+    assert result["after"] == result["before"]
+    assert crag.grader.calibration.is_identity
+
+
+def test_calibration_fixes_a_biased_judge_and_is_saved(tmp_path):
+    """A judge that ranks well but says yes to everything (P(yes) 0.95 vs 0.8) is 50% accurate at the
+    raw 0.5 cut; the calibration fitted on held-out train pairs makes it right on val."""
+    import dspy
+
+    from crag_dspy import CRAG
+    from crag_dspy.domain import load_domain
+    from fakes import ListRetriever, ListWebSearch
+    from optimize.compile import _compile_judge
+    from optimize.datasets import relevance_examples
+
+    domain = load_domain(make_domain(tmp_path / "tiny"))
+
+    def biased(system, user):
+        p = script(system, user)
+        return 0.95 if p == 0.9 else 0.8 if p == 0.1 else p
+
+    lm = ScriptedLM(biased)
+    crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm)
+    train = relevance_examples(domain.relevance, "train")
+    val = relevance_examples(domain.relevance, "val")
+    with dspy.context(lm=lm):
+        result = _compile_judge(
+            crag, "grader", train, val, "relevant", optimizer="none", demos=0, calibration_pairs=8,
+            seed=0, progress=False,
+        )
+    assert result["before"]["accuracy"] == 0.5 and result["after"]["accuracy"] == 1.0
+    assert result["kept"] == "zero-shot" and result["calibration"]["fitted"] is True
+    assert result["calibration"]["pairs"] == len(train) == 8
+    assert 0.8 < result["calibration"]["cut"] < 0.95
+    assert crag.grader.dump_state()["calibration"] == {
+        "slope": result["calibration"]["slope"],
+        "intercept": result["calibration"]["intercept"],
+    }

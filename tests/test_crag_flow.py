@@ -181,3 +181,14 @@ def test_knowledge_for_each_action():
     assert knowledge_for(Action.INCORRECT, internal, None) == (internal, [])  # web gave nothing
     assert knowledge_for(Action.AMBIGUOUS, internal, external) == (internal, external)
     assert knowledge_for(Action.AMBIGUOUS, internal, None) == (internal, [])
+
+
+def test_completion_marker_run_into_the_answer_is_cut_off():
+    pred, _ = run([("kb-1", GOOD)], make_script({"0 to 25": 0.9}, answer="0 to 25 mg/L [[ ## completed ## ]]"))
+    assert pred.answer == "0 to 25 mg/L"
+
+
+def test_answer_that_is_only_a_marker_counts_as_failed_generation():
+    pred, _ = run([("kb-1", GOOD)], make_script({"0 to 25": 0.9}, answer="[[ ## completed ## ]]"))
+    assert pred.answer == "I don't know"
+    assert any("answer generation failed" in f for f in pred.trace.fallbacks)

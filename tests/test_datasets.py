@@ -49,3 +49,27 @@ def test_strip_labels_follow_gold_aliases(tmp_path):
         and grader[0].relevant is True
         and set(grader[0].inputs().keys()) == {"question", "document"}
     )
+
+
+def test_round_robin_takes_groups_in_turn_and_keeps_order():
+    from optimize.datasets import round_robin
+
+    items = ["kb1", "kb2", "kb3", "web1", "none1", "web2"]
+    kind = lambda s: s.rstrip("0123456789")  # noqa: E731
+    assert round_robin(items, kind) == ["kb1", "web1", "none1", "kb2", "web2", "kb3"]
+    assert round_robin(items, kind, 4) == ["kb1", "web1", "none1", "kb2"]
+    assert round_robin(items, kind, 0) == []
+    assert round_robin([], kind, 3) == []
+    assert round_robin([None, None], lambda x: "same") == [None, None]  # None is an item, not a gap
+
+
+def test_qa_split_limit_spans_every_kind():
+    from crag_dspy.domain import load_domain
+    from optimize.datasets import qa_split
+
+    domain = load_domain("data/default")
+    every = qa_split(domain, "test")
+    head = qa_split(domain, "test", 8)
+    assert {q.kind for q in head} == {q.kind for q in every}
+    assert {q.split for q in every} == {"test"}
+    assert sorted(q.id for q in every) == sorted(q.id for q in domain.qa if q.split == "test")

@@ -12,7 +12,13 @@ from fakes import ListRetriever, ListWebSearch, ScriptedLM
 
 from crag_dspy import CRAG
 from crag_dspy.app import load_program
-from crag_dspy.program import ProgramError, apply_program, read_program, save_program
+from crag_dspy.program import (
+    PROGRAM_FORMAT_VERSION,
+    ProgramError,
+    apply_program,
+    read_program,
+    save_program,
+)
 
 TESTS = Path(__file__).parent
 
@@ -96,7 +102,7 @@ def _write(tmp_path, name, content):
         ),
         (
             "p.json",
-            '{"format": "crag-dspy-program", "format_version": 1, "state": {}}',
+            f'{{"format": "crag-dspy-program", "format_version": {PROGRAM_FORMAT_VERSION}, "state": {{}}}}',
             "missing its 'config'",
         ),
         ("p.pkl", pickle.dumps({"a": 1}), "never loaded"),
