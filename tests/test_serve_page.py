@@ -31,7 +31,8 @@ CHROMIUM_FLAGS = [
 ]
 
 
-def _chromium() -> str:
+@pytest.fixture()
+def chromium() -> str:
     """The system Chromium; skip (or fail, with CRAG_REQUIRE_BROWSER=1 as in CI) when it is missing."""
     required = os.environ.get("CRAG_REQUIRE_BROWSER") == "1"
     found = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -69,15 +70,14 @@ def _ask(page, question: str) -> None:
     )
 
 
-def test_ask_in_the_browser_shows_the_decision(page_url, tmp_path):
+def test_ask_in_the_browser_shows_the_decision(chromium, page_url, tmp_path):
     from playwright.sync_api import sync_playwright
 
-    executable = _chromium()
     problems: list[str] = []
     with sync_playwright() as p:
         context = p.chromium.launch_persistent_context(
             str(tmp_path / "profile"),  # a fresh profile for every run
-            executable_path=executable,
+            executable_path=chromium,
             headless=True,
             args=CHROMIUM_FLAGS,
             viewport={"width": 1100, "height": 900},
@@ -126,6 +126,14 @@ def test_ask_in_the_browser_shows_the_decision(page_url, tmp_path):
             page.click("#submit")
             assert page.inner_text("#status") == "Type a question first."
             assert page.inner_text("#action") == "AMBIGUOUS"  # the last answer stays on screen
+        except Exception as exc:
+            # What the browser showed and said, for a failure that only happens on some machine.
+            failure = tmp_path / "failure.png"
+            page.screenshot(path=str(failure), full_page=True)
+            status = page.inner_text("#status")
+            raise AssertionError(
+                f"{exc}\nstatus: {status!r}\nconsole: {problems}\nscreenshot: {failure}"
+            ) from exc
         finally:
             context.close()
     assert problems == [], f"browser console errors: {problems}"
