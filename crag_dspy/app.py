@@ -6,6 +6,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import chromadb
 import dspy
@@ -20,7 +21,16 @@ from .settings import Settings
 from .store import ChromaRetriever, StoreError, collection_names, ingest_domain, open_client
 from .web import NoWebSearch, OfflineWebSearch, TavilyWebSearch
 
-__all__ = ["Backends", "assemble", "build_crag", "build_web_search", "load_program", "open_backends"]
+__all__ = [
+    "Backends",
+    "LoadedProgram",
+    "assemble",
+    "build_crag",
+    "build_web_search",
+    "load_program",
+    "open_backends",
+    "open_program",
+]
 
 log = logging.getLogger(__name__)
 
@@ -117,17 +127,57 @@ def load_program(
     the program's own domain is used unless ``settings`` names one, and a program compiled for another
     domain is refused: thresholds and demos tuned on one domain's data must not transfer silently.
     """
-    document = read_program(path)
     if retriever is not None and web_search is not None:
+        document = read_program(path)
         crag = CRAG(retriever, web_search, lm=lm or build_lm(settings or Settings()))
         return apply_program(crag, document)
-    if settings is None:
-        recorded = document["metadata"].get("domain_dir")
-        settings = (
-            Settings(domain_dir=Path(recorded))
-            if recorded and Path(recorded).is_dir()
-            else Settings(domain=document["metadata"].get("domain") or "default")
-        )
+    return open_program(path, settings, domain_from_program=settings is None, lm=lm, progress=progress).crag
+
+
+@dataclass
+class LoadedProgram:
+    """A ready CRAG and where it came from; ``document`` is None for the uncompiled default program."""
+
+    crag: CRAG
+    domain: str
+    path: Path | None = None
+    document: dict[str, Any] | None = None
+
+    @property
+    def compiled(self) -> bool:
+        return self.document is not None
+
+
+def open_program(
+    path: str | Path | None,
+    settings: Settings | None = None,
+    *,
+    domain_from_program: bool = True,
+    lm: dspy.BaseLM | None = None,
+    progress: bool = True,
+) -> LoadedProgram:
+    """The program an app serves: the compiled program JSON at ``path``, or without one the uncompiled
+    default program built from ``settings``.
+
+    With ``domain_from_program`` the program's recorded domain replaces the one in ``settings``; every
+    other setting (store, LM, web search) is kept. The JSON is read and validated once, before any model
+    or store is started.
+    """
+    settings = settings or Settings()
+    if path is None:
+        crag, backends = assemble(settings, lm, progress)
+        return LoadedProgram(crag, backends.domain.name)
+    document = read_program(path)
+    if domain_from_program:
+        settings = settings.model_copy(update=_program_domain(document))
     crag, backends = assemble(settings, lm, progress)
     check_domain(document, backends.domain.name, path)
-    return apply_program(crag, document)
+    return LoadedProgram(apply_program(crag, document), backends.domain.name, Path(path), document)
+
+
+def _program_domain(document: dict[str, Any]) -> dict[str, Any]:
+    """The settings that select the domain a program was compiled on (its recorded folder when present)."""
+    recorded = document["metadata"].get("domain_dir")
+    if recorded and Path(recorded).is_dir():
+        return {"domain_dir": Path(recorded)}
+    return {"domain": document["metadata"].get("domain") or "default", "domain_dir": None}

@@ -15,10 +15,12 @@ from .lm.weights import EMBEDDED_MODELS
 
 __all__ = [
     "add_lm_arguments",
+    "add_program_arguments",
     "add_storage_arguments",
     "build_parser",
     "format_trace",
     "main",
+    "program_from_args",
     "settings_from_args",
     "user_error_types",
 ]
@@ -51,6 +53,24 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_program_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which program to run and its run-time knobs, shared by ``ask`` and ``crag_dspy.serve``."""
+    g = parser.add_argument_group("program")
+    g.add_argument(
+        "--program",
+        type=Path,
+        help="compiled program JSON (python -m optimize.compile); without it, the uncompiled default program",
+    )
+    g.add_argument(
+        "--web-search",
+        choices=["auto", "tavily", "offline", "none"],
+        help="web backend (auto: Tavily when TAVILY_API_KEY is set, else the offline stand-in)",
+    )
+    g.add_argument("--k", type=int, help="documents retrieved per question")
+    g.add_argument("--lower", type=float, help="lower threshold (overrides the program's)")
+    g.add_argument("--upper", type=float, help="upper threshold (overrides the program's)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m crag_dspy", description="Corrective RAG as a DSPy program."
@@ -76,15 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     ask.add_argument("question", help="the question to answer")
     add_storage_arguments(ask)
     add_lm_arguments(ask)
-    ask.add_argument("--program", type=Path, help="compiled program JSON (python -m optimize.compile)")
-    ask.add_argument(
-        "--web-search",
-        choices=["auto", "tavily", "offline", "none"],
-        help="web backend (auto: Tavily when TAVILY_API_KEY is set, else the offline stand-in)",
-    )
-    ask.add_argument("--k", type=int, help="documents retrieved per question")
-    ask.add_argument("--lower", type=float, help="lower threshold (overrides the program's)")
-    ask.add_argument("--upper", type=float, help="upper threshold (overrides the program's)")
+    add_program_arguments(ask)
     ask.add_argument("--json", action="store_true", help="print the full trace as JSON")
     return parser
 
@@ -147,6 +159,27 @@ def format_trace(trace) -> str:
     return "\n".join(lines)
 
 
+def program_from_args(args: argparse.Namespace, *, lm=None, progress: bool = True):
+    """The program ``ask`` and ``serve`` run: the compiled ``--program`` on its own domain (unless
+    --domain/--domain-dir name one) or the uncompiled default; threshold flags beat the program's."""
+    from .app import open_program
+
+    settings = settings_from_args(args)
+    explicit_domain = args.domain is not None or args.domain_dir is not None
+    loaded = open_program(
+        args.program, settings, domain_from_program=not explicit_domain, lm=lm, progress=progress
+    )
+    if loaded.compiled and (args.lower is not None or args.upper is not None):
+        thresholds = loaded.crag.thresholds
+        thresholds.load_state(
+            {
+                "lower": settings.lower if args.lower is not None else thresholds.lower,
+                "upper": settings.upper if args.upper is not None else thresholds.upper,
+            }
+        )
+    return loaded
+
+
 def _ingest(args: argparse.Namespace) -> int:
     from .domain import load_domain
     from .embeddings import Embedder
@@ -164,25 +197,7 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace) -> int:
-    from .app import build_crag, load_program
-    from .lm import build_lm
-
-    settings = settings_from_args(args)
-    if args.program:
-        explicit_domain = args.domain is not None or args.domain_dir is not None
-        crag = load_program(
-            args.program, settings=settings if explicit_domain else None, lm=build_lm(settings)
-        )
-        # Explicit threshold flags beat the program's tuned thresholds.
-        if args.lower is not None or args.upper is not None:
-            crag.thresholds.load_state(
-                {
-                    "lower": settings.lower if args.lower is not None else crag.thresholds.lower,
-                    "upper": settings.upper if args.upper is not None else crag.thresholds.upper,
-                }
-            )
-    else:
-        crag = build_crag(settings)
+    crag = program_from_args(args).crag
     prediction = crag(question=args.question)
     if args.json:
         print(json.dumps(prediction.trace.model_dump(mode="json"), indent=2, ensure_ascii=False))

@@ -1,0 +1,39 @@
+"""Serve a CRAG program over HTTP: a JSON API (``POST /ask`` with the full trace, ``GET /health``,
+``GET /program``, ``/openapi.json``) and a page at ``/`` that shows CRAG's decision.
+
+Run it with ``python -m crag_dspy.serve --program runs/default/program.json``; embed it in your own
+ASGI stack with ``create_app(ProgramService(open_program(path)))``. Needs the ``serve`` extra.
+"""
+
+try:
+    import fastapi  # noqa: F401
+    import uvicorn  # noqa: F401
+except ImportError as exc:  # pragma: no cover - depends on the install
+    raise ImportError(
+        f"crag_dspy.serve needs FastAPI and uvicorn ({exc.name} is missing): pip install 'crag-dspy[serve]'"
+    ) from exc
+
+from .api import create_app
+from .schemas import (
+    QUESTION_MAX_CHARS,
+    AskRequest,
+    AskResponse,
+    ErrorResponse,
+    Health,
+    ProgramInfo,
+    ValidationErrorResponse,
+)
+from .service import DependencyError, ProgramService
+
+__all__ = [
+    "QUESTION_MAX_CHARS",
+    "AskRequest",
+    "AskResponse",
+    "DependencyError",
+    "ErrorResponse",
+    "Health",
+    "ProgramInfo",
+    "ProgramService",
+    "ValidationErrorResponse",
+    "create_app",
+]

@@ -1,0 +1,94 @@
+"""The service's request and response models: the OpenAPI schema is generated from these."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
+
+from ..trace import CRAGTrace
+
+__all__ = [
+    "QUESTION_MAX_CHARS",
+    "AskRequest",
+    "AskResponse",
+    "Dependency",
+    "ErrorResponse",
+    "Health",
+    "ProgramInfo",
+    "ValidationErrorResponse",
+]
+
+QUESTION_MAX_CHARS = 2000
+"""Longest question accepted: longer input is a 422, never silently truncated."""
+
+Dependency = Literal["lm", "store"]
+
+
+class AskRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"examples": [{"question": "What is the list price of one AquaProbe 220 sensor?"}]},
+    )
+
+    question: str = Field(
+        max_length=QUESTION_MAX_CHARS,
+        # Emptiness is checked after stripping (below), with a message that says so; the schema still says it.
+        json_schema_extra={"minLength": 1},
+        description=f"The question, 1 to {QUESTION_MAX_CHARS} characters; surrounding whitespace is removed.",
+    )
+
+    @field_validator("question")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise PydanticCustomError("blank_question", "must not be empty or only whitespace")
+        return value
+
+
+class AskResponse(BaseModel):
+    answer: str
+    action: Literal["CORRECT", "AMBIGUOUS", "INCORRECT"]
+    degraded: bool = Field(
+        description="True when a stage failed or fell back; the trace's errors and fallbacks say what and why"
+    )
+    seconds: float = Field(description="wall-clock seconds the request took in the program")
+    trace: CRAGTrace
+
+
+class ProgramInfo(BaseModel):
+    compiled: bool = Field(description="False: the uncompiled default program (no program JSON loaded)")
+    path: str | None = Field(description="the program JSON served, if any")
+    domain: str
+    lower: float = Field(description="lower action threshold in force")
+    upper: float = Field(description="upper action threshold in force")
+    lm: str | None
+    retriever: str
+    web_backend: str
+    config: dict[str, Any] = Field(description="k, strip threshold, max strips, ... in force")
+    metadata: dict[str, Any] = Field(description="the program's metadata as compiled (empty when uncompiled)")
+    scores: dict[str, Any] | None = Field(description="scores from the compile report, when compiled")
+    created: str | None = Field(description="when the program was compiled")
+    note: str
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+    compiled: bool
+    domain: str
+    version: str
+
+
+class ErrorResponse(BaseModel):
+    detail: str
+    dependency: Dependency | None = Field(
+        None, description="the failed dependency behind a 503: 'lm' (language model) or 'store' (retrieval)"
+    )
+    trace: CRAGTrace | None = Field(None, description="what CRAG did before giving up, when it got that far")
+
+
+class ValidationErrorResponse(BaseModel):
+    detail: str = Field(description="every problem with the request, in one line")
+    errors: list[dict[str, Any]] = Field(description="the same problems, one object each (pydantic's format)")

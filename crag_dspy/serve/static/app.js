@@ -1,0 +1,271 @@
+// The page over the crag-dspy API: POST /ask, then draw the trace. Data is only ever set as text.
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key === "style") Object.assign(node.style, value);
+    else node.setAttribute(key, value === true ? "" : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+const fmt = (x, digits = 2) => (x === null || x === undefined ? "–" : Number(x).toFixed(digits));
+const pct = (x) => `${Math.max(0, Math.min(1, x)) * 100}%`;
+
+function safeLink(url, text) {
+  return /^https?:\/\//i.test(url || "") ? el("a", { href: url, target: "_blank", rel: "noopener noreferrer" }, text) : text;
+}
+
+function zones(lower, upper) {
+  return [
+    el("span", { class: "z-incorrect", style: { width: pct(lower) } }),
+    el("span", { class: "z-ambiguous", style: { width: pct(upper - lower) } }),
+    el("span", { class: "z-correct", style: { width: pct(1 - upper) } }),
+  ];
+}
+
+function thresholdLines(lower, upper) {
+  return [
+    el("span", { class: "threshold", style: { left: `calc(${pct(lower)} - 1px)` }, title: `lower ${fmt(lower)}` }),
+    el("span", { class: "threshold", style: { left: `calc(${pct(upper)} - 1px)` }, title: `upper ${fmt(upper)}` }),
+  ];
+}
+
+// --- program -------------------------------------------------------------------------------------
+async function loadProgram() {
+  const box = $("program");
+  try {
+    const response = await fetch("/program");
+    if (!response.ok) throw new Error(`HTTP ${response.status}`);
+    const p = await response.json();
+    const scores = p.scores || {};
+    const test = scores.test ? Object.entries(scores.test).map(([k, v]) => `${k} ${fmt(100 * v, 1)}%`).join(", ") : null;
+    const parts = [
+      el("span", {}, "domain ", el("b", {}, p.domain)),
+      el("span", { class: p.compiled ? "tag" : "tag uncompiled", title: p.note }, p.compiled ? "compiled program" : "uncompiled default program"),
+      el("span", {}, "thresholds ", el("b", {}, `lower ${fmt(p.lower)}`), " / ", el("b", {}, `upper ${fmt(p.upper)}`)),
+      el("span", {}, "LM ", el("b", {}, p.lm || "–")),
+      el("span", {}, "web ", el("b", {}, p.web_backend)),
+      scores.val_accuracy != null ? el("span", {}, "val accuracy ", el("b", {}, `${fmt(100 * scores.val_accuracy, 1)}%`)) : null,
+      test ? el("span", {}, "test ", el("b", {}, test)) : null,
+      p.compiled ? null : el("span", {}, p.note),
+    ];
+    box.replaceChildren(...parts.filter(Boolean));
+  } catch (error) {
+    box.textContent = `Could not load /program (${error.message}).`;
+  }
+}
+
+// --- one answer -------------------------------------------------------------------------------------
+function explain(trace) {
+  const known = trace.documents.map((d) => d.score).filter((s) => s !== null);
+  const best = known.length ? Math.max(...known) : null;
+  const lo = fmt(trace.lower), up = fmt(trace.upper);
+  const webUsed = trace.external_strips.some((s) => s.kept);
+  switch (trace.action) {
+    case "CORRECT":
+      return `Best document scored ${fmt(best)} ≥ upper ${up}: answered from refined internal knowledge.`;
+    case "INCORRECT":
+      if (!trace.documents.length) return "Nothing was retrieved: searched the web instead.";
+      return `Every document scored below lower ${lo} (best ${fmt(best)}): internal knowledge discarded, ` +
+        (webUsed ? "answered from the web." : "searched the web.");
+    case "AMBIGUOUS":
+      if (best === null && trace.documents.length) {
+        return "No document could be graded (the grader failed on all of them), so neither threshold applies: " +
+          "combined internal knowledge with a web search.";
+      }
+      return `Best document scored ${fmt(best)}, between lower ${lo} and upper ${up}` +
+        (known.length < trace.documents.length ? " (some grades failed)" : "") +
+        ": combined internal knowledge with a web search.";
+    default:
+      return "";
+  }
+}
+
+function drawDocuments(trace) {
+  const { lower, upper } = trace;
+  $("legend-zones").replaceChildren(...zones(lower, upper));
+  const labels = [[0, "0", "edge-left"], [lower, `lower ${fmt(lower)}`], [upper, `upper ${fmt(upper)}`], [1, "1", "edge-right"]];
+  $("legend-labels").replaceChildren(
+    ...labels
+      .filter(([x], i) => !(i === 3 && upper > 0.93) && !(i === 0 && lower < 0.07))
+      .map(([x, text, cls]) => el("span", { class: cls, style: { left: pct(x) } }, text)),
+  );
+  const list = $("documents");
+  if (!trace.documents.length) {
+    list.replaceChildren(el("li", { class: "empty" }, "No documents were retrieved."));
+    return;
+  }
+  list.replaceChildren(
+    ...trace.documents.map((d) => {
+      const failed = d.score === null;
+      const band = failed ? "" : d.score >= upper ? "correct" : d.score < lower ? "incorrect" : "ambiguous";
+      const zone = { "": "grade failed", correct: "at or above upper", incorrect: "below lower", ambiguous: "between the thresholds" }[band];
+      return el("li", { class: "doc" },
+        el("span", { class: "rank" }, `#${d.rank}`),
+        el("span", { class: "title", title: d.title }, d.title || d.doc_id, " ", el("small", {}, `[${d.doc_id}]`)),
+        el("div", {
+            class: "track", role: "meter", "aria-valuemin": 0, "aria-valuemax": 1,
+            "aria-valuenow": failed ? undefined : d.score,
+            "aria-label": `${d.title || d.doc_id}: score ${failed ? "unknown (grader failed)" : fmt(d.score)}, ${zone}`,
+          },
+          el("div", { class: "zones" }, zones(lower, upper)),
+          el("div", { class: failed ? "fill failed" : `fill ${band}`, style: failed ? {} : { width: pct(d.score) } }),
+          thresholdLines(lower, upper),
+        ),
+        el("span", { class: "score", title: failed ? d.error : `${d.score_source}, similarity ${fmt(d.similarity)}` }, failed ? "failed" : fmt(d.score)),
+      );
+    }),
+  );
+}
+
+function stripItem(s) {
+  const where = s.source === "web" ? safeLink(s.url, s.title || s.url) : `${s.title} [${s.doc_id}]`;
+  return el("li", { class: s.kept ? "strip" : "strip dropped" },
+    el("header", {},
+      el("span", { class: "src" }, s.source),
+      el("span", {}, where),
+      el("span", { class: "sc", title: s.score_source }, s.score === null ? "failed" : `score ${fmt(s.score)}`),
+    ),
+    el("p", {}, s.text),
+  );
+}
+
+function drawStrips(trace) {
+  const all = [...trace.internal_strips, ...trace.external_strips];
+  const kept = all.filter((s) => s.kept), dropped = all.filter((s) => !s.kept);
+  $("kept-heading").textContent = `Kept (${kept.length}): the answer's only context`;
+  $("dropped-heading").textContent = `Dropped (${dropped.length})`;
+  $("kept").replaceChildren(...(kept.length ? kept.map(stripItem) : [el("li", { class: "empty" }, "No strip survived refinement.")]));
+  $("dropped").replaceChildren(...(dropped.length ? dropped.map(stripItem) : [el("li", { class: "empty" }, "Nothing dropped.")]));
+}
+
+function drawWeb(trace) {
+  const section = $("web");
+  section.hidden = trace.web_query === null;
+  if (section.hidden) return;
+  const results = trace.web_results.map((r) =>
+    el("li", {}, safeLink(r.url, r.title || r.url), el("p", {}, r.content.length > 220 ? `${r.content.slice(0, 220)}…` : r.content)));
+  $("web-body").replaceChildren(
+    el("p", {}, "Rewritten query ", el("span", { class: "web-query" }, trace.web_query), ` sent to ${trace.web_backend}: ${results.length} result(s).`),
+    results.length ? el("ol", { class: "results" }, results) : el("p", { class: "empty" }, "No results."),
+  );
+}
+
+function drawTimings(trace, seconds) {
+  const stages = Object.entries(trace.timings);
+  const longest = Math.max(0.001, ...stages.map(([, s]) => s));
+  const usage = trace.lm_usage || {};
+  const total = { calls: 0, prompt_tokens: 0, completion_tokens: 0 };
+  const rows = stages.map(([stage, secs]) => {
+    const u = usage[stage] || { calls: 0, prompt_tokens: 0, completion_tokens: 0 };
+    for (const key of Object.keys(total)) total[key] += u[key] || 0;
+    return el("tr", {},
+      el("td", {}, stage.replace("_", " ")),
+      el("td", { class: "num" }, fmt(secs, 3)),
+      el("td", {}, el("div", { class: "tbar", style: { width: pct(secs / longest) } })),
+      el("td", { class: "num" }, u.calls),
+      el("td", { class: "num" }, `${u.prompt_tokens} / ${u.completion_tokens}`),
+    );
+  });
+  rows.push(el("tr", {},
+    el("th", { scope: "row" }, "request total"),
+    el("td", { class: "num" }, fmt(seconds, 3)),
+    el("td", {}),
+    el("td", { class: "num" }, total.calls),
+    el("td", { class: "num" }, `${total.prompt_tokens} / ${total.completion_tokens}`),
+  ));
+  $("timings").replaceChildren(...rows);
+}
+
+function drawProblems(trace) {
+  const box = $("problems");
+  const blocks = [];
+  if (trace.fallbacks.length) {
+    blocks.push(el("div", { class: "notice" }, el("h3", {}, "Fallbacks"), el("ul", {}, trace.fallbacks.map((f) => el("li", {}, f)))));
+  }
+  if (trace.errors.length) {
+    blocks.push(el("div", { class: "notice error" }, el("h3", {}, `Errors (${trace.errors.length})`), el("ul", {}, trace.errors.map((e) => el("li", {}, e)))));
+  }
+  box.replaceChildren(...blocks);
+}
+
+function drawTrace(trace, { answer, action, seconds }) {
+  $("answer").textContent = answer ?? "(no answer)";
+  const badge = $("action");
+  badge.textContent = action || "no action";
+  badge.className = `badge ${action || ""}`;
+  $("why").textContent = explain(trace);
+  drawProblems(trace);
+  $("meta").textContent = [seconds !== undefined ? `${fmt(seconds, 2)} s` : null, `LM ${trace.lm_model || "–"}`, `retriever ${trace.retriever}`]
+    .filter(Boolean).join(" · ");
+  drawDocuments(trace);
+  drawStrips(trace);
+  drawWeb(trace);
+  drawTimings(trace, seconds ?? Object.values(trace.timings).reduce((a, b) => a + b, 0));
+  $("raw").textContent = JSON.stringify(trace, null, 2);
+  $("result").hidden = false;
+}
+
+async function ask(question) {
+  const button = $("submit"), status = $("status"), failure = $("failure");
+  button.disabled = true;
+  failure.hidden = true;
+  const started = performance.now();
+  const tick = () => { status.textContent = `Asking… ${((performance.now() - started) / 1000).toFixed(0)} s (each retrieved document is graded by the LM)`; };
+  tick();
+  const timer = setInterval(tick, 1000);
+  try {
+    const response = await fetch("/ask", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", Accept: "application/json" },
+      body: JSON.stringify({ question }),
+    });
+    const body = await response.json().catch(() => ({ detail: `HTTP ${response.status} with a non-JSON body` }));
+    if (response.ok) {
+      drawTrace(body.trace, body);
+      status.textContent = `Answered in ${fmt(body.seconds, body.seconds < 10 ? 2 : 1)} s: ${body.action}${body.degraded ? " (degraded: see fallbacks and errors)" : ""}.`;
+      return;
+    }
+    const who = body.dependency ? ` (failed dependency: ${body.dependency})` : "";
+    failure.replaceChildren(el("h3", {}, `HTTP ${response.status}${who}`), el("p", {}, body.detail || "request failed"));
+    failure.hidden = false;
+    if (body.trace) drawTrace(body.trace, { answer: body.trace.answer, action: body.trace.action });
+    else $("result").hidden = true;
+    status.textContent = "The request failed.";
+  } catch (error) {
+    failure.replaceChildren(el("h3", {}, "The service did not answer"), el("p", {}, String(error)));
+    failure.hidden = false;
+    status.textContent = "The request failed.";
+  } finally {
+    clearInterval(timer);
+    button.disabled = false;
+  }
+}
+
+$("ask").addEventListener("submit", (event) => {
+  event.preventDefault();
+  const question = $("question").value.trim();
+  if (!question) {
+    $("status").textContent = "Type a question first.";
+    $("question").focus();
+    return;
+  }
+  ask(question);
+});
+$("question").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    $("ask").requestSubmit();
+  }
+});
+loadProgram();

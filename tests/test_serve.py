@@ -1,0 +1,345 @@
+"""The HTTP service over a scripted LM: status codes, schema, failure attribution, concurrency, CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
+from fastapi.testclient import TestClient
+from serving import free_port, serving, write_domain
+
+from crag_dspy import CRAG
+from crag_dspy.app import LoadedProgram
+from crag_dspy.program import read_program, save_program
+from crag_dspy.protocols import WebResult, WebSearchError
+from crag_dspy.serve import QUESTION_MAX_CHARS, AskResponse, ProgramInfo, ProgramService, create_app
+from crag_dspy.serve.cli import main as serve_main
+
+GOOD = ("kb-good", "The AquaProbe 220 has a range of 0 to 25 mg/L.")
+BAD = ("kb-bad", "The canteen opens at 08:00.")
+WEB = WebResult("WQ-17", "https://ihsc.example/wq17", "IHSC WQ-17 requires recalibration every 90 days.")
+
+
+def script(system: str, user: str):
+    if "You judge search results" in system:
+        return 0.9 if "0 to 25" in field(user, "document") else 0.05
+    if "You judge short knowledge strips" in system:
+        return 0.9 if "90 days" in field(user, "strip") else 0.05
+    if "web search query" in system:
+        return {"query": "WQ-17 recalibration"}
+    return {"answer": "0 to 25 mg/L" if "0 to 25" in field(user, "context") else "every 90 days"}
+
+
+def make_service(texts=(GOOD, BAD), web=None, lm=None, **crag_kwargs) -> ProgramService:
+    crag = CRAG(
+        ListRetriever(list(texts)), web or ListWebSearch([WEB]), lm=lm or ScriptedLM(script), **crag_kwargs
+    )
+    return ProgramService(LoadedProgram(crag, "default"))
+
+
+@pytest.fixture()
+def client():
+    return TestClient(create_app(make_service()), raise_server_exceptions=False)
+
+
+def test_ask_returns_answer_action_and_the_full_trace(client):
+    response = client.post("/ask", json={"question": "  What is the range of the AquaProbe 220?  "})
+    assert response.status_code == 200
+    body = AskResponse.model_validate(response.json())
+    assert (body.answer, body.action, body.degraded) == ("0 to 25 mg/L", "CORRECT", False)
+    trace = body.trace
+    assert trace.question == "What is the range of the AquaProbe 220?"  # stripped at the boundary
+    assert [d.doc_id for d in trace.documents] == ["kb-good", "kb-bad"]
+    assert [s.kept for s in trace.internal_strips] == [True]
+    assert set(trace.timings) >= {"retrieve", "grade", "answer"} and body.seconds > 0
+    assert trace.total_usage.calls == 3  # 2 grades + 1 answer
+
+
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [
+        ({"question": ""}, "question: must not be empty"),
+        ({"question": " \n\t "}, "question: must not be empty or only whitespace"),
+        ({"question": "x" * (QUESTION_MAX_CHARS + 1)}, f"at most {QUESTION_MAX_CHARS} characters"),
+        ({}, "question: Field required"),
+        ({"question": 42}, "question: Input should be a valid string"),
+        ({"question": "q", "k": 3}, "k: Extra inputs are not permitted"),
+        (["q"], 'the body must be a JSON object such as {"question": "..."}'),
+    ],
+)
+def test_bad_requests_are_422_with_a_clear_message(client, payload, message):
+    response = client.post("/ask", json=payload)
+    assert response.status_code == 422
+    body = response.json()
+    assert body["detail"].startswith("invalid request: ") and message in body["detail"]
+    assert body["errors"] and {"type", "loc", "msg"} <= set(body["errors"][0])
+
+
+def test_malformed_json_and_wrong_method_and_path(client):
+    response = client.post("/ask", content=b'{"question": ', headers={"content-type": "application/json"})
+    assert response.status_code == 422 and "not valid JSON" in response.json()["detail"]
+    response = client.post("/ask", content=b"question=hi", headers={"content-type": "text/plain"})
+    assert response.status_code == 422 and "JSON object" in response.json()["detail"]
+    assert client.get("/ask").status_code == 405
+    assert client.get("/nope").status_code == 404
+
+
+def test_question_of_exactly_the_maximum_length_is_accepted(client):
+    assert client.post("/ask", json={"question": "q" * QUESTION_MAX_CHARS}).status_code == 200
+
+
+def test_health_and_program_of_the_uncompiled_default(client):
+    health = client.get("/health").json()
+    assert health == {"status": "ok", "compiled": False, "domain": "default", "version": "0.1.0"}
+    info = ProgramInfo.model_validate(client.get("/program").json())
+    assert not info.compiled and info.path is None and info.metadata == {} and info.scores is None
+    assert "uncompiled default program" in info.note and "optimize.compile" in info.note
+    assert (info.lower, info.upper, info.lm, info.config["k"]) == (0.3, 0.7, "scripted/fake", 5)
+
+
+def test_program_of_a_compiled_program_shows_its_thresholds_metadata_and_scores(tmp_path):
+    scores = {"val_accuracy": 0.708, "test": {"crag": 0.5, "plain_rag": 0.54}}
+    compiled = CRAG(ListRetriever([]), ListWebSearch(), lower=0.12, upper=0.83, k=4)
+    path = save_program(
+        compiled, tmp_path / "program.json", {"domain": "default", "seed": 3, "scores": scores}
+    )
+    document = read_program(path)
+    crag = CRAG(ListRetriever([GOOD]), ListWebSearch(), lm=ScriptedLM(script))
+    from crag_dspy.program import apply_program
+
+    service = ProgramService(LoadedProgram(apply_program(crag, document), "default", path, document))
+    client = TestClient(create_app(service))
+    info = client.get("/program").json()
+    assert info["compiled"] and info["path"] == str(path) and info["created"] == document["created"]
+    assert (info["lower"], info["upper"], info["config"]["k"]) == (0.12, 0.83, 4)
+    assert info["scores"] == scores and info["metadata"]["seed"] == 3
+    assert client.get("/health").json()["compiled"] is True
+    assert client.post("/ask", json={"question": "range?"}).json()["trace"]["lower"] == 0.12
+
+
+def test_openapi_schema_is_published_with_every_route_and_error_shape(client):
+    schema = client.get("/openapi.json").json()
+    assert {"/ask", "/health", "/program"} <= set(schema["paths"])
+    responses = schema["paths"]["/ask"]["post"]["responses"]
+    assert {"200", "422", "500", "503"} <= set(responses)
+    assert responses["503"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorResponse")
+    components = schema["components"]["schemas"]
+    assert {"AskRequest", "AskResponse", "CRAGTrace", "DocumentGrade", "StripRecord", "ProgramInfo"} <= set(
+        components
+    )
+    assert components["AskRequest"]["properties"]["question"]["maxLength"] == QUESTION_MAX_CHARS
+
+
+def test_page_and_its_script_are_served_with_a_strict_policy(client):
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert (
+        '<script src="/app.js"></script>' in page.text
+        and "script-src 'self'" in page.headers["content-security-policy"]
+    )
+    script_response = client.get("/app.js")
+    assert script_response.status_code == 200 and 'fetch("/ask"' in script_response.text
+
+
+def test_failed_web_search_is_a_degraded_answer_that_says_why():
+    client = TestClient(
+        create_app(make_service(texts=[BAD], web=ListWebSearch(error=WebSearchError("quota"))))
+    )
+    body = client.post("/ask", json={"question": "How often is WQ-17 recalibrated?"}).json()
+    assert body["action"] == "INCORRECT" and body["degraded"] is True
+    assert any("web search failed (quota)" in f for f in body["trace"]["fallbacks"])
+
+
+def test_partly_failing_lm_is_a_degraded_answer_with_the_errors():
+    def flaky(system, user):
+        if "You judge search results" in system and "canteen" in field(user, "document"):
+            return RuntimeError("llama.cpp slot crashed")
+        return script(system, user)
+
+    client = TestClient(create_app(make_service(lm=ScriptedLM(flaky), retries=0)))
+    response = client.post("/ask", json={"question": "What is the range?"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["answer"] == "0 to 25 mg/L" and body["degraded"] is True
+    assert [d["score"] for d in body["trace"]["documents"]] == [0.9, None]
+    assert any("grader failed on kb-bad" in e and "slot crashed" in e for e in body["trace"]["errors"])
+
+
+def test_lm_failing_on_every_call_is_503_naming_the_lm_with_the_trace():
+    lm = ScriptedLM(lambda s, u: ConnectionError("connection refused"))
+    client = TestClient(create_app(make_service(lm=lm, retries=0)))
+    response = client.post("/ask", json={"question": "What is the range?"})
+    assert response.status_code == 503
+    body = response.json()
+    assert body["dependency"] == "lm"
+    assert "language model failed on all" in body["detail"] and "connection refused" in body["detail"]
+    assert body["trace"]["errors"] and all(d["score"] is None for d in body["trace"]["documents"])
+
+
+def test_store_failure_is_503_naming_the_store():
+    class BrokenStore:
+        name = "chroma:broken"
+
+        def retrieve(self, query, k):
+            raise OSError("database disk image is malformed")
+
+    crag = CRAG(BrokenStore(), ListWebSearch(), lm=ScriptedLM(script))
+    client = TestClient(create_app(ProgramService(LoadedProgram(crag, "default"))))
+    response = client.post("/ask", json={"question": "q"})
+    assert response.status_code == 503
+    assert response.json()["dependency"] == "store"
+    assert "database disk image is malformed" in response.json()["detail"]
+    assert client.get("/program").json()["retriever"] == "chroma:broken"  # the guard keeps the name
+
+
+def test_a_bug_is_500_naming_the_exception():
+    service = make_service()
+
+    def broken_generate(*args, **kwargs):
+        raise KeyError("context")
+
+    service.crag.generate = broken_generate
+    client = TestClient(create_app(service), raise_server_exceptions=False)
+    response = client.post("/ask", json={"question": "q"})
+    assert response.status_code == 500 and response.json()["detail"] == "internal error: KeyError: 'context'"
+
+
+def test_concurrent_requests_get_their_own_traces():
+    """N requests at once on a real loopback server: no trace, answer, usage or failure is mixed up."""
+    lock, in_flight, peak = threading.Lock(), [0], [0]
+
+    def per_question(system, user):
+        question = field(user, "question")
+        with lock:
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+        try:
+            time.sleep(0.01)  # let the requests interleave inside the module
+            n = question.split()[1]
+            if "fail" in question:
+                return RuntimeError(f"LM down for {n}")
+            if "You judge search results" in system:
+                return 0.9 if "right" in question else 0.05
+            if "You judge short knowledge strips" in system:
+                return 0.9
+            if "web search query" in system:
+                return {"query": f"query {n}"}
+            return {"answer": f"answer {n}"}
+        finally:
+            with lock:
+                in_flight[0] -= 1
+
+    service = make_service(lm=ScriptedLM(per_question), retries=0)
+    kinds = ["right", "wrong", "fail"]
+    questions = [f"question {i} {kinds[i % 3]}" for i in range(24)]
+    with (
+        serving(create_app(service)) as url,
+        httpx.Client(base_url=url, timeout=60) as http,
+        ThreadPoolExecutor(max_workers=12) as pool,
+    ):
+        responses = list(pool.map(lambda q: http.post("/ask", json={"question": q}), questions))
+    assert peak[0] > 1, "requests were served one at a time"
+    for i, (question, response) in enumerate(zip(questions, responses)):
+        body = response.json()
+        if kinds[i % 3] == "fail":
+            assert response.status_code == 503 and body["dependency"] == "lm"
+            assert f"LM down for {i}" in body["detail"] and body["trace"]["question"] == question
+            continue
+        assert response.status_code == 200, body
+        trace = body["trace"]
+        assert trace["question"] == question and body["answer"] == f"answer {i}"
+        calls = sum(u["calls"] for u in trace["lm_usage"].values())
+        if kinds[i % 3] == "right":
+            assert body["action"] == "CORRECT" and calls == 3  # 2 grades + answer
+        else:
+            # 2 grades + rewrite + 1 web strip + answer
+            assert body["action"] == "INCORRECT" and trace["web_query"] == f"query {i}" and calls == 5
+        assert trace["errors"] == []
+
+
+# --- the command line ---------------------------------------------------------------------------------
+def test_serve_help_lists_the_shared_flags(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        serve_main(["--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--program", "--domain", "--chroma-path", "--lm", "--lower", "--host", "--port"):
+        assert flag in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--program", "/nonexistent/program.json"], "cannot read program"),
+        (["--port", "70000"], "--port must be in 1..65535"),
+        (["--lm", "gpt-4o-mini"], "not a LiteLLM model string"),
+    ],
+)
+def test_serve_bad_input_exits_2_before_listening(argv, message, capsys):
+    assert serve_main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_serve_command_end_to_end_with_an_unreachable_lm(tmp_path):
+    """The real command: ingests a tiny domain into a tmp Chroma, serves it, and names the dead LM."""
+    domain = write_domain(tmp_path / "harbour")
+    port, dead_lm = free_port(), free_port()
+    env = {**os.environ, "CRAG_LM_RETRIES": "0", "CRAG_WEB_SEARCH": "offline"}
+    argv = [sys.executable, "-m", "crag_dspy.serve", "--domain-dir", str(domain)]
+    argv += ["--chroma-path", str(tmp_path / "chroma"), "--lm", "openai/none"]
+    argv += ["--lm-api-base", f"http://127.0.0.1:{dead_lm}/v1", "--port", str(port)]
+    process = subprocess.Popen(
+        argv,
+        cwd=Path(__file__).parent.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            try:
+                health = httpx.get(f"{url}/health", timeout=2)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "server did not come up"
+                time.sleep(0.25)
+        assert health.json()["domain"] == "harbour" and health.json()["compiled"] is False
+        info = httpx.get(f"{url}/program").json()
+        assert info["retriever"] == "chroma:harbour__kb" and info["web_backend"] == "offline"
+        response = httpx.post(f"{url}/ask", json={"question": "How much annual leave?"}, timeout=60)
+        assert response.status_code == 503
+        assert response.json()["dependency"] == "lm" and "Connection" in response.json()["detail"]
+        assert httpx.post(f"{url}/ask", json={"question": ""}).status_code == 422
+    finally:
+        process.terminate()
+        output = process.communicate(timeout=30)[0]
+    assert "uncompiled default program" in output and f"http://127.0.0.1:{port}/" in output
+
+
+def test_program_flags_keep_the_programs_domain_and_honour_storage_and_threshold_flags(tmp_path):
+    """--program without --domain serves the program's own domain, on the store the flags name."""
+    from crag_dspy.cli import program_from_args
+    from crag_dspy.serve.cli import build_parser
+
+    domain = write_domain(tmp_path / "harbour")
+    compiled = CRAG(ListRetriever([]), ListWebSearch(), lower=0.12, upper=0.83)
+    path = save_program(compiled, tmp_path / "p.json", {"domain": "harbour", "domain_dir": str(domain)})
+    chroma = tmp_path / "chroma"
+    args = build_parser().parse_args(["--program", str(path), "--chroma-path", str(chroma), "--lower", "0.2"])
+    loaded = program_from_args(args, lm=ScriptedLM(script), progress=False)
+    assert loaded.compiled and loaded.domain == "harbour" and loaded.path == path
+    assert chroma.is_dir()  # the flag is honoured, not only the program's domain
+    assert (loaded.crag.thresholds.lower, loaded.crag.thresholds.upper) == (0.2, 0.83)
+    assert loaded.crag.retriever.name == "chroma:harbour__kb"

@@ -1,0 +1,140 @@
+"""End to end in a real browser: the page served on loopback, asked two questions in headless Chromium.
+
+The program runs on a real embedded Chroma (a tiny domain ingested into a tmp dir) with a scripted LM, so
+this checks the page and the service, not answer quality. Saves docs/images/serve.png for the README.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from serving import FESTIVAL_Q, LEAVE_Q, harbour_lm, serving, write_domain
+
+from crag_dspy.app import open_program
+from crag_dspy.serve import ProgramService, create_app
+from crag_dspy.settings import Settings
+
+SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "images" / "serve.png"
+# Flags for Chromium as root on a machine without network (see the machine notes): no sandbox, no GPU,
+# and none of the background connections that would be refused.
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture()
+def chromium() -> str:
+    """The system Chromium; skip (or fail, with CRAG_REQUIRE_BROWSER=1 as in CI) when it is missing."""
+    required = os.environ.get("CRAG_REQUIRE_BROWSER") == "1"
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    problem = None
+    if found is None:
+        problem = "no Chromium found (apt-get install chromium)"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            problem = "the playwright package is not installed (pip install -e '.[test]')"
+    if problem:
+        if required:
+            pytest.fail(f"CRAG_REQUIRE_BROWSER=1 but {problem}")
+        pytest.skip(problem)
+    return found
+
+
+@pytest.fixture()
+def page_url(tmp_path):
+    settings = Settings(
+        domain_dir=write_domain(tmp_path / "harbour"), chroma_path=tmp_path / "chroma", web_search="offline"
+    )
+    loaded = open_program(None, settings, lm=harbour_lm(), progress=False)
+    with serving(create_app(ProgramService(loaded))) as url:
+        yield url
+
+
+def _ask(page, question: str) -> None:
+    page.fill("#question", question)
+    with page.expect_response("**/ask", timeout=30_000):
+        page.click("#submit")
+    page.wait_for_function(
+        "document.getElementById('status').textContent.startsWith('Answered')", timeout=30_000
+    )
+
+
+def test_ask_in_the_browser_shows_the_decision(chromium, page_url, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    problems: list[str] = []
+    with sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"),  # a fresh profile for every run
+            executable_path=chromium,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+            viewport={"width": 1100, "height": 900},
+        )
+        try:
+            page = context.new_page()
+            page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(page_url)
+            page.wait_for_selector("#program b")
+            program = page.inner_text("#program")
+            assert "harbour" in program and "uncompiled default program" in program
+            assert "lower 0.30" in program and "upper 0.70" in program
+
+            # 1. The KB answers: one document clears the upper threshold.
+            _ask(page, LEAVE_Q)
+            assert page.inner_text("#action") == "CORRECT"
+            assert page.inner_text("#answer") == "27 days of annual leave per year"
+            assert "≥ upper 0.70" in page.inner_text("#why")
+            meters = page.locator("#documents [role=meter]")
+            assert meters.count() == 3
+            assert meters.first.get_attribute("aria-valuenow") == "0.93"
+            assert "at or above upper" in meters.first.get_attribute("aria-label")
+            assert page.is_hidden("#web")  # CORRECT never searches the web
+            assert "27 days" in page.inner_text("#kept")
+
+            # 2. Only the web knows the date: graded between the thresholds, both sources are used.
+            _ask(page, FESTIVAL_Q)
+            assert page.inner_text("#action") == "AMBIGUOUS"
+            assert page.inner_text("#answer") == "14 June 2025"
+            assert page.is_visible("#web")
+            assert "Harbour Festival 2025 date" in page.inner_text("#web-body")
+            assert "harbourtown.example/festival" in page.get_attribute("#web-body a", "href")
+            kept = page.inner_text("#kept")
+            assert "WEB" in kept and "14 June" in kept
+            assert "Kept (1)" in page.inner_text("#kept-heading")
+            assert "INTERNAL" in page.inner_text("#dropped")
+            assert page.locator("#timings tr").count() >= 5
+            assert "request total" in page.inner_text("#timings")
+
+            SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(SCREENSHOT), full_page=True)
+
+            # A blank question never reaches the API.
+            page.fill("#question", "   ")
+            page.click("#submit")
+            assert page.inner_text("#status") == "Type a question first."
+            assert page.inner_text("#action") == "AMBIGUOUS"  # the last answer stays on screen
+        except Exception as exc:
+            # What the browser showed and said, for a failure that only happens on some machine.
+            failure = tmp_path / "failure.png"
+            page.screenshot(path=str(failure), full_page=True)
+            status = page.inner_text("#status")
+            raise AssertionError(
+                f"{exc}\nstatus: {status!r}\nconsole: {problems}\nscreenshot: {failure}"
+            ) from exc
+        finally:
+            context.close()
+    assert problems == [], f"browser console errors: {problems}"
+    assert SCREENSHOT.stat().st_size > 10_000
