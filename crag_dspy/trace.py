@@ -163,11 +163,10 @@ class TraceRecorder:
             return
         self._lm_failures_in_a_row += 1
         if kind == "fatal" or self._lm_failures_in_a_row >= CONSECUTIVE_LM_FAILURES:
-            why = (
-                "refuses the requests"
-                if kind == "fatal"
-                else (f"failed {self._lm_failures_in_a_row} calls in a row, each after retries with backoff")
-            )
+            if kind == "fatal":
+                why = "refuses the requests"
+            else:
+                why = f"failed {self._lm_failures_in_a_row} calls in a row, each after retries with backoff"
             message = f"the LM {self.trace.lm_model} {why}; stopped at stage {stage!r}: {describe_error(exc)}"
             self.trace.errors.append(message)
             raise LMUnavailableError(message, self.trace, stage) from exc

@@ -159,3 +159,16 @@ def test_a_dspy_whole_program_directory_is_refused_without_reading_its_pickle(tm
     (saved / "metadata.json").write_text("{}")
     with pytest.raises(ProgramError, match="pickled programs are never loaded"):
         read_program(saved)
+
+
+@pytest.mark.parametrize(
+    ("lm", "message"),
+    [
+        ("gpt-4o-mini", "not a LiteLLM model string"),
+        ("nosuchprovider/model", "unknown provider 'nosuchprovider'"),
+    ],
+)
+def test_unknown_lm_strings_are_refused_before_any_work(tmp_path, capsys, lm, message):
+    chroma = tmp_path / "chroma"
+    assert main(["ask", "q", "--lm", lm, "--chroma-path", str(chroma)]) == 2
+    assert message in capsys.readouterr().err and not chroma.exists()

@@ -227,7 +227,9 @@ def test_batch_evaluation_and_threshold_precompute_count_a_failed_question_as_wr
     ]
     with FakeOpenAI(script, fault) as server:
         crag = CRAG(ListRetriever([("kb-1", GOOD)]), ListWebSearch([WEB]), lm=make_lm(server))
-        evaluation = evaluate_program("crag", crag, [dspy.Example(**q.model_dump()) for q in questions], progress=False)
+        evaluation = evaluate_program(
+            "crag", crag, [dspy.Example(**q.model_dump()) for q in questions], progress=False
+        )
         routes, _ = precompute_routes(crag, questions, progress=False)
     assert evaluation.n == 2 and evaluation.accuracy == 0.5
     assert "gave no usable answer" in evaluation.rows[1]["error"] and evaluation.rows[1]["correct"] is False
