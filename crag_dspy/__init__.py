@@ -13,17 +13,23 @@ __version__ = "0.1.0"
 
 from .app import build_crag, load_program  # noqa: E402
 from .domain import Domain, DomainDataError, load_domain
+from .faults import CRAGRunError, LMUnavailableError, RetrievalError
 from .module import CRAG, Thresholds
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
 from .routing import Action, decide_action
 from .settings import Settings
+from .validation import QuestionError, normalize_question
 
 __all__ = [
     "CRAG",
     "Action",
+    "CRAGRunError",
     "Domain",
     "DomainDataError",
+    "LMUnavailableError",
     "Passage",
+    "QuestionError",
+    "RetrievalError",
     "Retriever",
     "Settings",
     "Thresholds",
@@ -34,4 +40,5 @@ __all__ = [
     "decide_action",
     "load_domain",
     "load_program",
+    "normalize_question",
 ]

@@ -16,9 +16,9 @@ from .embeddings import Embedder
 from .lm import build_lm
 from .module import CRAG
 from .program import apply_program, check_domain, read_program
-from .protocols import Retriever, WebSearch
+from .protocols import Retriever, WebSearch, WebSearchError
 from .settings import Settings
-from .store import ChromaRetriever, StoreError, collection_names, ingest_domain, open_client
+from .store import ChromaRetriever, StoreError, collection_names, ingest_domain, open_client, store_errors
 from .web import NoWebSearch, OfflineWebSearch, TavilyWebSearch
 
 __all__ = [
@@ -54,9 +54,15 @@ def open_backends(settings: Settings, *, ingest_if_missing: bool = True, progres
     domain = load_domain(settings.resolved_domain_dir)
     client = open_client(settings)
     embedder = Embedder(settings.embedding_model)
-    existing = {c if isinstance(c, str) else c.name for c in client.list_collections()}
     kb, web = collection_names(domain.name)
-    missing = kb not in existing or (domain.web and web not in existing)
+    with store_errors("listing collections"):
+        # An empty collection is what an ingest interrupted before its first batch leaves behind.
+        counts = {
+            name: client.get_collection(name, embedding_function=None).count()
+            for name in (c if isinstance(c, str) else c.name for c in client.list_collections())
+            if name in (kb, web)
+        }
+    missing = not counts.get(kb) or (domain.web and not counts.get(web))
     if missing:
         if not ingest_if_missing:
             raise StoreError(
@@ -74,7 +80,12 @@ def build_web_search(settings: Settings, backends: Backends) -> WebSearch:
             "tavily" if os.environ.get("TAVILY_API_KEY") else ("offline" if backends.domain.web else "none")
         )
     if choice == "tavily":
-        return TavilyWebSearch(timeout_s=settings.web_timeout_s, prefer_domains=settings.web_domains)
+        try:
+            return TavilyWebSearch(timeout_s=settings.web_timeout_s, prefer_domains=settings.web_domains)
+        except WebSearchError as exc:
+            # Questions can still be answered from internal knowledge; every trace will say why.
+            log.warning("web search unavailable: %s", exc)
+            return NoWebSearch(reason=str(exc))
     if choice == "offline":
         if not backends.domain.web:
             raise StoreError(f"Domain {backends.domain.name!r} has no web.jsonl for the offline web search")
@@ -101,6 +112,7 @@ def assemble(
         web_results=settings.web_results,
         use_logprobs=settings.use_logprobs,
         retries=settings.lm_retries,
+        max_question_chars=settings.max_question_chars,
     )
     return crag, backends
 

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from .faults import CRAGRunError
 from .lm.weights import EMBEDDED_MODELS
+from .redaction import configure_logging, redact
 
 __all__ = [
     "add_lm_arguments",
@@ -197,8 +198,18 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace) -> int:
+    from .validation import normalize_question
+
+    settings = settings_from_args(args)
+    # Checked before any model or store is opened: a bad question costs nothing.
+    normalize_question(args.question, max_chars=settings.max_question_chars)
     crag = program_from_args(args).crag
-    prediction = crag(question=args.question)
+    try:
+        prediction = crag(question=args.question)
+    except CRAGRunError as exc:
+        if args.json:  # what happened up to the failure, for whoever debugs it
+            print(json.dumps(exc.trace.model_dump(mode="json"), indent=2, ensure_ascii=False))
+        raise
     if args.json:
         print(json.dumps(prediction.trace.model_dump(mode="json"), indent=2, ensure_ascii=False))
     else:
@@ -207,15 +218,17 @@ def _ask(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Exit codes: 0 answered, 2 bad input or setup (one line on stderr), 1 a backend failed mid-question."""
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
-    )
+    configure_logging(args.verbose)
     try:
         return {"ingest": _ingest, "ask": _ask}[args.command](args)
     except user_error_types() as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
+    except CRAGRunError as exc:
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        return 1
 
 
 def user_error_types() -> tuple[type[Exception], ...]:

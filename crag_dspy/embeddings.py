@@ -38,8 +38,11 @@ class Embedder:
 
                 path = self.model_ref or str(bundled_model_path())
                 try:
-                    # local_files_only: a missing local model must fail here, not try to reach a hub.
-                    self._model = SentenceTransformer(path, device="cpu", local_files_only=True)
+                    # local_files_only: a missing local model must fail here, not try to reach a hub;
+                    # use_safetensors: weights in pickle format (pytorch_model.bin) are never loaded.
+                    self._model = SentenceTransformer(
+                        path, device="cpu", local_files_only=True, model_kwargs={"use_safetensors": True}
+                    )
                 except Exception as exc:  # noqa: BLE001 - re-raised with what to do
                     raise EmbeddingError(f"Cannot load embedding model {path!r}: {exc}") from exc
         return self._model

@@ -19,7 +19,9 @@ from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.utils.exceptions import AdapterParseError
 
 from .calibration import Calibration
+from .faults import classify_lm_error, describe_error
 from .scoring import NO_WORDS, YES_WORDS, clamp_score, yes_probability
+from .untrusted import neutralize
 
 __all__ = ["ADAPTERS", "BinaryJudge", "Judgement", "LabelAdapter"]
 
@@ -39,8 +41,7 @@ logging.getLogger("dspy.clients.lm").addFilter(_ExpectedTruncation())
 
 def _fence(value: Any) -> str:
     # Passages are untrusted; a fence keeps them visibly data and stops a passage from closing its field.
-    text = str(value).replace("<<<", "< < <").replace(">>>", "> > >")
-    return f"<<<\n{text}\n>>>"
+    return f"<<<\n{neutralize(str(value))}\n>>>"
 
 
 class LabelAdapter(Adapter):
@@ -121,6 +122,7 @@ class Judgement:
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
     raw_score: float | None = None  # the model's own P(yes), before the judge's calibration
+    lm_error: BaseException | None = None  # set when the LM itself failed (not just its output)
 
 
 class BinaryJudge(dspy.Module):
@@ -160,6 +162,7 @@ class BinaryJudge(dspy.Module):
     def forward(self, **inputs: Any) -> dspy.Prediction:
         started = time.perf_counter()
         errors: list[str] = []
+        lm_error: BaseException | None = None
         adapter = ADAPTERS[self.adapter_name]()
         for attempt in range(self.retries + 1):
             try:
@@ -170,7 +173,11 @@ class BinaryJudge(dspy.Module):
                 finally:
                     _judging.reset(token)
             except Exception as exc:  # noqa: BLE001 - any LM/provider/parse failure is retried, then reported
-                errors.append(f"{type(exc).__name__}: {str(exc)[:300]}")
+                errors.append(describe_error(exc))
+                if classify_lm_error(exc) != "output":
+                    # DSPy already retried this with backoff; asking again would only multiply the wait.
+                    lm_error = exc
+                    break
                 continue
             label = pred.get(self.output_name)
             if not isinstance(label, bool):
@@ -189,5 +196,7 @@ class BinaryJudge(dspy.Module):
                 score, label, source, attempt + 1, errors, time.perf_counter() - started, raw_score=raw
             )
             return dspy.Prediction(**{self.output_name: label}, score=score, judgement=judgement)
-        judgement = Judgement(None, None, "error", self.retries + 1, errors, time.perf_counter() - started)
+        judgement = Judgement(
+            None, None, "error", len(errors), errors, time.perf_counter() - started, lm_error=lm_error
+        )
         return dspy.Prediction(**{self.output_name: None}, score=None, judgement=judgement)

@@ -11,11 +11,14 @@ from dspy.predict.parameter import Parameter
 
 from signatures import AnswerFromContext, FilterStrip, GradeDocument, RewriteQuery
 
-from .judging import BinaryJudge
+from .faults import LMUnavailableError, RetrievalError, classify_lm_error, describe_error
+from .judging import BinaryJudge, Judgement
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
 from .routing import Action, decide_action, validate_thresholds
 from .strips import Strip, decompose, format_context, recompose, select_strips
 from .trace import CRAGTrace, DocumentGrade, StripRecord, TraceRecorder, WebRecord
+from .untrusted import sanitize_passage, sanitize_web_result
+from .validation import DEFAULT_MAX_QUESTION_CHARS, normalize_question
 
 __all__ = ["CRAG", "UNKNOWN_ANSWER", "Thresholds", "knowledge_for"]
 
@@ -75,6 +78,13 @@ class CRAG(dspy.Module):
         sentences_per_strip: decomposition window for passages longer than two sentences.
         web_results: results requested from web search.
         judge_adapter: how grader and strip filter ask ("label": one word + logprobs; "chat": DSPy's ChatAdapter).
+        max_question_chars: longer questions are refused with :class:`~crag_dspy.validation.QuestionError`.
+
+    Calling the module raises :class:`~crag_dspy.validation.QuestionError` for a bad question,
+    :class:`~crag_dspy.faults.RetrievalError` when the store fails and
+    :class:`~crag_dspy.faults.LMUnavailableError` when the LM is down or gives no usable answer; the
+    last two carry the trace. Other faults degrade and are recorded in the trace (docs/reliability.md).
+    One instance may serve many threads at once: a call keeps all its state in its own trace.
     """
 
     def __init__(
@@ -93,6 +103,7 @@ class CRAG(dspy.Module):
         judge_adapter: str = "label",
         use_logprobs: bool = True,
         retries: int = 2,
+        max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
     ):
         super().__init__()
         # Plain attributes, not DSPy parameters: they are infrastructure, never saved into program JSON.
@@ -101,6 +112,7 @@ class CRAG(dspy.Module):
         self.lm = lm
         self.k, self.strip_threshold, self.max_strips = k, strip_threshold, max_strips
         self.sentences_per_strip, self.web_results, self.retries = sentences_per_strip, web_results, retries
+        self.max_question_chars = max_question_chars
 
         self.thresholds = Thresholds(lower, upper)
         self.grader = BinaryJudge(
@@ -122,6 +134,7 @@ class CRAG(dspy.Module):
 
     # -- the algorithm --------------------------------------------------------------------------
     def forward(self, question: str) -> dspy.Prediction:
+        question = normalize_question(question, max_chars=self.max_question_chars)
         run = self.new_run(question)
         with self.lm_scope(run.trace):
             passages, scores = self.grade_documents(question, run)
@@ -158,7 +171,12 @@ class CRAG(dspy.Module):
     def grade_documents(self, question: str, run: TraceRecorder) -> tuple[list[Passage], list[float | None]]:
         """Retrieve top-k and grade each passage; a failed grade is None (unknown) and an error in the trace."""
         with run.stage("retrieve"):
-            passages = self.retriever.retrieve(question, self.k)
+            try:
+                passages = self._untrusted(self.retriever.retrieve(question, self.k), sanitize_passage, run)
+            except Exception as exc:  # noqa: BLE001 - any store failure becomes one typed error
+                message = f"retriever {run.trace.retriever} failed: {describe_error(exc)}"
+                run.error(message)
+                raise RetrievalError(run.trace.errors[-1], run.trace) from exc
         scores = []
         with run.stage("grade"):
             for passage in passages:
@@ -181,6 +199,7 @@ class CRAG(dspy.Module):
                     run.error(
                         f"grader failed on {passage.doc_id} (treated as unknown): {judgement.errors[-1]}"
                     )
+                self._count_lm_outcome(judgement, "grade", run)
         return passages, scores
 
     def internal_knowledge(
@@ -216,7 +235,8 @@ class CRAG(dspy.Module):
             trace.web_query = self._rewrite(question, run)
         with run.stage("web_search"):
             try:
-                results: list[WebResult] = self.web_search.search(trace.web_query, self.web_results)
+                found = self.web_search.search(trace.web_query, self.web_results)
+                results: list[WebResult] = self._untrusted(found, sanitize_web_result, run)
             except WebSearchError as exc:
                 run.fallback(f"web search failed ({exc}); internal knowledge only")
                 return None
@@ -258,6 +278,7 @@ class CRAG(dspy.Module):
                 run.error(
                     f"strip filter failed on a strip of {strip.doc_id} (dropped): {judgement.errors[-1]}"
                 )
+            self._count_lm_outcome(judgement, "strip_filter", run)
             scored.append(
                 (strip, judgement.score, "strip_filter" if judgement.score is not None else "error")
             )
@@ -292,13 +313,22 @@ class CRAG(dspy.Module):
 
     def _answer(self, question: str, context: str, run: TraceRecorder) -> str:
         if not context:
-            run.fallback("no knowledge survived refinement; answered without calling the LM")
+            unjudged = sum(s.score is None for s in [*run.trace.internal_strips, *run.trace.external_strips])
+            detail = (
+                f" ({unjudged} strips the LM failed to judge were dropped, not trusted)" if unjudged else ""
+            )
+            run.fallback(f"no knowledge survived refinement{detail}; answered without calling the LM")
             return UNKNOWN_ANSWER
         pred = self._predict_with_retries(self.answerer, "answer", run, question=question, context=context)
         answer = _before_marker(pred.answer).strip() if pred is not None and pred.answer else ""
         if not answer:
-            run.fallback("answer generation failed; returned the unknown answer")
-            return UNKNOWN_ANSWER
+            # No made-up "I don't know": the knowledge was there, the LM failed to use it.
+            raise LMUnavailableError(
+                f"the LM {run.trace.lm_model} gave no usable answer after {self.retries + 1} attempts "
+                f"(last: {run.trace.errors[-1] if run.trace.errors else 'an empty answer'})",
+                run.trace,
+                "answer",
+            )
         return answer
 
     def _predict_with_retries(
@@ -311,7 +341,32 @@ class CRAG(dspy.Module):
         for attempt in range(self.retries + 1):
             config = {"rollout_id": attempt, "temperature": 0.7} if attempt else {}
             try:
-                return predictor(**inputs, config=config)
+                pred = predictor(**inputs, config=config)
             except Exception as exc:  # noqa: BLE001 - recorded, retried, then degraded
-                run.error(f"{what} attempt {attempt + 1} failed: {type(exc).__name__}: {str(exc)[:300]}")
+                run.error(f"{what} attempt {attempt + 1} failed: {describe_error(exc)}")
+                if classify_lm_error(exc) != "output":
+                    run.lm_call_failed(what, exc)  # DSPy already retried it with backoff; may stop the run
+                    return None
+                continue
+            run.lm_call_succeeded()
+            return pred
         return None
+
+    @staticmethod
+    def _untrusted(items: list, sanitize, run: TraceRecorder) -> list:
+        """Passages or web results made inert (see ``untrusted.py``); defused injections are traced."""
+        clean = []
+        for item in items:
+            item, removed = sanitize(item)
+            if removed:
+                source = getattr(item, "doc_id", None) or item.url
+                run.trace.defused.append(f"{source}: {removed} instruction-like sentence(s) removed")
+            clean.append(item)
+        return clean
+
+    @staticmethod
+    def _count_lm_outcome(judgement: Judgement, stage: str, run: TraceRecorder) -> None:
+        if judgement.lm_error is not None:
+            run.lm_call_failed(stage, judgement.lm_error)
+        else:
+            run.lm_call_succeeded()

@@ -42,6 +42,11 @@ def program_config(crag: CRAG) -> dict[str, Any]:
 def save_program(crag: CRAG, path: Path | str, metadata: dict[str, Any]) -> Path:
     """Write ``crag``'s state (demos, instructions, thresholds), its config and ``metadata`` as one JSON."""
     path = Path(path)
+    state = crag.dump_state(json_mode=True)
+    for value in state.values():
+        if isinstance(value, dict) and "lm" in value:
+            # The app chooses the LM; a saved LM would carry its endpoint (and so where keys are sent).
+            value["lm"] = None
     document = {
         "format": PROGRAM_FORMAT,
         "format_version": PROGRAM_FORMAT_VERSION,
@@ -50,7 +55,7 @@ def save_program(crag: CRAG, path: Path | str, metadata: dict[str, Any]) -> Path
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": program_config(crag),
         "metadata": metadata,
-        "state": crag.dump_state(json_mode=True),
+        "state": state,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -113,6 +118,12 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     if missing:
         raise ProgramError(
             f"program state lacks {sorted(missing)}: it was saved from a different program structure"
+        )
+    with_lm = sorted(name for name in expected if isinstance(state[name], dict) and state[name].get("lm"))
+    if with_lm:
+        raise ProgramError(
+            f"program state of {with_lm} names its own LM: programs never choose the LM (it would decide "
+            "where your API keys are sent); the app passes it to load_program"
         )
     try:
         # dspy's load_state does a trial run on a copy first, so a bad state leaves `crag` untouched.

@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .validation import DEFAULT_MAX_QUESTION_CHARS
+
 __all__ = ["DEFAULT_DATA_DIR", "Settings", "default_cache_dir"]
 
 # Bundled domains live in the repository's data/ folder; an installed wheel has no such folder, so
@@ -71,6 +73,9 @@ class Settings(BaseSettings):
         None, description="sentence-transformers model path or name (default: the bundled all-MiniLM-L6-v2)."
     )
     k: int = Field(5, ge=1, le=50, description="Documents retrieved per question.")
+    max_question_chars: int = Field(
+        DEFAULT_MAX_QUESTION_CHARS, ge=1, description="Longer questions are refused (not truncated)."
+    )
 
     # --- CRAG -----------------------------------------------------------------------------------
     lower: float = Field(0.3, ge=0.0, le=1.0, description="Below this for every document: INCORRECT.")

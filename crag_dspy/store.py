@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import chromadb
@@ -24,6 +25,7 @@ __all__ = [
     "ingest_documents",
     "ingest_domain",
     "open_client",
+    "store_errors",
 ]
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,17 @@ def open_client(settings: Settings) -> chromadb.ClientAPI:
             else f"folder {settings.resolved_chroma_path}"
         )
         raise StoreError(f"Cannot open Chroma ({where}): {exc}") from exc
+
+
+@contextmanager
+def store_errors(what: str) -> Iterator[None]:
+    """Turn any Chroma/transport failure inside the block into one :class:`StoreError` naming ``what``."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - chroma raises different types per backend and transport
+        raise StoreError(f"Chroma failed while {what}: {type(exc).__name__}: {exc}") from exc
 
 
 def collection_names(domain_name: str) -> tuple[str, str]:
@@ -106,8 +119,22 @@ def ingest_documents(
     """Make collection ``name`` hold exactly the chunks of ``docs``: add new, keep unchanged, drop stale.
 
     Ids hash the chunk content, so an interrupted run simply resumes (present chunks are skipped, not
-    re-embedded), a changed document's old chunks are removed, and a rerun changes nothing.
+    re-embedded), a changed document's old chunks are removed, and a rerun changes nothing. A store
+    failure raises :class:`StoreError`; rerunning after it completes the job without duplicates.
     """
+    with store_errors(f"ingesting collection {name!r} (rerun ingest to resume; nothing is duplicated)"):
+        return _ingest(client, name, docs, embedder, chunk_words=chunk_words, progress=progress)
+
+
+def _ingest(
+    client: chromadb.ClientAPI,
+    name: str,
+    docs: Sequence[CorpusDoc],
+    embedder: Embedder,
+    *,
+    chunk_words: int,
+    progress: bool,
+) -> IngestReport:
     collection = _get_collection(client, name, embedder, create=True)
     wanted = {}
     for doc in docs:
@@ -173,7 +200,13 @@ class ChromaRetriever:
 
     def __init__(self, client: chromadb.ClientAPI, collection: str, embedder: Embedder):
         self.name = f"chroma:{collection}"
-        self._collection = _get_collection(client, collection, embedder, create=False)
+        with store_errors(f"opening collection {collection!r}"):
+            self._collection = _get_collection(client, collection, embedder, create=False)
+            empty = self._collection.count() == 0
+        if empty:
+            raise StoreError(
+                f"Collection {collection!r} is empty: run `python -m crag_dspy ingest <domain dir>` first"
+            )
         self._embedder = embedder
 
     def count(self) -> int:

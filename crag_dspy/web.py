@@ -16,14 +16,19 @@ class TavilyWebSearch:
     name = "tavily"
 
     def __init__(
-        self, *, timeout_s: float = 15.0, prefer_domains: Sequence[str] = (), api_key: str | None = None
+        self,
+        *,
+        timeout_s: float = 15.0,
+        prefer_domains: Sequence[str] = (),
+        api_key: str | None = None,
+        api_base_url: str | None = None,
     ):
         from tavily import TavilyClient
 
         key = api_key or os.environ.get("TAVILY_API_KEY")
         if not key:
             raise WebSearchError("Tavily needs an API key: set the environment variable TAVILY_API_KEY")
-        self._client = TavilyClient(api_key=key)
+        self._client = TavilyClient(api_key=key, api_base_url=api_base_url)
         self._timeout_s = timeout_s
         self._prefer = list(prefer_domains)
 
@@ -31,16 +36,20 @@ class TavilyWebSearch:
         options = {"include_domains": self._prefer, "include_domains_mode": "prefer"} if self._prefer else {}
         try:
             response = self._client.search(query, max_results=max_results, timeout=self._timeout_s, **options)
+            # A proxy or outage page can answer 200 with anything: read defensively, as untrusted data.
+            results = [
+                WebResult(
+                    title=str(r.get("title") or r.get("url") or ""),
+                    url=str(r.get("url") or ""),
+                    content=str(r.get("content") or ""),
+                )
+                for r in response.get("results") or []
+                if isinstance(r, dict) and str(r.get("content") or "").strip()
+            ]
         except Exception as exc:  # noqa: BLE001 - tavily raises many types; CRAG needs one to degrade on
-            # str(exc) of tavily errors never contains the key; it is kept out of traces regardless.
+            # Keys are redacted from every trace message regardless of what a server echoes.
             raise WebSearchError(f"Tavily search failed: {type(exc).__name__}: {exc}") from exc
-        return [
-            WebResult(
-                title=r.get("title") or r.get("url", ""), url=r.get("url", ""), content=r.get("content") or ""
-            )
-            for r in response.get("results", [])
-            if (r.get("content") or "").strip()
-        ]
+        return results[:max_results]
 
 
 class OfflineWebSearch:
@@ -66,9 +75,13 @@ class OfflineWebSearch:
 
 
 class NoWebSearch:
-    """Web search switched off: INCORRECT/AMBIGUOUS questions fall back to internal knowledge."""
+    """Web search switched off (or unusable, e.g. no key): INCORRECT/AMBIGUOUS questions fall back to
+    internal knowledge, and ``reason`` is what every trace reports."""
 
     name = "none"
 
+    def __init__(self, reason: str = "web search is disabled (web_search='none')"):
+        self.reason = reason
+
     def search(self, query: str, max_results: int) -> list[WebResult]:
-        raise WebSearchError("web search is disabled (web_search='none')")
+        raise WebSearchError(self.reason)

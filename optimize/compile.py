@@ -24,10 +24,12 @@ from crag_dspy.calibration import Calibration, fit_calibration
 from crag_dspy.baselines import PlainRAG
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain
+from crag_dspy.faults import CRAGRunError
 from crag_dspy.judging import BinaryJudge
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.module import CRAG
 from crag_dspy.program import save_program
+from crag_dspy.redaction import configure_logging, redact
 from crag_dspy.settings import Settings
 from crag_dspy.store import ingest_domain
 from crag_dspy.trace import usage_from_tracker
@@ -365,9 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
-    )
+    configure_logging(args.verbose)  # every handler redacts API keys
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
     unknown = set(stages) - set(STAGES)
     if unknown:
@@ -392,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     except user_error_types() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except CRAGRunError as exc:  # e.g. the LM went down mid-compile: one redacted line, no traceback
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        return 1
     md = Path(report["program"]).with_suffix(".report.md")
     print(md.read_text(encoding="utf-8"))
     print(f"\nprogram: {report['program']}\nreport:  {md}")

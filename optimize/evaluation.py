@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import dspy
 from tqdm.auto import tqdm
 
+from crag_dspy.faults import CRAGRunError
 from crag_dspy.trace import StageUsage, usage_from_tracker
 
 from .metrics import BinaryReport, answer_matches, binary_report
@@ -57,7 +58,14 @@ def evaluate_program(
     started = time.perf_counter()
     with dspy.track_usage() as tracker:
         for example in tqdm(examples, desc=f"evaluate {name}", disable=not progress):
-            pred = program(question=example.question)
+            try:
+                pred = program(question=example.question)
+            except CRAGRunError as exc:
+                # One failed question is a wrong answer with its reason, not the end of the evaluation.
+                rows.append(
+                    {"id": example.id, "answer": None, "action": None, "correct": False, "error": str(exc)}
+                )
+                continue
             action = pred.get("action")
             if action:
                 actions[action] = actions.get(action, 0) + 1

@@ -7,6 +7,7 @@ results with the pure :func:`~crag_dspy.routing.decide_action` and makes no LM c
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ import optuna
 from tqdm.auto import tqdm
 
 from crag_dspy.domain import QAPair
+from crag_dspy.faults import CRAGRunError
 from crag_dspy.module import CRAG, knowledge_for
 from crag_dspy.routing import Action, decide_action
 from crag_dspy.strips import format_context
@@ -32,6 +34,8 @@ __all__ = [
     "route_accuracy",
     "tune_thresholds",
 ]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -62,19 +66,24 @@ def precompute_routes(
     routes, usage = [], StageUsage()
     for q in tqdm(questions, desc="routes", disable=not progress):
         run = crag.new_run(q.question)
-        with crag.lm_scope(run.trace):
-            passages, scores = crag.grade_documents(q.question, run)
-            internal = crag.internal_knowledge(q.question, passages, scores, run)
-            external = crag.external_knowledge(q.question, run)
-            contexts = {action: knowledge_for(action, internal, external) for action in Action}
-            # Actions whose contexts coincide (e.g. AMBIGUOUS when the web gave nothing) share one answer.
-            by_context: dict[str, str] = {}
-            answers = {}
-            for action, (internal_part, external_part) in contexts.items():
-                key = format_context(internal_part, external_part)
-                if key not in by_context:
-                    by_context[key] = crag.generate(q.question, internal_part, external_part, run)
-                answers[action.value] = by_context[key]
+        try:
+            with crag.lm_scope(run.trace):
+                passages, scores = crag.grade_documents(q.question, run)
+                internal = crag.internal_knowledge(q.question, passages, scores, run)
+                external = crag.external_knowledge(q.question, run)
+                contexts = {action: knowledge_for(action, internal, external) for action in Action}
+                # Actions whose contexts coincide (e.g. AMBIGUOUS when the web gave nothing) share one answer.
+                by_context: dict[str, str] = {}
+                answers = {}
+                for action, (internal_part, external_part) in contexts.items():
+                    key = format_context(internal_part, external_part)
+                    if key not in by_context:
+                        by_context[key] = crag.generate(q.question, internal_part, external_part, run)
+                    answers[action.value] = by_context[key]
+        except CRAGRunError as exc:
+            # A question the LM or store failed on is wrong under every threshold; tuning goes on.
+            log.warning("question %s failed, counted as wrong on every route: %s", q.id, exc)
+            scores, answers = [], {action.value: "" for action in Action}
         usage = usage.add(run.trace.total_usage)
         routes.append(
             QuestionRoutes(

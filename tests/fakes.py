@@ -55,19 +55,18 @@ class ScriptedLM(dspy.BaseLM):
         result = self.script(system, user)
         if isinstance(result, Exception):
             raise result
-        if isinstance(result, float):
-            text = "yes" if result >= 0.5 else "no"
-            return _response(
-                text,
-                yes_no_logprobs(result) if kwargs.get("logprobs") else None,
-                len(system.split()) + len(user.split()),
-                self.model,
-            )
-        if isinstance(result, dict):
-            text = "".join(f"[[ ## {k} ## ]]\n{v}\n\n" for k, v in result.items()) + "[[ ## completed ## ]]"
-        else:
-            text = str(result)
-        return _response(text, None, len(system.split()) + len(user.split()), self.model)
+        text, logprobs = render(result, bool(kwargs.get("logprobs")))
+        return _response(text, logprobs, len(system.split()) + len(user.split()), self.model)
+
+
+def render(result: object, want_logprobs: bool) -> tuple[str, dict | None]:
+    """A script's result as completion text (+ logprobs): a float is P(yes) of a yes/no answer, a dict
+    the ChatAdapter fields, anything else the raw text."""
+    if isinstance(result, float):
+        return ("yes" if result >= 0.5 else "no"), (yes_no_logprobs(result) if want_logprobs else None)
+    if isinstance(result, dict):
+        return "".join(f"[[ ## {k} ## ]]\n{v}\n\n" for k, v in result.items()) + "[[ ## completed ## ]]", None
+    return str(result), None
 
 
 def field(user: str, name: str) -> str:
@@ -112,4 +111,12 @@ class ListWebSearch:
         return self.results[:max_results]
 
 
-__all__ = ["ListRetriever", "ListWebSearch", "ScriptedLM", "WebSearchError", "field", "yes_no_logprobs"]
+__all__ = [
+    "ListRetriever",
+    "ListWebSearch",
+    "ScriptedLM",
+    "WebSearchError",
+    "field",
+    "render",
+    "yes_no_logprobs",
+]

@@ -180,7 +180,7 @@ def test_lm_failing_on_every_call_is_503_naming_the_lm_with_the_trace():
     assert response.status_code == 503
     body = response.json()
     assert body["dependency"] == "lm"
-    assert "language model failed on all" in body["detail"] and "connection refused" in body["detail"]
+    assert "calls in a row" in body["detail"] and "connection refused" in body["detail"]
     assert body["trace"]["errors"] and all(d["score"] is None for d in body["trace"]["documents"])
 
 
@@ -225,7 +225,7 @@ def test_concurrent_requests_get_their_own_traces():
             time.sleep(0.01)  # let the requests interleave inside the module
             n = question.split()[1]
             if "fail" in question:
-                return RuntimeError(f"LM down for {n}")
+                return ConnectionError(f"LM down for {n}")
             if "You judge search results" in system:
                 return 0.9 if "right" in question else 0.05
             if "You judge short knowledge strips" in system:

@@ -27,6 +27,18 @@ class LMConfigError(ValueError):
     """The LM setting cannot work: unknown form or missing credentials (names the variable)."""
 
 
+def _known_providers() -> set[str]:
+    """LiteLLM's provider prefixes plus any declared to DSPy with ``dspy.lm15.register_provider``."""
+    import litellm
+    from dspy.lm15 import registered_providers
+
+    known = {str(getattr(p, "value", p)) for p in litellm.provider_list}
+    for registered in registered_providers():
+        known.add(registered.id)
+        known.update(getattr(registered.definition, "aliases", ()) or ())
+    return known
+
+
 def lm_identity(settings: Settings) -> str:
     """The model string recorded in traces and program metadata (never a key or URL with credentials)."""
     return f"embedded/{settings.embedded_model}" if settings.lm == "embedded" else settings.lm
@@ -59,6 +71,12 @@ def build_lm(settings: Settings, **overrides) -> dspy.LM:
             "'ollama_chat/qwen2.5:1.5b', or 'embedded'."
         )
     provider = settings.lm.split("/", 1)[0]
+    if provider not in _known_providers():
+        # Otherwise the mistake surfaces per call, as failed grades, instead of once, by name.
+        raise LMConfigError(
+            f"LM {settings.lm!r}: unknown provider {provider!r}; use a LiteLLM provider prefix such as "
+            "openai/, anthropic/, ollama_chat/ or hosted_vllm/ (https://docs.litellm.ai/docs/providers)"
+        )
     variable = _KEY_VARIABLES.get(provider)
     if variable and not settings.lm_api_base and not os.environ.get(variable):
         raise LMConfigError(f"LM {settings.lm!r} needs an API key: set the environment variable {variable}.")

@@ -11,12 +11,11 @@ import time
 from typing import Any
 
 import dspy
-from dspy.utils.callback import BaseCallback
 
 from .. import __version__
 from ..app import LoadedProgram
+from ..faults import LMUnavailableError, RetrievalError
 from ..program import program_config
-from ..protocols import Passage, Retriever
 from ..trace import CRAGTrace
 from .schemas import AskResponse, Dependency, Health, ProgramInfo
 
@@ -34,66 +33,29 @@ class DependencyError(RuntimeError):
         self.trace = trace
 
 
-class _GuardedRetriever:
-    """Attributes any retrieval failure (Chroma, embeddings) to the store; CRAG cannot answer without it."""
-
-    def __init__(self, inner: Retriever):
-        self.inner = inner
-        self.name = getattr(inner, "name", type(inner).__name__)
-
-    def retrieve(self, query: str, k: int) -> list[Passage]:
-        try:
-            return self.inner.retrieve(query, k)
-        except Exception as exc:
-            raise DependencyError("store", f"the document store failed: {type(exc).__name__}: {exc}") from exc
-
-
-class _LMCalls(BaseCallback):
-    """Counts one request's LM calls that returned and that raised (DSPy calls this around every LM call,
-    cache hits included)."""
-
-    def __init__(self) -> None:
-        self.succeeded = 0
-        self.failed = 0
-        self.last_error = ""
-
-    def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
-        if exception is None:
-            self.succeeded += 1
-        else:
-            self.failed += 1
-            self.last_error = f"{type(exception).__name__}: {str(exception)[:300]}"
-
-
 class ProgramService:
     """Serve ``loaded``: answer questions and describe the program.
 
-    CRAG degrades on its own when a grade, a strip, the rewrite, the web search or the answer fails, and
-    says so in the trace; such answers are returned with ``degraded=True``. Only when nothing useful can
-    come back is a :class:`DependencyError` raised: the store failed (no documents to judge), or the LM
-    failed on every call of the request (no grade and no answer came from a model).
+    CRAG degrades on its own when a grade, a strip, the rewrite or the web search fails, and says so
+    in the trace; such answers are returned with ``degraded=True``. When nothing useful can come back,
+    CRAG raises a typed error (docs/reliability.md) that becomes a :class:`DependencyError`: the store
+    failed (no documents to judge), or the LM is down or gave no usable answer.
     """
 
     def __init__(self, loaded: LoadedProgram):
         self.loaded = loaded
-        crag = loaded.crag
-        if not isinstance(crag.retriever, _GuardedRetriever):
-            crag.retriever = _GuardedRetriever(crag.retriever)
-        self.crag = crag
+        self.crag = loaded.crag
 
     def ask(self, question: str) -> AskResponse:
-        calls = _LMCalls()
         started = time.perf_counter()
-        with dspy.context(callbacks=[*(dspy.settings.get("callbacks") or []), calls]):
+        try:
             prediction = self.crag(question=question)
+        except RetrievalError as exc:
+            raise DependencyError("store", str(exc), exc.trace) from exc
+        except LMUnavailableError as exc:
+            raise DependencyError("lm", str(exc), exc.trace) from exc
         seconds = round(time.perf_counter() - started, 4)
         trace: CRAGTrace = prediction.trace
-        if calls.failed and not calls.succeeded:
-            raise DependencyError(
-                "lm",
-                f"the language model failed on all {calls.failed} calls: {calls.last_error}",
-                trace,
-            )
         log.info("%s in %.1f s: %r", trace.action, seconds, question[:80])
         return AskResponse(
             answer=trace.answer or "",

@@ -1,0 +1,89 @@
+"""How CRAG fails: the typed errors of a question that cannot be answered, and LM fault classification.
+
+Transient LM faults (timeouts, connection errors, rate limits, 5xx) are retried by DSPy itself
+(``dspy.LM(num_retries=...)``: exponential backoff 1 s, 2 s, 4 s ..., honouring ``Retry-After``), so a
+failed call that reaches CRAG has already been retried. CRAG then takes each stage's fallback (see
+``docs/reliability.md``) and counts the failure: two failed calls in a row, or one that cannot get
+better by waiting (authentication, billing, configuration), mean the LM is down, and the question stops
+with :class:`LMUnavailableError` instead of spending minutes in backoff on every remaining stage.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from dspy.utils.exceptions import (
+    LMAuthError,
+    LMBillingError,
+    LMConfigurationError,
+    LMUnsupportedModelError,
+    is_retryable_lm_error,
+)
+
+from .redaction import redact
+
+if TYPE_CHECKING:
+    from .trace import CRAGTrace
+
+__all__ = [
+    "CONSECUTIVE_LM_FAILURES",
+    "CRAGRunError",
+    "LMFault",
+    "LMUnavailableError",
+    "RetrievalError",
+    "classify_lm_error",
+    "describe_error",
+]
+
+CONSECUTIVE_LM_FAILURES = 2
+"""Failed LM calls in a row (each already retried by DSPy) after which a question stops."""
+
+LMFault = Literal["fatal", "unavailable", "output"]
+
+
+class CRAGRunError(RuntimeError):
+    """A question could not be answered; ``trace`` records everything done up to the failure."""
+
+    def __init__(self, message: str, trace: CRAGTrace):
+        super().__init__(message)
+        self.trace = trace
+
+
+class RetrievalError(CRAGRunError):
+    """The internal-knowledge store failed during a question (e.g. the Chroma server went away).
+
+    Raised rather than degraded: without internal knowledge CRAG would answer from the web alone and
+    present it as a normal answer, hiding an outage the operator must see.
+    """
+
+
+class LMUnavailableError(CRAGRunError):
+    """The LM is down (unreachable, refusing, or failing call after call), or it gave no usable answer.
+
+    ``stage`` names the stage whose call failed last.
+    """
+
+    def __init__(self, message: str, trace: CRAGTrace, stage: str):
+        super().__init__(message, trace)
+        self.stage = stage
+
+
+def classify_lm_error(exc: BaseException) -> LMFault:
+    """``fatal``: waiting will not help (bad key, billing, unknown model); ``unavailable``: transient
+    and already retried with backoff by DSPy; ``output``: the LM answered but unusably (or the request
+    was refused as malformed), which a new rollout may fix."""
+    if isinstance(exc, (LMAuthError, LMBillingError, LMConfigurationError, LMUnsupportedModelError)):
+        return "fatal"
+    # Builtin network errors come from LM clients that are not LiteLLM (custom dspy.BaseLM subclasses).
+    if is_retryable_lm_error(exc) or isinstance(exc, (ConnectionError, TimeoutError)):
+        return "unavailable"
+    return "output"
+
+
+def describe_error(exc: BaseException, limit: int = 300) -> str:
+    """One line for traces: the error type and the first line of its message, keys redacted.
+
+    DSPy's LM errors carry multi-line "To fix" advice after the first line; a trace needs what happened.
+    """
+    lines = str(exc).strip().splitlines()
+    return redact(f"{type(exc).__name__}: {lines[0][:limit] if lines else ''}".rstrip(": "))

@@ -1,0 +1,57 @@
+"""Validation of user questions: one pure function shared by the module, the CLI and any service.
+
+A question is user input headed into prompts. It is normalised (Unicode NFC, control and bidi-override
+characters removed, whitespace collapsed, forged prompt markers neutralised) and refused when it is not
+a string, is empty, or is longer than the limit. Over-long questions are refused rather than truncated:
+cutting a question can change what it asks, and the caller is better placed to shorten it.
+Questions in any language and script are accepted unchanged apart from that normalisation.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from .untrusted import neutralize
+
+__all__ = ["DEFAULT_MAX_QUESTION_CHARS", "QuestionError", "normalize_question"]
+
+DEFAULT_MAX_QUESTION_CHARS = 2000
+"""Default limit (characters, after normalisation): far above any real question, far below the
+embedded model's context, so a pasted document is refused before it costs LM calls."""
+
+# Bidi overrides/isolates can make displayed text differ from what the model reads ("Trojan source").
+_BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
+
+
+class QuestionError(ValueError):
+    """The question cannot be asked: not a string, empty, or over the length limit."""
+
+
+def _is_control(char: str) -> bool:
+    return unicodedata.category(char) == "Cc" or char == "\ufeff"
+
+
+def normalize_question(question: object, *, max_chars: int = DEFAULT_MAX_QUESTION_CHARS) -> str:
+    """Return ``question`` normalised for prompting, or raise :class:`QuestionError` saying why not.
+
+    Control characters (including NUL, escape sequences and the BOM) become spaces, bidi controls are
+    removed, runs of whitespace become one space, and DSPy field markers or passage fences are
+    neutralised so a question cannot forge the prompt format. Pure: no I/O, no model.
+    """
+    if not isinstance(question, str):
+        raise QuestionError(f"the question must be a string, not {type(question).__name__}")
+    text = unicodedata.normalize("NFC", question)
+    text = _BIDI_CONTROLS.sub("", text)
+    text = "".join(" " if _is_control(c) else c for c in text)
+    text = " ".join(neutralize(text).split())
+    if not text:
+        raise QuestionError(
+            "the question is empty: ask something (whitespace and control characters do not count)"
+        )
+    if len(text) > max_chars:
+        raise QuestionError(
+            f"the question is {len(text)} characters long; the limit is {max_chars} "
+            "(setting CRAG_MAX_QUESTION_CHARS): shorten it, or raise the limit"
+        )
+    return text

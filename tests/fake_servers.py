@@ -1,0 +1,172 @@
+"""Real HTTP servers on loopback speaking OpenAI's and Tavily's protocols, with injectable faults.
+
+Faults are injected at the protocol boundary, so the real clients (``dspy.LM`` with its retries,
+backoff and error classification; ``tavily.TavilyClient``) run exactly as against hosted services.
+Answers come from the ``script(system, user)`` functions that :class:`fakes.ScriptedLM` uses: these
+servers test control flow and fault handling, never quality.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from fakes import render
+
+# fault(request_number, body) -> None (answer normally) or one of:
+#   "429" / "500" / "503"  that status with a JSON error body and Retry-After: 0
+#   "500-slow"             500 without Retry-After, so the client's own exponential backoff applies
+#   "401-echo"             401 whose message echoes the Authorization header (worst-case key leak)
+#   "hang"                 no answer within the client's timeout
+#   "garbage"              200 with a body that is not JSON
+#   "reset"                close the connection without any response
+Fault = Callable[[int, dict], str | None]
+
+
+class LoopbackServer:
+    """A threaded HTTP server on 127.0.0.1 answering POSTs with ``answer(handler, body, fault)``."""
+
+    def __init__(self, fault: Fault | None = None, hang_s: float = 5.0):
+        self.fault = fault or (lambda n, body: None)
+        self.hang_s = hang_s
+        self.requests: list[dict] = []  # {"time", "path", "body", "authorization", "fault"}
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):  # keep pytest output clean
+                pass
+
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = json.loads(raw or b"{}")
+                with server._lock:
+                    number = len(server.requests)
+                    fault = server.fault(number, body)
+                    server.requests.append(
+                        {
+                            "time": time.monotonic(),
+                            "path": self.path,
+                            "body": body,
+                            "authorization": self.headers.get("Authorization"),
+                            "fault": fault,
+                        }
+                    )
+                if fault is None:
+                    server.answer(self, body)
+                else:
+                    server._inject(self, fault)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def answer(self, handler, body: dict) -> None:
+        raise NotImplementedError
+
+    @staticmethod
+    def send(handler, status: int, payload: object, headers: dict[str, str] | None = None) -> None:
+        data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        for key, value in (headers or {}).items():
+            handler.send_header(key, value)
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def _inject(self, handler, fault: str) -> None:
+        def error(status: int, message: str) -> dict:
+            # OpenAI reads error.message, Tavily detail.error: one body serves both protocols.
+            return {
+                "error": {"message": message, "type": "fake_error", "code": str(status)},
+                "detail": {"error": message},
+            }
+
+        if fault in {"429", "500", "503"}:
+            self.send(handler, int(fault), error(int(fault), f"injected {fault}"), {"Retry-After": "0"})
+        elif fault == "500-slow":
+            self.send(handler, 500, error(500, "injected 500"))
+        elif fault == "401-echo":
+            message = f"Incorrect API key provided: {handler.headers.get('Authorization')}"
+            self.send(handler, 401, error(401, message))
+        elif fault == "hang":
+            time.sleep(self.hang_s)
+            handler.close_connection = True
+        elif fault == "garbage":
+            self.send(handler, 200, b"<html>502 Bad Gateway</html>")
+        elif fault == "reset":
+            handler.close_connection = True
+            handler.connection.shutdown(2)
+        else:
+            raise ValueError(f"unknown fault {fault!r}")
+
+
+class FakeOpenAI(LoopbackServer):
+    """``/v1/chat/completions`` answered by ``script(system, user)`` (see :func:`fakes.render`)."""
+
+    def __init__(self, script: Callable[[str, str], object], fault: Fault | None = None, hang_s: float = 5.0):
+        super().__init__(fault, hang_s)
+        self.script = script
+
+    @property
+    def api_base(self) -> str:
+        return f"{self.url}/v1"
+
+    def answer(self, handler, body: dict) -> None:
+        messages = body.get("messages", [])
+        system = next((m["content"] for m in messages if m["role"] == "system"), "")
+        user = messages[-1]["content"] if messages else ""
+        text, logprobs = render(self.script(system, user), bool(body.get("logprobs")))
+        prompt_tokens = len(system.split()) + len(user.split())
+        self.send(
+            handler,
+            200,
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "fake"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "stop",
+                        "logprobs": logprobs,
+                    }
+                ],
+                "usage": {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": len(text.split()),
+                    "total_tokens": prompt_tokens + len(text.split()),
+                },
+            },
+        )
+
+
+class FakeTavily(LoopbackServer):
+    """Tavily's ``/search`` answered with ``results`` (a list of dicts, or any JSON to test parsing)."""
+
+    def __init__(self, results: object, fault: Fault | None = None, hang_s: float = 5.0):
+        super().__init__(fault, hang_s)
+        self.results = results
+
+    def answer(self, handler, body: dict) -> None:
+        self.send(handler, 200, {"query": body.get("query"), "results": self.results})

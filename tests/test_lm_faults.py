@@ -1,0 +1,236 @@
+"""LM faults at the HTTP boundary: a real dspy.LM against a loopback OpenAI-compatible server.
+
+DSPy retries transient faults (429, 5xx, timeouts, connection errors) with exponential backoff,
+honouring Retry-After; CRAG then takes each stage's fallback and records it, and stops with
+LMUnavailableError when the LM is down. The fault-handling rules are in docs/reliability.md.
+"""
+
+import dspy
+import pytest
+from fake_servers import FakeOpenAI
+from fakes import ListRetriever, ListWebSearch
+
+from crag_dspy import CRAG
+from crag_dspy.faults import CONSECUTIVE_LM_FAILURES, LMUnavailableError
+from crag_dspy.protocols import WebResult
+
+GOOD = "The AquaProbe 220 measures dissolved oxygen from 0 to 25 mg/L."
+LONG = (
+    "The AquaProbe 220 measures dissolved oxygen from 0 to 25 mg/L. It ships with a 5 m cable. "
+    "The housing is titanium. The canteen serves soup on Fridays. Parking is free. Taxis need approval."
+)
+WEB = WebResult("WQ-17", "https://ihsc.example/wq17", "IHSC WQ-17 requires recalibration every 90 days.")
+QUESTION = "What is the range of the AquaProbe 220?"
+
+
+def stage_of(system: str) -> str:
+    if "You judge search results" in system:
+        return "grade"
+    if "You judge short knowledge strips" in system:
+        return "strip"
+    if "web search query" in system:
+        return "rewrite"
+    return "answer"
+
+
+def script(system, user):
+    stage = stage_of(system)
+    if stage == "grade":
+        return 0.9 if "0 to 25" in user else 0.5
+    if stage == "strip":
+        return 0.9 if "0 to 25" in user or "90 days" in user else 0.1
+    if stage == "rewrite":
+        return {"query": "AquaProbe 220; range"}
+    return {"answer": "0 to 25 mg/L"}
+
+
+def body_stage(body: dict) -> str:
+    return stage_of(next((m["content"] for m in body["messages"] if m["role"] == "system"), ""))
+
+
+def fault_on(stage: str, kind: str, times: int | None = None):
+    """Inject ``kind`` into the first ``times`` requests of ``stage`` (every one when None)."""
+    seen = []
+
+    def fault(n, body):
+        if body_stage(body) != stage:
+            return None
+        seen.append(n)
+        return kind if times is None or len(seen) <= times else None
+
+    return fault
+
+
+def make_lm(
+    server: FakeOpenAI, *, timeout: float = 5.0, api_key: str = "sk-test-not-a-real-key-000"
+) -> dspy.LM:
+    return dspy.LM(
+        "openai/fake-model",
+        api_base=server.api_base,
+        api_key=api_key,
+        num_retries=2,
+        timeout=timeout,
+        cache=False,
+        temperature=0.0,
+        max_tokens=64,
+    )
+
+
+def ask(server, texts=(("kb-1", GOOD),), web=None, question=QUESTION, **lm_kwargs):
+    crag = CRAG(ListRetriever(list(texts)), web or ListWebSearch([WEB]), lm=make_lm(server, **lm_kwargs))
+    return crag(question=question)
+
+
+def by_stage(server) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for r in server.requests:
+        counts[body_stage(r["body"])] = counts.get(body_stage(r["body"]), 0) + 1
+    return counts
+
+
+@pytest.mark.parametrize("kind", ["429", "500", "503", "reset"])
+def test_transient_faults_are_retried_by_the_client_and_leave_no_trace_of_failure(kind):
+    with FakeOpenAI(script, fault_on("grade", kind, times=2)) as server:
+        pred = ask(server)
+    assert pred.answer == "0 to 25 mg/L" and pred.action == "CORRECT"
+    assert by_stage(server)["grade"] == 3  # two faults, then the retry that worked
+    assert pred.trace.errors == [] and pred.trace.documents[0].score == pytest.approx(0.9)
+
+
+def test_retries_back_off_exponentially():
+    with FakeOpenAI(script, fault_on("grade", "500-slow", times=2)) as server:
+        ask(server)
+    times = [r["time"] for r in server.requests if body_stage(r["body"]) == "grade"]
+    # DSPy sleeps 2**attempt seconds between attempts when the server gives no Retry-After.
+    assert times[1] - times[0] >= 0.9 and times[2] - times[1] >= 1.9
+
+
+def test_a_persistently_failing_grade_is_unknown_and_the_question_goes_on():
+    seen = []
+
+    def fault(n, body):  # every attempt at grading the first document fails; the rest work
+        if body_stage(body) == "grade" and "0 to 25" in body["messages"][-1]["content"]:
+            seen.append(n)
+            return "500"
+        return None
+
+    texts = [("kb-1", GOOD), ("kb-2", "The canteen opens at 08:00.")]
+    with FakeOpenAI(script, fault) as server:
+        pred = ask(server, texts)
+    first, second = pred.trace.documents
+    assert first.score is None and first.score_source == "error" and "LMServerError" in first.error
+    assert first.attempts == 1  # the client already retried 3 times; CRAG does not multiply that
+    assert len(seen) == 3 and second.score == pytest.approx(0.5)
+    assert pred.action == "AMBIGUOUS"  # unknown is never CORRECT (and blocks INCORRECT)
+    assert any("grader failed on kb-1 (treated as unknown)" in e for e in pred.trace.errors)
+    assert pred.answer == "0 to 25 mg/L"
+
+
+def test_garbage_http_body_is_an_output_failure_retried_with_a_new_rollout():
+    with FakeOpenAI(script, fault_on("grade", "garbage", times=1)) as server:
+        pred = ask(server)
+    assert by_stage(server)["grade"] == 2  # not a transport fault: CRAG asked again, with a new rollout
+    assert pred.trace.documents[0].attempts == 2 and pred.trace.documents[0].score == pytest.approx(0.9)
+    assert server.requests[1]["body"].get("temperature") == 0.7
+
+
+def test_unparseable_grades_become_unknown_after_new_rollouts():
+    def babbling(system, user):
+        return "perhaps" if stage_of(system) == "grade" else script(system, user)
+
+    with FakeOpenAI(babbling) as server:
+        pred = ask(server)
+    doc = pred.trace.documents[0]
+    assert doc.score is None and doc.attempts == 3 and "AdapterParseError" in doc.error
+    assert by_stage(server)["grade"] == 3 and pred.action == "AMBIGUOUS"
+
+
+def test_failed_strip_filter_drops_the_strip_and_says_so():
+    seen = []
+
+    def fault(n, body):  # the filter fails once on the first strip (after the client's own retries)
+        if body_stage(body) == "strip" and "0 to 25" in body["messages"][-1]["content"] and len(seen) < 3:
+            seen.append(n)
+            return "500"
+        return None
+
+    with FakeOpenAI(script, fault) as server:
+        pred = ask(server, [("kb-1", LONG)], web=ListWebSearch([WEB]))
+    first = pred.trace.internal_strips[0]
+    assert first.score is None and first.score_source == "error" and not first.kept
+    assert any("strip filter failed" in e and "(dropped)" in e for e in pred.trace.errors)
+
+
+def test_failed_rewrite_searches_with_the_question_itself():
+    web = ListWebSearch([WEB])
+    with FakeOpenAI(script, fault_on("rewrite", "503")) as server:
+        pred = ask(server, [("kb-1", "The canteen opens at 08:00.")], web=web)
+    assert web.queries == [QUESTION]
+    assert any("query rewrite failed; searched with the question itself" in f for f in pred.trace.fallbacks)
+    assert pred.action == "AMBIGUOUS" and pred.answer == "0 to 25 mg/L"
+
+
+def test_failed_answer_is_a_typed_error_carrying_the_trace_not_a_made_up_answer():
+    with FakeOpenAI(script, fault_on("answer", "500")) as server, pytest.raises(LMUnavailableError) as info:
+        ask(server)
+    error = info.value
+    assert error.stage == "answer" and "gave no usable answer" in str(error)
+    assert error.trace.action == "CORRECT" and error.trace.answer is None
+    assert error.trace.documents[0].score == pytest.approx(0.9)  # the work before the failure is kept
+
+
+def test_lm_down_stops_the_question_after_consecutive_failures_not_minutes_of_backoff():
+    with FakeOpenAI(script, lambda n, body: "503") as server, pytest.raises(LMUnavailableError) as info:
+        ask(server, [("kb-1", GOOD), ("kb-2", GOOD), ("kb-3", GOOD), ("kb-4", GOOD)])
+    assert len(server.requests) == CONSECUTIVE_LM_FAILURES * 3  # 2 calls x (1 + num_retries)
+    assert info.value.stage == "grade" and "failed 2 calls in a row" in str(info.value)
+    assert len(info.value.trace.documents) == 2
+
+
+def test_unreachable_lm_server_stops_the_question():
+    with FakeOpenAI(script) as server:
+        crag = CRAG(ListRetriever([("kb-1", GOOD)]), ListWebSearch([WEB]), lm=make_lm(server))
+    with pytest.raises(LMUnavailableError, match="LMTransportError"):  # the server is gone: nothing listens
+        crag(question=QUESTION)
+
+
+def test_timeouts_are_retried_then_count_as_failures():
+    with FakeOpenAI(script, fault_on("grade", "hang", times=3), hang_s=2.0) as server:
+        pred = ask(server, timeout=0.5)
+    doc = pred.trace.documents[0]
+    assert doc.score is None and "timed out" in doc.error
+    assert pred.answer == "0 to 25 mg/L"  # one failed call is not an outage: the question went on
+
+
+def test_rejected_key_stops_at_once_and_never_shows_the_key():
+    key = "sk-test-SECRET-0123456789abcdef"
+    with FakeOpenAI(script, lambda n, body: "401-echo") as server, pytest.raises(LMUnavailableError) as info:
+        ask(server, api_key=key)
+    assert len(server.requests) == 1  # authentication failures are not retried
+    assert "refuses the requests" in str(info.value)
+    dumped = info.value.trace.model_dump_json()
+    assert "LMAuthError" in dumped and key not in dumped and key not in str(info.value)
+    assert "0123456789abcdef" not in dumped
+
+
+def test_batch_evaluation_and_threshold_precompute_count_a_failed_question_as_wrong_and_go_on():
+    from crag_dspy.domain import QAPair
+    from optimize.evaluation import evaluate_program
+    from optimize.thresholds import precompute_routes
+
+    def fault(n, body):  # the LM fails only on answering the second question
+        return "500" if body_stage(body) == "answer" and "speed" in body["messages"][-1]["content"] else None
+
+    questions = [
+        QAPair(id="ok", question=QUESTION, answers=["0 to 25 mg/L"], split="val"),
+        QAPair(id="bad", question="What is the speed of the AquaProbe 220?", answers=["fast"], split="val"),
+    ]
+    with FakeOpenAI(script, fault) as server:
+        crag = CRAG(ListRetriever([("kb-1", GOOD)]), ListWebSearch([WEB]), lm=make_lm(server))
+        evaluation = evaluate_program(
+            "crag", crag, [dspy.Example(**q.model_dump()) for q in questions], progress=False
+        )
+        routes, _ = precompute_routes(crag, questions, progress=False)
+    assert evaluation.n == 2 and evaluation.accuracy == 0.5
+    assert "gave no usable answer" in evaluation.rows[1]["error"] and evaluation.rows[1]["correct"] is False
+    assert routes[0].correct["CORRECT"] and not any(routes[1].correct.values())

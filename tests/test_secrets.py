@@ -1,0 +1,195 @@
+"""Keys never appear in traces, CLI output, logs, program JSON or compile reports; nothing loads pickle."""
+
+import ast
+import json
+import logging
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fake_servers import FakeOpenAI
+from fakes import ScriptedLM
+
+from crag_dspy.program import ProgramError, read_program
+from crag_dspy.redaction import REDACTED, RedactingFilter, redact
+
+ROOT = Path(__file__).resolve().parent.parent
+OPENAI_KEY = "sk-test-secret-0123456789abcdefXYZ"
+TAVILY_KEY = "tvly-secret-9876543210zyxwv"
+KEYS = (OPENAI_KEY, TAVILY_KEY, "0123456789abcdefXYZ", "9876543210zyxwv")
+
+
+@pytest.fixture()
+def keys(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", OPENAI_KEY)
+    monkeypatch.setenv("TAVILY_API_KEY", TAVILY_KEY)
+
+
+def assert_clean(text: str) -> None:
+    for key in KEYS:
+        assert key not in text
+
+
+def test_redact_removes_environment_keys_and_key_shaped_strings(keys):
+    text = (
+        f"401: Incorrect API key provided: {OPENAI_KEY}; Authorization: Bearer abc.def-123456789; "
+        f"tavily {TAVILY_KEY}; url https://user:hunter2pass@proxy.example/v1; sk-other-abcdefghijk"
+    )
+    cleaned = redact(text)
+    assert_clean(cleaned)
+    for leaked in ("abc.def-123456789", "hunter2pass", "sk-other-abcdefghijk"):
+        assert leaked not in cleaned
+    assert "Bearer ***" in cleaned and "https://***@proxy.example/v1" in cleaned
+    assert redact("The AquaProbe 220 costs 1,240 velds; task-management and risk-based plans.") == (
+        "The AquaProbe 220 costs 1,240 velds; task-management and risk-based plans."
+    )
+
+
+def test_logging_filter_redacts_messages_and_tracebacks(keys):
+    record = logging.LogRecord("x", logging.ERROR, __file__, 1, "calling with key %s", (OPENAI_KEY,), None)
+    try:
+        raise RuntimeError(f"provider said {TAVILY_KEY}")
+    except RuntimeError:
+        record.exc_info = sys.exc_info()
+    assert RedactingFilter().filter(record)
+    assert_clean(logging.Formatter().format(record))
+    assert REDACTED in record.getMessage()
+
+
+def tiny_domain(root: Path) -> Path:
+    root.mkdir()
+    doc = {"id": "leave", "title": "Annual Leave", "text": "Staff receive 27 days of annual leave."}
+    (root / "corpus.jsonl").write_text(json.dumps(doc) + "\n", encoding="utf-8")
+    return root
+
+
+def script(system, user):
+    if "You judge" in system:
+        return 0.9
+    return {"answer": "27 days", "query": "leave"}
+
+
+def run_cli(tmp_path, api_base: str, *extra: str) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "OPENAI_API_KEY": OPENAI_KEY,
+        "TAVILY_API_KEY": TAVILY_KEY,
+        "CRAG_CACHE_DIR": str(tmp_path),
+        # A fresh DSPy cache per run: a cached answer would never reach the faulty server.
+        "DSPY_CACHEDIR": str(tmp_path / f"dspy-cache-{len(list(tmp_path.glob('dspy-cache-*')))}"),
+    }
+    argv = [
+        sys.executable, "-m", "crag_dspy", "ask", "How many days of leave do staff get?",
+        "--domain-dir", str(tmp_path / "tiny"), "--chroma-path", str(tmp_path / "chroma"),
+        "--lm", "openai/fake", "--lm-api-base", api_base, "--web-search", "none", "-v", *extra,
+    ]  # fmt: skip
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def test_cli_output_traces_and_logs_never_show_keys_even_when_the_server_echoes_them(tmp_path):
+    tiny_domain(tmp_path / "tiny")
+    with FakeOpenAI(script) as server:
+        ok = run_cli(tmp_path, server.api_base, "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["answer"] == "27 days"
+    assert server.requests[0]["authorization"] == f"Bearer {OPENAI_KEY}"  # the key was really in use
+    assert_clean(ok.stdout + ok.stderr)
+
+    with FakeOpenAI(script, lambda n, body: "401-echo") as server:
+        refused = run_cli(tmp_path, server.api_base, "--json")
+        plain = run_cli(tmp_path, server.api_base)
+    assert refused.returncode == plain.returncode == 1
+    assert "refuses the requests" in refused.stderr and "LMAuthError" in refused.stderr
+    assert "Bearer ***" in json.loads(refused.stdout)["errors"][-1]  # the echo arrived, redacted
+    assert_clean(refused.stdout + refused.stderr + plain.stdout + plain.stderr)
+
+
+def test_program_json_and_compile_report_never_hold_keys(tmp_path, keys):
+    from test_compile import make_domain
+    from test_compile import script as compile_script
+
+    from crag_dspy.settings import Settings
+    from optimize.compile import compile_program
+
+    settings = Settings(
+        domain_dir=make_domain(tmp_path / "tiny"), chroma_path=tmp_path / "chroma", web_search="offline"
+    )
+    out = tmp_path / "out" / "program.json"
+    compile_program(
+        settings, lm=ScriptedLM(compile_script), trials=20, out=out, progress=False, evaluate_test=False
+    )
+    written = [p for p in out.parent.iterdir() if p.suffix in {".json", ".md"}]
+    assert {p.name for p in written} >= {"program.json", "program.report.json", "program.report.md"}
+    for path in written:
+        assert_clean(path.read_text(encoding="utf-8"))
+
+
+class _Exploit:
+    """Unpickling this would create the marker file: proof that a pickle was loaded."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize("name", ["program.pkl", "program.json", "program.pickle"])
+def test_pickled_programs_are_refused_without_being_unpickled(tmp_path, name, capsys):
+    marker = tmp_path / "pwned"
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps(_Exploit(marker)))
+    with pytest.raises(ProgramError, match="pickle"):
+        read_program(path)
+    from crag_dspy.cli import main
+
+    argv = ["ask", "q", "--program", str(path), "--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]
+    assert main(argv) == 2 and "pickle" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+_PICKLE_MODULES = {"pickle", "_pickle", "cPickle", "cloudpickle", "dill", "joblib", "shelve", "marshal"}
+
+
+def _pickle_uses(path: Path) -> list[str]:
+    """Imports of pickle-family modules and calls that deserialize pickles, found in ``path``'s AST."""
+    return [f"{path.relative_to(ROOT)}: {use}" for use in _pickle_uses_of(path.read_text(encoding="utf-8"))]
+
+
+def _pickle_uses_of(source: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] in _PICKLE_MODULES]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in _PICKLE_MODULES:
+            found.append(node.module)
+        elif isinstance(node, ast.Call):
+            name = ast.unparse(node.func)
+            module, _, attr = name.rpartition(".")
+            if name in {"torch.load", "dspy.load", "pandas.read_pickle", "pd.read_pickle"} or (
+                module in _PICKLE_MODULES and attr in {"load", "loads", "Unpickler"}
+            ):
+                found.append(name)
+            for kw in node.keywords:
+                if kw.arg in {"allow_pickle", "allow_unsafe_lm_state"} and ast.unparse(kw.value) != "False":
+                    found.append(f"{name}({kw.arg}=...)")
+                if kw.arg == "weights_only" and ast.unparse(kw.value) == "False":
+                    found.append(f"{name}(weights_only=False)")
+    return found
+
+
+def test_no_project_module_can_load_a_pickle():
+    sources = [
+        p for d in ("crag_dspy", "optimize", "signatures", "benchmarks") for p in (ROOT / d).rglob("*.py")
+    ]
+    assert len(sources) > 30
+    assert [use for path in sources for use in _pickle_uses(path)] == []
+    # Tests import pickle to write pickles (and prove they are refused), never to read one.
+    test_uses = [use for path in (ROOT / "tests").glob("*.py") for use in _pickle_uses(path)]
+    assert sorted(test_uses) == ["tests/test_program.py: pickle", "tests/test_secrets.py: pickle"]
+    assert _pickle_uses_of("import pickle\npickle.loads(b'')\ntorch.load('w.pt')\nm.load('p', allow_pickle=True)") == [
+        "pickle", "pickle.loads", "torch.load", "m.load(allow_pickle=...)"
+    ]  # fmt: skip

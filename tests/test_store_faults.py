@@ -1,0 +1,97 @@
+"""Store faults on a real embedded Chroma: interrupted ingestion, empty collections, outages mid-question.
+
+test_store.py covers idempotent reruns, changed documents replacing their chunks and missing
+collections; test_chroma_server.py covers a real Chroma server going away.
+"""
+
+import pytest
+from fakes import ListWebSearch, ScriptedLM
+
+from crag_dspy import CRAG
+from crag_dspy.app import open_backends
+from crag_dspy.domain import CorpusDoc
+from crag_dspy.faults import RetrievalError
+from crag_dspy.settings import Settings
+from crag_dspy.store import ChromaRetriever, StoreError, ingest_documents, open_client
+
+DOCS = [
+    CorpusDoc(id=f"doc-{i}", title=f"Policy {i}", text=f"Policy {i} sets the limit at {i * 10} velds.")
+    for i in range(150)  # more than two ingest batches of 64
+]
+
+
+@pytest.fixture()
+def client(tmp_path):
+    return open_client(Settings(chroma_path=tmp_path / "chroma"))
+
+
+class FailingEmbedder:
+    """The real embedder, failing on its n-th call: an interruption in the middle of an ingest."""
+
+    def __init__(self, embedder, fail_on_call: int):
+        self._embedder, self._fail_on, self._calls = embedder, fail_on_call, 0
+        self.name = embedder.name
+
+    def encode(self, texts, **kwargs):
+        self._calls += 1
+        if self._calls == self._fail_on:
+            raise ConnectionError("store connection lost mid-batch")
+        return self._embedder.encode(texts, **kwargs)
+
+
+def stored_doc_ids(client, name="t__kb") -> list[str]:
+    return [m["doc_id"] for m in client.get_collection(name).get(include=["metadatas"])["metadatas"]]
+
+
+def test_interrupted_ingest_is_a_clear_error_and_a_rerun_completes_without_duplicates(client, embedder):
+    with pytest.raises(StoreError, match=r"ingesting collection 't__kb' \(rerun ingest to resume"):
+        ingest_documents(client, "t__kb", DOCS, FailingEmbedder(embedder, 2), chunk_words=120, progress=False)
+    partial = stored_doc_ids(client)
+    assert 0 < len(partial) < len(DOCS)  # the first batch made it in: a real mid-way interruption
+    report = ingest_documents(client, "t__kb", DOCS, embedder, chunk_words=120, progress=False)
+    assert report.unchanged == len(partial) and report.added == len(DOCS) - len(partial)
+    ids = stored_doc_ids(client)
+    assert sorted(ids) == sorted(d.id for d in DOCS)  # every document once: nothing lost, nothing doubled
+
+
+def test_interrupted_reingest_of_a_changed_corpus_never_loses_a_document(client, embedder):
+    ingest_documents(client, "t__kb", DOCS, embedder, chunk_words=120, progress=False)
+    changed = [d.model_copy(update={"text": d.text + " Revised."}) for d in DOCS]
+    with pytest.raises(StoreError):
+        ingest_documents(
+            client, "t__kb", changed, FailingEmbedder(embedder, 2), chunk_words=120, progress=False
+        )
+    assert set(stored_doc_ids(client)) == {d.id for d in DOCS}  # old chunks stay until the new ones are in
+    ingest_documents(client, "t__kb", changed, embedder, chunk_words=120, progress=False)
+    texts = client.get_collection("t__kb").get(include=["documents"])["documents"]
+    assert len(texts) == len(DOCS) and all(t.endswith("Revised.") for t in texts)
+
+
+def test_empty_collection_is_a_clear_error_and_is_ingested_by_open_backends(tmp_path, embedder):
+    domain = tmp_path / "tiny"
+    domain.mkdir()
+    (domain / "corpus.jsonl").write_text(
+        '{"id": "a", "title": "Leave", "text": "Staff get 27 days of leave."}\n', encoding="utf-8"
+    )
+    settings = Settings(chroma_path=tmp_path / "chroma", domain_dir=domain)
+    client = open_client(settings)
+    # What an ingest interrupted before its first batch leaves behind:
+    client.create_collection("tiny__kb", metadata={"embedding_model": embedder.name}, embedding_function=None)
+    with pytest.raises(StoreError, match="Collection 'tiny__kb' is empty: run `python -m crag_dspy ingest"):
+        ChromaRetriever(client, "tiny__kb", embedder)
+    with pytest.raises(StoreError, match="is not ingested"):
+        open_backends(settings, ingest_if_missing=False, progress=False)
+    backends = open_backends(settings, progress=False)
+    assert backends.retriever().count() == 1
+
+
+def test_store_failure_during_a_question_is_a_typed_error_naming_the_store(client, embedder):
+    ingest_documents(client, "t__kb", DOCS[:3], embedder, chunk_words=120, progress=False)
+    retriever = ChromaRetriever(client, "t__kb", embedder)
+    lm = ScriptedLM(lambda system, user: 0.9)
+    crag = CRAG(retriever, ListWebSearch(), lm=lm)
+    client.delete_collection("t__kb")  # the store loses the collection under a running app
+    with pytest.raises(RetrievalError, match="retriever chroma:t__kb failed") as info:
+        crag(question="What is the limit of policy 1?")
+    assert lm.calls == []  # no answer is made up from the web alone
+    assert info.value.trace.question == "What is the limit of policy 1?" and info.value.trace.errors
