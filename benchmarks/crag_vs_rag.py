@@ -2,7 +2,10 @@
 prompt tokens per question, and their ratios; CRAG's time per stage; prompt-prefix cache use; and a
 check that no identical LM request is made twice within one question.
 
-    python benchmarks/crag_vs_rag.py [--n 12] [--split test] [--lm embedded]
+    python benchmarks/crag_vs_rag.py [--n 12] [--split test] [--lm embedded] [--program PATH]
+
+Questions are taken evenly across kinds (kb / web / both / none); ``--program`` measures a compiled
+program (its thresholds and prompts) instead of the uncompiled defaults.
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import dspy
 import orjson
 from tqdm.auto import tqdm
 
-from crag_dspy.app import build_crag, open_backends
+from crag_dspy.app import build_crag, load_program, open_backends
 from crag_dspy.baselines import PlainRAG
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.settings import Settings
 from crag_dspy.trace import usage_from_tracker
+from optimize.datasets import qa_split
 from optimize.metrics import answer_matches
 
 
@@ -38,20 +42,25 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=12)
     parser.add_argument("--split", default="test")
     parser.add_argument("--lm")
+    parser.add_argument("--program", type=Path, help="a compiled program JSON (default: uncompiled)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
     settings = Settings(**({"lm": args.lm} if args.lm else {}))
     backends = open_backends(settings)
-    questions = [q for q in backends.domain.qa if q.split == args.split][: args.n]
+    questions = qa_split(backends.domain, args.split, args.n)
     lm = build_lm(settings, cache=False)  # every call real: we are measuring the model, not the cache
-    crag = build_crag(settings, lm=lm, progress=False)
+    if args.program:
+        crag = load_program(args.program, settings=settings, lm=lm, progress=False)
+    else:
+        crag = build_crag(settings, lm=lm, progress=False)
     rag = PlainRAG(crag.retriever, lm=lm, k=crag.k)
     rag(question="warm-up")  # model load and the first prompt prefixes are not part of either system's cost
     crag(question="warm-up")
 
     rows = defaultdict(list)
     stage_time = defaultdict(float)
+    by_action = defaultdict(lambda: [0.0, 0.0, 0])  # action -> [CRAG s, RAG s, questions]
     for q in tqdm(questions, desc="questions"):
         for name, program in (("rag", rag), ("crag", crag)):
             lm.history.clear()
@@ -68,12 +77,19 @@ def main() -> None:
                 row["action"] = pred.action
                 for stage, seconds in pred.trace.timings.items():
                     stage_time[stage] += seconds
+                by_action[pred.action][0] += row["seconds"]
+                by_action[pred.action][1] += rows["rag"][-1]["seconds"]
+                by_action[pred.action][2] += 1
             rows[name].append(row)
 
     def mean(name, key):
         return statistics.fmean(r[key] for r in rows[name])
 
-    print(f"\n{len(questions)} {args.split} questions, LM {lm_identity(settings)}, k={crag.k}")
+    program = f"program {args.program}" if args.program else "uncompiled defaults"
+    print(
+        f"\n{len(questions)} {args.split} questions, LM {lm_identity(settings)}, k={crag.k}, {program} "
+        f"(lower={crag.thresholds.lower:.3f}, upper={crag.thresholds.upper:.3f})"
+    )
     print(f"{'':10} {'plain RAG':>10} {'CRAG':>10} {'ratio':>7}")
     summary = {}
     for key in ("seconds", "calls", "prompt_tokens", "cached_prompt_tokens", "completion_tokens"):
@@ -94,11 +110,23 @@ def main() -> None:
         "CRAG actions: "
         + ", ".join(f"{a} {n}" for a, n in Counter(r["action"] for r in rows["crag"]).items())
     )
+    for action, (crag_s, rag_s, n) in sorted(by_action.items()):
+        print(f"  {action}: {n} questions, CRAG {crag_s / n:.1f} s vs RAG {rag_s / n:.1f} s ({crag_s / rag_s:.2f}x)")
     dup = sum(r["duplicates"] for r in rows["crag"]) + sum(r["duplicates"] for r in rows["rag"])
     print(f"identical LM requests repeated within a question: {dup}")
     if args.out:
         args.out.write_text(
-            json.dumps({"summary": summary, "rows": rows, "stage_seconds": stage_time}, indent=2)
+            json.dumps(
+                {
+                    "program": str(args.program) if args.program else None,
+                    "thresholds": crag.thresholds.dump_state(),
+                    "summary": summary,
+                    "rows": rows,
+                    "stage_seconds": stage_time,
+                    "by_action": {a: dict(zip(("crag_s", "rag_s", "n"), v)) for a, v in by_action.items()},
+                },
+                indent=2,
+            )
         )
 
 

@@ -39,7 +39,7 @@ from .evaluation import evaluate_judge, evaluate_program, judge_scores
 from .metrics import answer_matches
 from .report import plot_landscape, write_report
 from .teleprompters import OPTIMIZERS, compile_stage, judge_metric
-from .thresholds import accuracy_landscape, precompute_routes, tune_thresholds
+from .thresholds import accuracy_landscape, precompute_routes, routes_fingerprint, tune_thresholds
 
 __all__ = ["compile_program", "main"]
 
@@ -177,7 +177,9 @@ def _tune(
             trials=trials,
             seed=seed,
             storage=out.with_suffix(".optuna.db"),
-            study_name=f"{domain.name}-thresholds-seed{seed}",
+            # Keyed by the routes: a study tuned on other grades or answers (changed data, prompts or
+            # calibration) must not be resumed as if its trials still scored the same.
+            study_name=f"{domain.name}-thresholds-seed{seed}-{routes_fingerprint(routes)}",
         )
     # Two independent counts of LM requests made while trials ran: the LM's history and DSPy's tracker.
     trial_calls = len(lm.history) - calls_before + usage_from_tracker(trial_tracker).calls

@@ -8,6 +8,8 @@ results with the pure :func:`~crag_dspy.routing.decide_action` and makes no LM c
 from __future__ import annotations
 
 import logging
+import hashlib
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -32,6 +34,7 @@ __all__ = [
     "accuracy_landscape",
     "precompute_routes",
     "route_accuracy",
+    "routes_fingerprint",
     "tune_thresholds",
 ]
 
@@ -91,6 +94,15 @@ def precompute_routes(
             )
         )
     return routes, usage
+
+
+def routes_fingerprint(routes: Sequence[QuestionRoutes]) -> str:
+    """A short hash of everything a trial's score depends on (each question's grades and which
+    actions answer it correctly)."""
+    payload = json.dumps(
+        [[r.question_id, r.scores, sorted(r.correct.items())] for r in routes], separators=(",", ":")
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
 def route_accuracy(routes: Sequence[QuestionRoutes], lower: float, upper: float) -> float:

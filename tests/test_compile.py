@@ -312,3 +312,16 @@ def test_calibration_fixes_a_biased_judge_and_is_saved(tmp_path):
         "slope": result["calibration"]["slope"],
         "intercept": result["calibration"]["intercept"],
     }
+
+
+def test_routes_fingerprint_changes_with_anything_a_trial_scores():
+    from optimize.thresholds import routes_fingerprint
+
+    base = [QuestionRoutes("q1", [0.2, 0.9], {"CORRECT": "a", "INCORRECT": "b", "AMBIGUOUS": "c"},
+                           {"CORRECT": True, "INCORRECT": False, "AMBIGUOUS": False})]
+    same = [QuestionRoutes("q1", [0.2, 0.9], {"CORRECT": "x", "INCORRECT": "y", "AMBIGUOUS": "z"},
+                           {"AMBIGUOUS": False, "INCORRECT": False, "CORRECT": True})]
+    regraded = [QuestionRoutes("q1", [0.2, 0.8], base[0].answers, base[0].correct)]
+    rejudged = [QuestionRoutes("q1", [0.2, 0.9], base[0].answers, {**base[0].correct, "AMBIGUOUS": True})]
+    assert routes_fingerprint(base) == routes_fingerprint(same)  # answer text does not score a trial
+    assert len({routes_fingerprint(r) for r in (base, regraded, rejudged)}) == 3
