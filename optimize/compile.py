@@ -135,7 +135,7 @@ def _tune(
             routes,
             trials=trials,
             seed=seed,
-            storage=out.with_suffix(".optuna.db"),
+            storage=out.with_suffix(".optuna.log"),
             study_name=f"{domain.name}-thresholds-seed{seed}",
         )
     # Two independent counts of LM requests made while trials ran: the LM's history and DSPy's tracker.

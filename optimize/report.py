@@ -1,4 +1,5 @@
-"""The compile report: markdown + JSON with the numbers, and a PNG of accuracy over (lower, upper)."""
+"""Reports: markdown + JSON with the numbers, and PNG plots (compile: accuracy over (lower, upper);
+evaluate: accuracy per variant)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_landscape", "write_report"]
+__all__ = ["plot_accuracy_bars", "plot_landscape", "write_evaluation_report", "write_report"]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on servers
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def plot_landscape(
@@ -18,12 +28,9 @@ def plot_landscape(
     path: Path,
     title: str,
 ) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; no display on servers
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    plt = _pyplot()
     data = np.array([[np.nan if math.isnan(v) else v for v in row] for row in grid])
     fig, ax = plt.subplots(figsize=(6.4, 5.2), dpi=110)
     image = ax.imshow(
@@ -90,7 +97,9 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
                     f"| {when} | {_pct(m['accuracy'])} | {_pct(m['precision'])} | {_pct(m['recall'])} | {auc} |"
                 )
             if s.get("kept") == "uncompiled":
-                lines.append("\nThe compiled candidate was worse on val, so the uncompiled predictor was kept.")
+                lines.append(
+                    "\nThe compiled candidate was worse on val, so the uncompiled predictor was kept."
+                )
             lines.append("")
     t = report.get("thresholds")
     if t:
@@ -121,5 +130,121 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
                 f"| {row['name']} | {_pct(row['accuracy'])} | {row['seconds_per_question']:.1f} | {calls:.1f} | {actions} |"
             )
         lines.append("")
+    md_path.write_text("\n".join(lines), encoding="utf-8")
+    return json_path, md_path
+
+
+_GROUP_COLORS = {"baseline": "#9e9e9e", "crag": "#1f77b4", "ablation": "#ff7f0e"}
+
+
+def plot_accuracy_bars(table: list[dict[str, Any]], path: Path, title: str) -> Path:
+    """Horizontal bars of answer accuracy per variant, coloured by group (baseline, CRAG, ablation)."""
+    plt = _pyplot()
+    names = [row["name"] for row in table][::-1]
+    values = [100 * (row["accuracy"] or 0.0) for row in table][::-1]
+    colors = [_GROUP_COLORS[row["group"]] for row in table][::-1]
+    fig, ax = plt.subplots(figsize=(7.2, 0.42 * len(names) + 1.4), dpi=110)
+    bars = ax.barh(names, values, color=colors)
+    ax.bar_label(bars, labels=[f"{v:.1f}%" for v in values], padding=3, fontsize=8)
+    ax.set_xlim(0, 110)
+    ax.set_xlabel(f"answer accuracy (%), n = {table[0]['n'] if table else 0}")
+    ax.set_title(title)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _GROUP_COLORS.values()]
+    ax.legend(handles, list(_GROUP_COLORS), loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _cell(share: dict[str, Any]) -> str:
+    return "-" if not share["of"] else f"{share['n']}/{share['of']} ({_pct(share['rate'])})"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
+    """Write ``<prefix>.json`` and ``<prefix>.md`` for a :func:`optimize.evaluate.evaluate_domain` report."""
+    json_path, md_path = out_prefix.with_suffix(".json"), out_prefix.with_suffix(".md")
+    json_path.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+    cost, n = report["cost"], report["questions"]
+    main = report["thresholds"]["main"]
+    program = (
+        f"program `{report['program']}` (lower={main['lower']:.3f}, upper={main['upper']:.3f})"
+        if report["program"]
+        else "no program: the ablations are of CRAG with the default thresholds "
+        f"(lower={main['lower']:.2f}, upper={main['upper']:.2f})"
+    )
+    saved = cost["standalone_lm_calls"] / cost["lm_calls"] if cost["lm_calls"] else None
+    lines = [
+        f"# Evaluation: domain `{report['domain']}`, split `{report['split']}` ({n} questions)",
+        "",
+        f"LM `{report['lm']}`; {program}; {report['created']}.",
+        "",
+        (
+            "Accuracy: a gold alias occurs in the answer as whole words after normalization (lower case, "
+            "punctuation, articles and thousands separators dropped); an unanswerable question is right "
+            "only when the answer abstains. Correction success: answerable questions whose first "
+            "retrieval held no gold alias, answered right. Cost per variant is standalone (every piece "
+            'it used, shared or not); "new calls" are the LM calls the variant added to the table, in '
+            "row order."
+        ),
+        "",
+        (
+            "| variant | accuracy | correction success | LM calls/q | prompt tok/q | completion tok/q "
+            "| s/q p50 | s/q p95 | new calls | errors |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["variants"]:
+        s = row["standalone"]
+        per = [
+            f"{s[k] / row['n']:.1f}" if row["n"] else "-"
+            for k in ("calls", "prompt_tokens", "completion_tokens")
+        ]
+        new = row["marginal"]["calls"] if row["marginal"] else 0
+        lines.append(
+            f"| {row['name']} | {_pct(row['accuracy'])} ({row['correct']}/{row['n']}) | {_cell(row['correction'])} "
+            f"| {' | '.join(per)} | {_seconds(s['seconds_p50'])} | {_seconds(s['seconds_p95'])} | {new} "
+            f"| {row['errors']} |"
+        )
+    lines += [
+        "",
+        f"The whole table made {cost['lm_calls']} LM calls ({cost['prompt_tokens']} prompt, "
+        f"{cost['completion_tokens']} completion tokens) in {cost['seconds']:.0f} s, "
+        f"{cost['grader_quality_lm_calls']} of them for grader quality; run one by one, the variants would "
+        f"make {cost['standalone_lm_calls']} LM calls"
+        + (f" ({saved:.1f}x as many)." if saved else ".")
+        + " Calls served from DSPy's disk cache are not LM calls and cost ~0 s: use `--no-cache` for cold costs.",
+        "",
+        f"![accuracy per variant]({Path(report['plot']).name})",
+        "",
+        "## Actions",
+        "",
+        "Questions that took each action, and how many of them were answered right.",
+        "",
+        "| variant | CORRECT | AMBIGUOUS | INCORRECT |",
+        "|---|---|---|---|",
+    ]
+    for row in report["variants"]:
+        if row["kind"] == "crag":
+            cells = [_cell(row["actions"][a]) for a in ("CORRECT", "AMBIGUOUS", "INCORRECT")]
+            lines.append(f"| {row['name']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Grader quality (P(relevant) >= 0.5)",
+        "",
+        "| grader | data | n | accuracy | precision | recall | ROC AUC | failed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for g in report["grader"]:
+        auc = "-" if g["roc_auc"] is None else f"{g['roc_auc']:.3f}"
+        lines.append(
+            f"| {g['grader']} | {g['data']} | {g['n']} | {_pct(g['accuracy'])} | {_pct(g['precision'])} "
+            f"| {_pct(g['recall'])} | {auc} | {g['unknown']} |"
+        )
+    lines.append("")
     md_path.write_text("\n".join(lines), encoding="utf-8")
     return json_path, md_path

@@ -100,7 +100,7 @@ def test_compile_writes_program_report_and_plot(compiled):
     thresholds = program["state"]["thresholds"]
     assert 0.0 <= thresholds["lower"] <= thresholds["upper"] <= 1.0
     assert report["stages"]["grader"]["after"]["accuracy"] == 1.0
-    for suffix in (".report.md", ".report.json", ".landscape.png", ".optuna.db"):
+    for suffix in (".report.md", ".report.json", ".landscape.png", ".optuna.log"):
         assert out.with_suffix(suffix).is_file(), suffix
     assert {r["name"] for r in report["test"]} == {"CRAG (compiled)", "CRAG (uncompiled)", "plain RAG"}
 
