@@ -35,7 +35,7 @@ from .evaluation import evaluate_judge, evaluate_program
 from .metrics import answer_matches
 from .report import plot_landscape, write_report
 from .teleprompters import OPTIMIZERS, compile_stage, judge_metric
-from .thresholds import accuracy_landscape, precompute_routes, tune_thresholds
+from .thresholds import SAMPLERS, accuracy_landscape, precompute_routes, tune_thresholds
 
 __all__ = ["compile_program", "main"]
 
@@ -125,6 +125,7 @@ def _tune(
     seed: int,
     val_limit: int | None,
     progress: bool,
+    sampler: str = "sobol",
 ) -> dict[str, Any]:
     """Precompute every QA-val question's routes once, tune the thresholds on them, plot the landscape."""
     val_questions = [q for q in domain.qa if q.split == "val"][:val_limit]
@@ -135,6 +136,7 @@ def _tune(
             routes,
             trials=trials,
             seed=seed,
+            sampler=sampler,
             storage=out.with_suffix(".optuna.log"),
             study_name=f"{domain.name}-thresholds-seed{seed}",
         )
@@ -169,6 +171,7 @@ def compile_program(
     optimizer: str = "labeled",
     demos: int = 4,
     trials: int = 2000,
+    sampler: str = "sobol",
     seed: int = 0,
     stages: tuple[str, ...] = ("grader", "strips"),
     out: Path | None = None,
@@ -232,7 +235,15 @@ def compile_program(
 
         if trials > 0:  # --trials 0 keeps the current thresholds and skips the route precomputation
             report["thresholds"] = _tune(
-                crag, lm, domain, out=out, trials=trials, seed=seed, val_limit=val_limit, progress=progress
+                crag,
+                lm,
+                domain,
+                out=out,
+                trials=trials,
+                seed=seed,
+                val_limit=val_limit,
+                progress=progress,
+                sampler=sampler,
             )
         if evaluate_test:
             test = qa_examples(domain, "test")[:test_limit]
@@ -287,6 +298,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated subset of {','.join(STAGES)} (rewriter/answerer: end-to-end bootstrap)",
     )
     parser.add_argument("--trials", type=int, default=2000, help="Optuna trials for the thresholds")
+    parser.add_argument(
+        "--sampler",
+        choices=SAMPLERS,
+        default="sobol",
+        help="Optuna sampler for the thresholds (sobol: thousands of trials/s; tpe: ~35x slower, can find "
+        "optima narrower than the Sobol points' spacing; see BENCHMARKS.md)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
     parser.add_argument("--val-limit", type=int, help="use at most N val examples per stage (quick runs)")
@@ -312,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer=args.optimizer,
             demos=args.demos,
             trials=args.trials,
+            sampler=args.sampler,
             seed=args.seed,
             stages=stages,
             out=args.out,

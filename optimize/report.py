@@ -107,7 +107,7 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
             "## thresholds (Optuna, QA val)",
             "",
             f"tuned lower={t['lower']:.3f}, upper={t['upper']:.3f}: val accuracy {_pct(t['accuracy'])} "
-            f"(defaults 0.3/0.7: {_pct(t['default_accuracy'])}); {t['trials']} trials, "
+            f"(defaults 0.3/0.7: {_pct(t['default_accuracy'])}); {t['trials']} trials ({t.get('sampler', 'tpe')}), "
             f"{t['trials_per_second']:.0f} trials/s, {t['lm_calls_during_trials']} LM calls during trials; "
             f"precomputing the {t['questions']} questions' routes took {t['precompute_lm_calls']} LM calls.",
             "",
