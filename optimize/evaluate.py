@@ -56,13 +56,18 @@ def _no_retrieval(work: SharedWork, lm: dspy.BaseLM) -> Callable[[str], Outcome]
                 work.get(("no_retrieval", question, key), lambda: program(question=question).answer)
             )
         except Exception as exc:  # noqa: BLE001 - one failed LM request is a wrong answer, not a lost table
+            log.warning("no-retrieval answer failed for %r: %s", question, exc)
             return Outcome(None, error=f"{type(exc).__name__}: {str(exc)[:300]}")
 
     return answer
 
 
 def _question_rows(
-    q: QAPair, variants: Sequence[Variant], pieces: dict[str, CRAGPieces], work: SharedWork, no_retrieval
+    q: QAPair,
+    variants: Sequence[Variant],
+    pieces: dict[str, CRAGPieces],
+    work: SharedWork,
+    no_retrieval: Callable[[str], Outcome],
 ) -> list[dict[str, Any]]:
     rows = []
     for variant in variants:
@@ -77,7 +82,7 @@ def _question_rows(
                 "answer": outcome.answer,
                 "action": outcome.action.value if outcome.action else None,
                 "correct": answer_matches(outcome.answer, q.answers),
-                **cost.usage.model_dump(),
+                **cost.as_dict(),
                 "seconds": round(cost.seconds, 4),
                 "errors": errors,
             }
@@ -130,7 +135,13 @@ def summarize(rows: Sequence[dict[str, Any]], variants: Sequence[Variant]) -> li
                 "errors": sum(bool(r["errors"]) for r in mine),
                 "standalone": {
                     key: sum(r[key] for r in mine)
-                    for key in ("calls", "prompt_tokens", "cached_prompt_tokens", "completion_tokens")
+                    for key in (
+                        "requests",
+                        "calls",
+                        "prompt_tokens",
+                        "cached_prompt_tokens",
+                        "completion_tokens",
+                    )
                 }
                 | {"seconds": sum(seconds), "seconds_p50": p50, "seconds_p95": p95},
             }
@@ -211,6 +222,7 @@ def evaluate_domain(
     lm = lm or build_lm(settings)
     default_crag, backends = assemble(settings, lm, progress)
     ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed
+    backends.embedder.encode(["warm-up"])  # loading the embedding model is no variant's cost
     work = SharedWork()
     pieces = {"default": CRAGPieces(default_crag, work)}
     pieces["main"] = (
@@ -235,7 +247,7 @@ def evaluate_domain(
     owned = work.owned()
     for entry in table:
         marginal = owned.get(entry["name"])
-        entry["marginal"] = {**marginal.usage.model_dump(), "seconds": marginal.seconds} if marginal else None
+        entry["marginal"] = (marginal or Cost()).as_dict()
     total = work.total()
     main_crag = pieces["main"].crag
     report = {
@@ -252,11 +264,13 @@ def evaluate_domain(
         "variants": table,
         "grader": graders,
         "cost": {
+            "lm_requests": total.requests,
             "lm_calls": total.usage.calls,
             "prompt_tokens": total.usage.prompt_tokens,
             "completion_tokens": total.usage.completion_tokens,
+            "standalone_lm_requests": sum(v["standalone"]["requests"] for v in table),
             "standalone_lm_calls": sum(v["standalone"]["calls"] for v in table),
-            "grader_quality_lm_calls": (owned.get("grader quality") or Cost()).usage.calls,
+            "grader_quality_lm_requests": (owned.get("grader quality") or Cost()).requests,
             "pieces": len(work),
             "seconds": time.perf_counter() - started,
         },

@@ -145,6 +145,9 @@ def plot_accuracy_bars(table: list[dict[str, Any]], path: Path, title: str) -> P
     colors = [_GROUP_COLORS[row["group"]] for row in table][::-1]
     fig, ax = plt.subplots(figsize=(7.2, 0.42 * len(names) + 1.4), dpi=110)
     bars = ax.barh(names, values, color=colors)
+    crag = [row for row in table if row["group"] == "crag"]
+    if crag:  # the program the ablations are of: a reference line for every other row
+        ax.axvline(100 * (crag[-1]["accuracy"] or 0.0), color=_GROUP_COLORS["crag"], linestyle="--", lw=1)
     ax.bar_label(bars, labels=[f"{v:.1f}%" for v in values], padding=3, fontsize=8)
     ax.set_xlim(0, 110)
     ax.set_xlabel(f"answer accuracy (%), n = {table[0]['n'] if table else 0}")
@@ -177,7 +180,7 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
         else "no program: the ablations are of CRAG with the default thresholds "
         f"(lower={main['lower']:.2f}, upper={main['upper']:.2f})"
     )
-    saved = cost["standalone_lm_calls"] / cost["lm_calls"] if cost["lm_calls"] else None
+    saved = cost["standalone_lm_requests"] / cost["lm_requests"] if cost["lm_requests"] else None
     lines = [
         f"# Evaluation: domain `{report['domain']}`, split `{report['split']}` ({n} questions)",
         "",
@@ -188,36 +191,39 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
             "punctuation, articles and thousands separators dropped); an unanswerable question is right "
             "only when the answer abstains. Correction success: answerable questions whose first "
             "retrieval held no gold alias, answered right. Cost per variant is standalone (every piece "
-            'it used, shared or not); "new calls" are the LM calls the variant added to the table, in '
-            "row order."
+            "it used, shared or not): LM requests per question, of which served by DSPy's cache, tokens "
+            'and seconds of the requests really made; "new requests" are the LM requests the variant '
+            "added to the table, in row order."
         ),
         "",
         (
-            "| variant | accuracy | correction success | LM calls/q | prompt tok/q | completion tok/q "
-            "| s/q p50 | s/q p95 | new calls | errors |"
+            "| variant | accuracy | correction success | LM requests/q (cached) | prompt tok/q "
+            "| completion tok/q | s/q p50 | s/q p95 | new requests | errors |"
         ),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in report["variants"]:
-        s = row["standalone"]
-        per = [
-            f"{s[k] / row['n']:.1f}" if row["n"] else "-"
-            for k in ("calls", "prompt_tokens", "completion_tokens")
-        ]
-        new = row["marginal"]["calls"] if row["marginal"] else 0
+        s, n = row["standalone"], max(row["n"], 1)
+        requests = f"{s['requests'] / n:.1f} ({(s['requests'] - s['calls']) / n:.1f})"
         lines.append(
             f"| {row['name']} | {_pct(row['accuracy'])} ({row['correct']}/{row['n']}) | {_cell(row['correction'])} "
-            f"| {' | '.join(per)} | {_seconds(s['seconds_p50'])} | {_seconds(s['seconds_p95'])} | {new} "
+            f"| {requests} | {s['prompt_tokens'] / n:.0f} | {s['completion_tokens'] / n:.0f} "
+            f"| {_seconds(s['seconds_p50'])} | {_seconds(s['seconds_p95'])} | {row['marginal']['requests']} "
             f"| {row['errors']} |"
         )
+    cached = cost["lm_requests"] - cost["lm_calls"]
     lines += [
         "",
-        f"The whole table made {cost['lm_calls']} LM calls ({cost['prompt_tokens']} prompt, "
-        f"{cost['completion_tokens']} completion tokens) in {cost['seconds']:.0f} s, "
-        f"{cost['grader_quality_lm_calls']} of them for grader quality; run one by one, the variants would "
-        f"make {cost['standalone_lm_calls']} LM calls"
+        f"The whole table made {cost['lm_requests']} LM requests ({cost['lm_calls']} served by the LM, "
+        f"{cached} by DSPy's disk cache; {cost['prompt_tokens']} prompt and {cost['completion_tokens']} "
+        f"completion tokens) in {cost['seconds']:.0f} s, {cost['grader_quality_lm_requests']} of them for "
+        f"grader quality. Run one by one, the variants would make {cost['standalone_lm_requests']} LM requests"
         + (f" ({saved:.1f}x as many)." if saved else ".")
-        + " Calls served from DSPy's disk cache are not LM calls and cost ~0 s: use `--no-cache` for cold costs.",
+        + (
+            " Requests served from the cache cost ~0 s and no tokens here: `--no-cache` measures cold costs."
+            if cached
+            else ""
+        ),
         "",
         f"![accuracy per variant]({Path(report['plot']).name})",
         "",

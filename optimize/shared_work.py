@@ -15,11 +15,12 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Hashable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import dspy
+from dspy.utils.callback import BaseCallback
 
 from crag_dspy.baselines import passage_strips
 from crag_dspy.module import CRAG, knowledge_for
@@ -43,19 +44,28 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Cost:
-    """LM usage and wall time of a piece of work."""
+    """LM usage and wall time of a piece of work.
+
+    ``usage.calls`` counts requests the LM really served; ``requests`` counts every LM request,
+    including those DSPy's disk cache answered (they cost ~0 s and no tokens now, but a run on a
+    fresh cache pays for them).
+    """
 
     usage: StageUsage = field(default_factory=StageUsage)
     seconds: float = 0.0
+    requests: int = 0
 
     def plus(self, other: Cost) -> Cost:
-        return Cost(self.usage.add(other.usage), self.seconds + other.seconds)
+        return Cost(self.usage.add(other.usage), self.seconds + other.seconds, self.requests + other.requests)
 
     def minus(self, other: Cost) -> Cost:
         usage = StageUsage(
             **{k: getattr(self.usage, k) - getattr(other.usage, k) for k in StageUsage.model_fields}
         )
-        return Cost(usage, max(0.0, self.seconds - other.seconds))
+        return Cost(usage, max(0.0, self.seconds - other.seconds), self.requests - other.requests)
+
+    def as_dict(self) -> dict[str, float]:
+        return {**self.usage.model_dump(), "requests": self.requests, "seconds": self.seconds}
 
     @staticmethod
     def total(costs: Iterable[Cost]) -> Cost:
@@ -82,6 +92,18 @@ class _Frame:
     children: Cost = field(default_factory=Cost)
     notes: list[str] = field(default_factory=list)
     deps: set[Hashable] = field(default_factory=set)
+    requests: int = 0
+
+
+class _RequestCounter(BaseCallback):
+    """Counts every LM request (cache hits too) for the piece being computed."""
+
+    def __init__(self, frames: list[_Frame]):
+        self.frames = frames
+
+    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        if self.frames:
+            self.frames[-1].requests += 1
 
 
 class SharedWork:
@@ -98,6 +120,7 @@ class SharedWork:
         self._frames: list[_Frame] = []
         self._consumer: str | None = None
         self._used: set[Hashable] | None = None
+        self._counter = _RequestCounter(self._frames)
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._entries
@@ -145,20 +168,31 @@ class SharedWork:
     def _compute(self, compute: Callable[[], Any]) -> _Entry:
         frame = _Frame()
         self._frames.append(frame)
+        callbacks = dspy.settings.callbacks or []
         started = time.perf_counter()
         value, error = None, None
         try:
-            with dspy.track_usage() as tracker:
+            with (
+                dspy.context(callbacks=[*callbacks, self._counter])
+                if self._counter not in callbacks
+                else nullcontext(),
+                dspy.track_usage() as tracker,
+            ):
                 try:
                     value = compute()
                 except Exception as exc:  # noqa: BLE001 - memoized and re-raised to every user of the piece
                     error = exc
         finally:
             self._frames.pop()
-        inclusive = Cost(usage_from_tracker(tracker), time.perf_counter() - started)
+        # Usage and time are inclusive (nested pieces' too) and made exclusive here; requests are
+        # counted by the innermost piece only, so they are exclusive already.
+        inclusive = Cost(usage_from_tracker(tracker), time.perf_counter() - started, frame.requests)
         if self._frames:
-            self._frames[-1].children = self._frames[-1].children.plus(inclusive)
-        return _Entry(value, inclusive.minus(frame.children), self._consumer, error, frame.notes, frame.deps)
+            self._frames[-1].children = self._frames[-1].children.plus(
+                Cost(inclusive.usage, inclusive.seconds)
+            )
+        own = inclusive.minus(frame.children)
+        return _Entry(value, own, self._consumer, error, frame.notes, frame.deps)
 
     def cost(self, keys: Iterable[Hashable]) -> Cost:
         """What the pieces ``keys`` cost together: a consumer's standalone cost."""

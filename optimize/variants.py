@@ -20,7 +20,7 @@ Ablations, as in the paper:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -94,7 +94,12 @@ class Outcome:
     error: str | None = None
 
 
-def run_variant(variant: Variant, question: str, pieces: dict[str, CRAGPieces], no_retrieval) -> Outcome:
+def run_variant(
+    variant: Variant,
+    question: str,
+    pieces: dict[str, CRAGPieces],
+    no_retrieval: Callable[[str], Outcome],
+) -> Outcome:
     """Answer ``question`` as ``variant`` would, from shared pieces.
 
     ``pieces`` maps "main" and "default" to their programs' pieces; ``no_retrieval(question)`` is the

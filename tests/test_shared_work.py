@@ -64,6 +64,7 @@ def test_nested_pieces_are_charged_once_and_are_dependencies():
         work.get("outer", outer)
     assert first == {"outer", "inner"}
     assert work.cost(["inner"]).usage.calls == work.cost(["outer"]).usage.calls == 1
+    assert work.cost(["inner"]).requests == work.cost(["outer"]).requests == 1
     assert work.cost(["inner"]).seconds >= 0.05 > work.cost(["outer"]).seconds
     assert work.total().usage.calls == len(lm.calls) == 2
     with work.consumer("second") as second:  # reusing the outer piece uses what it was made of
