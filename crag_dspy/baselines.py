@@ -1,17 +1,23 @@
-"""Plain RAG (retrieve -> answer from the raw top-k), the baseline CRAG is measured against."""
+"""The baselines CRAG is measured against: plain RAG (answer from the raw top-k) and no retrieval."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import nullcontext
 
 import dspy
 
-from signatures import AnswerFromContext
+from signatures import AnswerFromContext, AnswerWithoutContext
 
-from .protocols import Retriever
+from .protocols import Passage, Retriever
 from .strips import Strip, format_context
 
-__all__ = ["PlainRAG"]
+__all__ = ["NoRetrieval", "PlainRAG", "passage_strips"]
+
+
+def passage_strips(passages: Sequence[Passage]) -> list[Strip]:
+    """Retrieved passages as whole, unjudged internal strips: the context plain RAG answers from."""
+    return [Strip(p.text, "internal", p.doc_id, p.title, p.rank, 0, p.url) for p in passages]
 
 
 class PlainRAG(dspy.Module):
@@ -24,9 +30,22 @@ class PlainRAG(dspy.Module):
 
     def forward(self, question: str) -> dspy.Prediction:
         passages = self.retriever.retrieve(question, self.k)
-        context = format_context(
-            [Strip(p.text, "internal", p.doc_id, p.title, p.rank, 0, p.url) for p in passages], []
-        )
+        context = format_context(passage_strips(passages), [])
         with dspy.context(lm=self.lm) if self.lm is not None else nullcontext():
             answer = self.answerer(question=question, context=context).answer
         return dspy.Prediction(answer=answer, context=context, passages=passages)
+
+
+class NoRetrieval(dspy.Module):
+    """Answer from the model's own (parametric) knowledge, without any context: the floor a retrieval
+    system must clear, and close to zero on a domain the model cannot have seen."""
+
+    def __init__(self, *, lm: dspy.BaseLM | None = None):
+        super().__init__()
+        self.lm = lm
+        self.answerer = dspy.Predict(AnswerWithoutContext)
+
+    def forward(self, question: str) -> dspy.Prediction:
+        with dspy.context(lm=self.lm) if self.lm is not None else nullcontext():
+            answer = self.answerer(question=question).answer
+        return dspy.Prediction(answer=answer)

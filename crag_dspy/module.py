@@ -228,11 +228,22 @@ class CRAG(dspy.Module):
             kept, run.trace.internal_strips = self._filter(question, strips, reuse, run)
         return kept
 
-    def external_knowledge(self, question: str, run: TraceRecorder) -> list[Strip] | None:
-        """Rewrite, search, decompose and filter web results; None when web search produced nothing."""
-        trace = run.trace
+    def rewrite_query(self, question: str, run: TraceRecorder) -> str:
+        """The web search query for ``question`` (the question itself when rewriting fails)."""
         with run.stage("rewrite"):
-            trace.web_query = self._rewrite(question, run)
+            run.trace.web_query = self._rewrite(question, run)
+        return run.trace.web_query
+
+    def external_knowledge(
+        self, question: str, run: TraceRecorder, *, query: str | None = None, select: bool = True
+    ) -> list[Strip] | None:
+        """Rewrite, search, decompose and filter web results; None when web search produced nothing.
+
+        ``query`` searches with that query instead of rewriting the question, and ``select=False`` keeps
+        every web strip unjudged: the paper's "w/o rewriting" and "w/o external-knowledge selection".
+        """
+        trace = run.trace
+        trace.web_query = self.rewrite_query(question, run) if query is None else query
         with run.stage("web_search"):
             try:
                 found = self.web_search.search(trace.web_query, self.web_results)
@@ -253,7 +264,7 @@ class CRAG(dspy.Module):
                 for rank, r in enumerate(results)
                 for i, text in enumerate(decompose(r.content, self.sentences_per_strip))
             ]
-            kept, trace.external_strips = self._filter(question, strips, {}, run)
+            kept, trace.external_strips = self._filter(question, strips, {}, run, select=select)
         return kept
 
     def generate(
@@ -266,10 +277,19 @@ class CRAG(dspy.Module):
         return run.trace.answer
 
     def _filter(
-        self, question: str, strips: list[Strip], reuse: dict[Strip, float | None], run: TraceRecorder
+        self,
+        question: str,
+        strips: list[Strip],
+        reuse: dict[Strip, float | None],
+        run: TraceRecorder,
+        *,
+        select: bool = True,
     ) -> tuple[list[Strip], list[StripRecord]]:
         scored: list[tuple[Strip, float | None, str]] = []
         for strip in strips:
+            if not select:
+                scored.append((strip, None, "unfiltered"))
+                continue
             if strip in reuse:
                 scored.append((strip, reuse[strip], "document_grade"))
                 continue
@@ -284,6 +304,8 @@ class CRAG(dspy.Module):
             )
         kept = recompose(
             select_strips([(s, score) for s, score, _ in scored], self.strip_threshold, self.max_strips)
+            if select
+            else strips
         )
         kept_set = set(kept)
         records = [

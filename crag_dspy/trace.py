@@ -44,7 +44,9 @@ class StripRecord(BaseModel):
     position: int
     text: str
     score: float | None
-    score_source: str = Field(description="'strip_filter', 'document_grade' (one-strip passage) or 'error'")
+    score_source: str = Field(
+        description="'strip_filter', 'document_grade' (one-strip passage), 'unfiltered' (kept unjudged) or 'error'"
+    )
     kept: bool
     url: str | None = None
 

@@ -39,7 +39,7 @@ from .evaluation import evaluate_judge, evaluate_program, judge_scores
 from .metrics import answer_matches
 from .report import plot_landscape, write_report
 from .teleprompters import OPTIMIZERS, compile_stage, judge_metric
-from .thresholds import accuracy_landscape, precompute_routes, routes_fingerprint, tune_thresholds
+from .thresholds import SAMPLERS, accuracy_landscape, precompute_routes, routes_fingerprint, tune_thresholds
 
 __all__ = ["compile_program", "main"]
 
@@ -166,6 +166,7 @@ def _tune(
     seed: int,
     val_limit: int | None,
     progress: bool,
+    sampler: str = "sobol",
 ) -> dict[str, Any]:
     """Precompute every QA-val question's routes once, tune the thresholds on them, plot the landscape."""
     val_questions = qa_split(domain, "val", val_limit)
@@ -176,7 +177,8 @@ def _tune(
             routes,
             trials=trials,
             seed=seed,
-            storage=out.with_suffix(".optuna.db"),
+            sampler=sampler,
+            storage=out.with_suffix(".optuna.log"),
             # Keyed by the routes: a study tuned on other grades or answers (changed data, prompts or
             # calibration) must not be resumed as if its trials still scored the same.
             study_name=f"{domain.name}-thresholds-seed{seed}-{routes_fingerprint(routes)}",
@@ -213,6 +215,7 @@ def compile_program(
     demos: int = 4,
     calibration_pairs: int = 32,
     trials: int = 2000,
+    sampler: str = "sobol",
     seed: int = 0,
     stages: tuple[str, ...] = ("grader", "strips"),
     out: Path | None = None,
@@ -279,7 +282,15 @@ def compile_program(
 
         if trials > 0:  # --trials 0 keeps the current thresholds and skips the route precomputation
             report["thresholds"] = _tune(
-                crag, lm, domain, out=out, trials=trials, seed=seed, val_limit=val_limit, progress=progress
+                crag,
+                lm,
+                domain,
+                out=out,
+                trials=trials,
+                seed=seed,
+                val_limit=val_limit,
+                progress=progress,
+                sampler=sampler,
             )
         if evaluate_test:
             test = qa_examples(domain, "test", test_limit)
@@ -342,6 +353,13 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated subset of {','.join(STAGES)} (rewriter/answerer: end-to-end bootstrap)",
     )
     parser.add_argument("--trials", type=int, default=2000, help="Optuna trials for the thresholds")
+    parser.add_argument(
+        "--sampler",
+        choices=SAMPLERS,
+        default="sobol",
+        help="Optuna sampler for the thresholds (sobol: thousands of trials/s; tpe: ~35x slower, can find "
+        "optima narrower than the Sobol points' spacing; see BENCHMARKS.md)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
     # Defaults keep a cold compile on a 2-core CPU near 20-30 minutes (docs/compile.md); 0 means "all".
@@ -383,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
             demos=args.demos,
             calibration_pairs=args.calibration_pairs,
             trials=args.trials,
+            sampler=args.sampler,
             seed=args.seed,
             stages=stages,
             out=args.out,

@@ -13,6 +13,8 @@ __all__ = [
     "BinaryReport",
     "answer_matches",
     "binary_report",
+    "contains_answer",
+    "is_answerable",
     "normalize_answer",
     "roc_auc",
 ]
@@ -75,11 +77,32 @@ _PUNCT = str.maketrans({c: " " for c in string.punctuation if c not in "%"})
 def normalize_answer(text: str) -> str:
     """SQuAD-style normalization: NFKC, lower case, digits' thousands separators dropped, punctuation and
     articles removed, whitespace collapsed ("1,240 Velds." -> "1240 velds")."""
-    text = unicodedata.normalize("NFKC", text).lower().replace("\u2019", "'")
+    # Before NFKC, which turns the (narrow) no-break spaces used as thousands separators into spaces.
     text = re.sub(r"(?<=\d)[,\u202f\u00a0](?=\d{3}\b)", "", text)
+    text = unicodedata.normalize("NFKC", text).lower().replace("\u2019", "'")
     text = text.translate(_PUNCT)
     text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
+
+
+_UNKNOWN = frozenset(normalize_answer(u) for u in UNKNOWN_ALIASES)
+
+
+def _real_aliases(aliases: Sequence[str]) -> list[str]:
+    """Normalized gold aliases, without empty ones and the unanswerable marker."""
+    return [g for g in (normalize_answer(a) for a in aliases) if g and g not in _UNKNOWN]
+
+
+def is_answerable(aliases: Sequence[str]) -> bool:
+    """False for a question whose only gold answer is the unanswerable marker ("I don't know")."""
+    return bool(_real_aliases(aliases))
+
+
+def contains_answer(text: str | None, aliases: Sequence[str]) -> bool:
+    """True when a real gold alias (not "I don't know") occurs in ``text`` as whole words, both
+    normalized with :func:`normalize_answer`; e.g. whether a retrieved passage holds the answer."""
+    padded = f" {normalize_answer(text or '')} "
+    return any(f" {gold} " in padded for gold in _real_aliases(aliases))
 
 
 def answer_matches(prediction: str | None, aliases: Sequence[str]) -> bool:
@@ -92,14 +115,6 @@ def answer_matches(prediction: str | None, aliases: Sequence[str]) -> bool:
     if not prediction:
         return False
     pred = f" {normalize_answer(prediction)} "
-    abstained = any(f" {normalize_answer(u)} " in pred for u in UNKNOWN_ALIASES)
-    for alias in aliases:
-        gold = normalize_answer(alias)
-        if not gold:
-            continue
-        if gold in {normalize_answer(u) for u in UNKNOWN_ALIASES}:
-            if abstained:
-                return True
-        elif f" {gold} " in pred and not abstained:
-            return True
-    return False
+    if any(f" {u} " in pred for u in _UNKNOWN):  # an abstention, even a hedged one, is not an answer
+        return any(normalize_answer(a) in _UNKNOWN for a in aliases)
+    return contains_answer(prediction, aliases)

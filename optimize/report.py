@@ -1,4 +1,5 @@
-"""The compile report: markdown + JSON with the numbers, and a PNG of accuracy over (lower, upper)."""
+"""Reports: markdown + JSON with the numbers, and PNG plots (compile: accuracy over (lower, upper);
+evaluate: accuracy per variant)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-__all__ = ["plot_landscape", "write_report"]
+__all__ = ["plot_accuracy_bars", "plot_landscape", "write_evaluation_report", "write_report"]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on servers
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def plot_landscape(
@@ -18,12 +28,9 @@ def plot_landscape(
     path: Path,
     title: str,
 ) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; no display on servers
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    plt = _pyplot()
     data = np.array([[np.nan if math.isnan(v) else v for v in row] for row in grid])
     fig, ax = plt.subplots(figsize=(6.4, 5.2), dpi=110)
     image = ax.imshow(
@@ -107,7 +114,7 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
             "## thresholds (Optuna, QA val)",
             "",
             f"tuned lower={t['lower']:.3f}, upper={t['upper']:.3f}: val accuracy {_pct(t['accuracy'])} "
-            f"(defaults 0.3/0.7: {_pct(t['default_accuracy'])}); {t['trials']} trials, "
+            f"(defaults 0.3/0.7: {_pct(t['default_accuracy'])}); {t['trials']} trials ({t.get('sampler', 'tpe')}), "
             f"{t['trials_per_second']:.0f} trials/s, {t['lm_calls_during_trials']} LM calls during trials; "
             f"precomputing the {t['questions']} questions' routes took {t['precompute_lm_calls']} LM calls.",
             "",
@@ -130,5 +137,127 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
                 f"| {row['name']} | {_pct(row['accuracy'])} | {row['seconds_per_question']:.1f} | {calls:.1f} | {actions} |"
             )
         lines.append("")
+    md_path.write_text("\n".join(lines), encoding="utf-8")
+    return json_path, md_path
+
+
+_GROUP_COLORS = {"baseline": "#9e9e9e", "crag": "#1f77b4", "ablation": "#ff7f0e"}
+
+
+def plot_accuracy_bars(table: list[dict[str, Any]], path: Path, title: str) -> Path:
+    """Horizontal bars of answer accuracy per variant, coloured by group (baseline, CRAG, ablation)."""
+    plt = _pyplot()
+    names = [row["name"] for row in table][::-1]
+    values = [100 * (row["accuracy"] or 0.0) for row in table][::-1]
+    colors = [_GROUP_COLORS[row["group"]] for row in table][::-1]
+    fig, ax = plt.subplots(figsize=(7.2, 0.42 * len(names) + 1.4), dpi=110)
+    bars = ax.barh(names, values, color=colors)
+    crag = [row for row in table if row["group"] == "crag"]
+    if crag:  # the program the ablations are of: a reference line for every other row
+        ax.axvline(100 * (crag[-1]["accuracy"] or 0.0), color=_GROUP_COLORS["crag"], linestyle="--", lw=1)
+    ax.bar_label(bars, labels=[f"{v:.1f}%" for v in values], padding=3, fontsize=8)
+    ax.set_xlim(0, 110)
+    ax.set_xlabel(f"answer accuracy (%), n = {table[0]['n'] if table else 0}")
+    ax.set_title(title)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _GROUP_COLORS.values()]
+    ax.legend(handles, list(_GROUP_COLORS), loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _cell(share: dict[str, Any]) -> str:
+    return "-" if not share["of"] else f"{share['n']}/{share['of']} ({_pct(share['rate'])})"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
+    """Write ``<prefix>.json`` and ``<prefix>.md`` for a :func:`optimize.evaluate.evaluate_domain` report."""
+    json_path, md_path = out_prefix.with_suffix(".json"), out_prefix.with_suffix(".md")
+    json_path.write_text(json.dumps(report, indent=2, default=str), encoding="utf-8")
+    cost, n = report["cost"], report["questions"]
+    main = report["thresholds"]["main"]
+    program = (
+        f"program `{report['program']}` (lower={main['lower']:.3f}, upper={main['upper']:.3f})"
+        if report["program"]
+        else "no program: the ablations are of CRAG with the default thresholds "
+        f"(lower={main['lower']:.2f}, upper={main['upper']:.2f})"
+    )
+    saved = cost["standalone_lm_requests"] / cost["lm_requests"] if cost["lm_requests"] else None
+    lines = [
+        f"# Evaluation: domain `{report['domain']}`, split `{report['split']}` ({n} questions)",
+        "",
+        f"LM `{report['lm']}`; {program}; {report['created']}.",
+        "",
+        (
+            "Accuracy: a gold alias occurs in the answer as whole words after normalization (lower case, "
+            "punctuation, articles and thousands separators dropped); an unanswerable question is right "
+            "only when the answer abstains. Correction success: answerable questions whose first "
+            "retrieval held no gold alias, answered right. Cost per variant is standalone (every piece "
+            "it used, shared or not): LM requests per question, of which served by DSPy's cache, tokens "
+            'and seconds of the requests really made; "new requests" are the LM requests the variant '
+            "added to the table, in row order."
+        ),
+        "",
+        (
+            "| variant | accuracy | correction success | LM requests/q (cached) | prompt tok/q "
+            "| completion tok/q | s/q p50 | s/q p95 | new requests | errors |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in report["variants"]:
+        s, n = row["standalone"], max(row["n"], 1)
+        requests = f"{s['requests'] / n:.1f} ({(s['requests'] - s['calls']) / n:.1f})"
+        lines.append(
+            f"| {row['name']} | {_pct(row['accuracy'])} ({row['correct']}/{row['n']}) | {_cell(row['correction'])} "
+            f"| {requests} | {s['prompt_tokens'] / n:.0f} | {s['completion_tokens'] / n:.0f} "
+            f"| {_seconds(s['seconds_p50'])} | {_seconds(s['seconds_p95'])} | {row['marginal']['requests']} "
+            f"| {row['errors']} |"
+        )
+    cached = cost["lm_requests"] - cost["lm_calls"]
+    lines += [
+        "",
+        f"The whole table made {cost['lm_requests']} LM requests ({cost['lm_calls']} served by the LM, "
+        f"{cached} by DSPy's disk cache; {cost['prompt_tokens']} prompt and {cost['completion_tokens']} "
+        f"completion tokens) in {cost['seconds']:.0f} s, {cost['grader_quality_lm_requests']} of them for "
+        f"grader quality. Run one by one, the variants would make {cost['standalone_lm_requests']} LM requests"
+        + (f" ({saved:.1f}x as many)." if saved else ".")
+        + (
+            " Requests served from the cache cost ~0 s and no tokens here: `--no-cache` measures cold costs."
+            if cached
+            else ""
+        ),
+        "",
+        f"![accuracy per variant]({Path(report['plot']).name})",
+        "",
+        "## Actions",
+        "",
+        "Questions that took each action, and how many of them were answered right.",
+        "",
+        "| variant | CORRECT | AMBIGUOUS | INCORRECT |",
+        "|---|---|---|---|",
+    ]
+    for row in report["variants"]:
+        if row["kind"] == "crag":
+            cells = [_cell(row["actions"][a]) for a in ("CORRECT", "AMBIGUOUS", "INCORRECT")]
+            lines.append(f"| {row['name']} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "## Grader quality (P(relevant) >= 0.5)",
+        "",
+        "| grader | data | n | accuracy | precision | recall | ROC AUC | failed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for g in report["grader"]:
+        auc = "-" if g["roc_auc"] is None else f"{g['roc_auc']:.3f}"
+        lines.append(
+            f"| {g['grader']} | {g['data']} | {g['n']} | {_pct(g['accuracy'])} | {_pct(g['precision'])} "
+            f"| {_pct(g['recall'])} | {auc} | {g['unknown']} |"
+        )
+    lines.append("")
     md_path.write_text("\n".join(lines), encoding="utf-8")
     return json_path, md_path

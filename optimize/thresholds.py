@@ -2,34 +2,40 @@
 
 The thresholds only choose among three actions, so each validation question is graded once and each
 action's answer generated at most once (:func:`precompute_routes`); a trial then re-routes the cached
-results with the pure :func:`~crag_dspy.routing.decide_action` and makes no LM call at all.
+results with the pure :func:`~crag_dspy.routing.decide_action` and makes no LM call at all, so
+thousands of trials run per second (``python benchmarks/optuna_trials.py``).
 """
 
 from __future__ import annotations
 
-import logging
 import hashlib
 import json
+import logging
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import optuna
+from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, JournalStorage
+from optuna.trial import FrozenTrial, TrialState
 from tqdm.auto import tqdm
 
 from crag_dspy.domain import QAPair
 from crag_dspy.faults import CRAGRunError
-from crag_dspy.module import CRAG, knowledge_for
+from crag_dspy.module import CRAG
 from crag_dspy.routing import Action, decide_action
-from crag_dspy.strips import format_context
 from crag_dspy.trace import StageUsage
 
 from .metrics import answer_matches
+from .shared_work import CRAGPieces, SharedWork
 
 __all__ = [
+    "SAMPLERS",
     "QuestionRoutes",
+    "SobolSampler",
     "TuningResult",
     "accuracy_landscape",
     "precompute_routes",
@@ -59,41 +65,33 @@ def precompute_routes(
     questions: Sequence[QAPair],
     *,
     progress: bool = True,
+    work: SharedWork | None = None,
 ) -> tuple[list[QuestionRoutes], StageUsage]:
     """Grade each question once and answer it once per distinct action context; count the LM usage.
 
     Internal and external knowledge do not depend on the thresholds (see ``CRAG.internal_knowledge``),
     so CORRECT uses k_in, INCORRECT k_ex (k_in when the web gave nothing, as at run time) and
-    AMBIGUOUS both; actions whose contexts coincide share one answer.
+    AMBIGUOUS both; actions whose contexts coincide share one answer (:class:`CRAGPieces`). Pass
+    ``work`` to share pieces with other computations; the usage returned is what this call added.
     """
-    routes, usage = [], StageUsage()
+    work = work if work is not None else SharedWork()
+    pieces = CRAGPieces(crag, work)
+    before = work.total()
+    routes = []
     for q in tqdm(questions, desc="routes", disable=not progress):
-        run = crag.new_run(q.question)
         try:
-            with crag.lm_scope(run.trace):
-                passages, scores = crag.grade_documents(q.question, run)
-                internal = crag.internal_knowledge(q.question, passages, scores, run)
-                external = crag.external_knowledge(q.question, run)
-                contexts = {action: knowledge_for(action, internal, external) for action in Action}
-                # Actions whose contexts coincide (e.g. AMBIGUOUS when the web gave nothing) share one answer.
-                by_context: dict[str, str] = {}
-                answers = {}
-                for action, (internal_part, external_part) in contexts.items():
-                    key = format_context(internal_part, external_part)
-                    if key not in by_context:
-                        by_context[key] = crag.generate(q.question, internal_part, external_part, run)
-                    answers[action.value] = by_context[key]
+            _, scores = pieces.documents(q.question)
+            answers = {action.value: pieces.route(q.question, action) for action in Action}
         except CRAGRunError as exc:
             # A question the LM or store failed on is wrong under every threshold; tuning goes on.
             log.warning("question %s failed, counted as wrong on every route: %s", q.id, exc)
             scores, answers = [], {action.value: "" for action in Action}
-        usage = usage.add(run.trace.total_usage)
         routes.append(
             QuestionRoutes(
                 q.id, scores, answers, {a: answer_matches(ans, q.answers) for a, ans in answers.items()}
             )
         )
-    return routes, usage
+    return routes, work.total().minus(before).usage
 
 
 def routes_fingerprint(routes: Sequence[QuestionRoutes]) -> str:
@@ -112,8 +110,42 @@ def route_accuracy(routes: Sequence[QuestionRoutes], lower: float, upper: float)
 
 def _upper(lower: float, gap: float) -> float:
     # Fixed-range reparametrisation: `upper` in [lower, 1] without a dynamic search space, so that
-    # multivariate TPE models both parameters instead of falling back to random sampling.
+    # every sampler (Sobol points, multivariate TPE) covers the valid triangle with both parameters.
     return lower + gap * (1.0 - lower)
+
+
+class SobolSampler(optuna.samplers.BaseSampler):
+    """Scrambled, seeded Sobol points: trial ``i`` takes point ``i``, so a resumed study continues the
+    same sequence, at O(1) per trial.
+
+    Route accuracy is a step function of (lower, upper) that costs microseconds to evaluate, so an even
+    covering of the square is what the search needs. Optuna's TPE costs O(trials) per trial (7 ms on
+    average over 2000 trials, 35x the objective) and its QMCSampler rescans the study every trial;
+    ``python benchmarks/optuna_trials.py`` compares their speed and best accuracy (BENCHMARKS.md).
+    """
+
+    def __init__(self, params: Sequence[str], n: int, seed: int = 0):
+        from scipy.stats import qmc
+
+        self._index = {name: i for i, name in enumerate(params)}
+        self._points = qmc.Sobol(len(params), scramble=True, seed=seed).random_base2(
+            max(1, math.ceil(math.log2(max(n, 2))))
+        )
+
+    def infer_relative_search_space(self, study, trial) -> dict:
+        return {}
+
+    def sample_relative(self, study, trial, search_space) -> dict:
+        return {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution) -> float:
+        if trial.number >= len(self._points):
+            raise ValueError(f"SobolSampler was built for {len(self._points)} trials, not {trial.number + 1}")
+        u = float(self._points[trial.number][self._index[param_name]])
+        return param_distribution.low + u * (param_distribution.high - param_distribution.low)
+
+
+SAMPLERS = ("sobol", "tpe")
 
 
 @dataclass
@@ -127,10 +159,34 @@ class TuningResult:
     default_accuracy: float
     study_name: str
     storage: str | None
+    sampler: str = "sobol"
+    persist_seconds: float = 0.0
     history: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+class _LogBuffer(BaseJournalBackend):
+    """Journal operations held in memory, so that a finished study reaches its file in one write:
+    Optuna's file backend syncs the disk after every operation, which costs more than a trial."""
+
+    def __init__(self, logs: list[dict[str, Any]]):
+        self.logs = logs
+
+    def read_logs(self, log_number_from: int) -> list[dict[str, Any]]:
+        return self.logs[log_number_from:]
+
+    def append_logs(self, logs: list[dict[str, Any]]) -> None:
+        self.logs.extend(logs)
+
+
+def _stored_trials(storage: JournalStorage, study_name: str) -> list[FrozenTrial]:
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:  # no such study in the journal yet
+        return []
+    return [t for t in study.trials if t.state == TrialState.COMPLETE]
 
 
 def tune_thresholds(
@@ -141,24 +197,38 @@ def tune_thresholds(
     storage: Path | None = None,
     study_name: str = "crag-thresholds",
     default: tuple[float, float] = (0.3, 0.7),
+    sampler: str = "sobol",
 ) -> TuningResult:
-    """Maximise :func:`route_accuracy` over (lower, upper) with seeded multivariate TPE.
+    """Maximise :func:`route_accuracy` over (lower, upper) with an Optuna study (no LM calls).
 
-    With ``storage`` the study lives in sqlite and a rerun resumes it (only the missing trials run).
-    Ties in accuracy are broken toward the widest AMBIGUOUS band among the best trials, the choice the
-    paper found most robust to grader mistakes.
+    ``sampler`` is ``"sobol"`` (:class:`SobolSampler`, thousands of trials per second) or ``"tpe"``
+    (seeded multivariate TPE, ~35x slower at 2000 trials). With ``storage`` (an Optuna journal file,
+    ``optuna-dashboard <file>`` shows it) a rerun resumes the study: only the missing trials run. The
+    trials run in memory and are appended to the journal in one write at the end, because syncing every
+    trial to disk as it finishes costs more than the trial itself; one process writes a study at a time. Ties in accuracy are broken toward the
+    widest AMBIGUOUS band among the best trials, the choice the paper found most robust to grader
+    mistakes.
     """
     if not routes:
         raise ValueError("no validation questions to tune thresholds on")
+    if sampler not in SAMPLERS:
+        raise ValueError(f"unknown sampler {sampler!r}; choose from {SAMPLERS}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    url = f"sqlite:///{storage}" if storage else None
+    if storage:
+        storage.parent.mkdir(parents=True, exist_ok=True)
+        file = JournalFileBackend(str(storage))
+        buffer = _LogBuffer(list(file.read_logs(0)))
+        written = len(buffer.logs)
+        journal = JournalStorage(buffer)
+    stored = _stored_trials(journal, study_name) if storage else []
     study = optuna.create_study(
         study_name=study_name,
-        storage=url,
-        load_if_exists=True,
         direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True),
+        sampler=SobolSampler(("lower", "gap"), max(trials, len(stored)), seed)
+        if sampler == "sobol"
+        else optuna.samplers.TPESampler(seed=seed, multivariate=True),
     )
+    study.add_trials(stored)
 
     def objective(trial: optuna.Trial) -> float:
         lower = trial.suggest_float("lower", 0.0, 1.0)
@@ -166,11 +236,19 @@ def tune_thresholds(
         trial.set_user_attr("upper", upper)
         return route_accuracy(routes, lower, upper)
 
-    remaining = max(0, trials - len(study.trials))
+    remaining = max(0, trials - len(stored))
     started = time.perf_counter()
     if remaining:
         study.optimize(objective, n_trials=remaining)
     seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    if storage and remaining:
+        persistent = optuna.create_study(
+            study_name=study_name, storage=journal, load_if_exists=True, direction="maximize"
+        )
+        persistent.add_trials(study.trials[len(stored) :])
+        file.append_logs(buffer.logs[written:])
+    persist_seconds = time.perf_counter() - started
     done = [t for t in study.trials if t.value is not None]
     best_value = max(t.value for t in done)
     best = max(
@@ -186,7 +264,9 @@ def tune_thresholds(
         trials_per_second=remaining / seconds if seconds and remaining else float("nan"),
         default_accuracy=route_accuracy(routes, *default),
         study_name=study_name,
-        storage=url,
+        storage=str(storage) if storage else None,
+        sampler=sampler,
+        persist_seconds=persist_seconds,
         history=[
             {"lower": t.params["lower"], "upper": t.user_attrs["upper"], "accuracy": t.value} for t in done
         ],

@@ -11,3 +11,11 @@ class AnswerFromContext(dspy.Signature):
     question: str = dspy.InputField()
     context: str = dspy.InputField(desc="refined knowledge strips, one per line, each tagged with its source")
     answer: str = dspy.OutputField(desc="a short answer, or I don't know")
+
+
+class AnswerWithoutContext(dspy.Signature):
+    """Answer the question from what you know. Reply with a short answer (a few words, no full
+    sentence). If you do not know the answer, reply exactly "I don't know"."""
+
+    question: str = dspy.InputField()
+    answer: str = dspy.OutputField(desc="a short answer, or I don't know")

@@ -112,7 +112,7 @@ def test_compile_writes_program_report_and_plot(compiled):
     grader = report["stages"]["grader"]
     assert grader["kept"] == "few-shot" and grader["after"]["accuracy"] == 1.0
     assert grader["candidates"]["zero-shot"]["val"]["accuracy"] == grader["before"]["accuracy"] == 0.5
-    for suffix in (".report.md", ".report.json", ".landscape.png", ".optuna.db"):
+    for suffix in (".report.md", ".report.json", ".landscape.png", ".optuna.log"):
         assert out.with_suffix(suffix).is_file(), suffix
     assert {r["name"] for r in report["test"]} == {"CRAG (compiled)", "CRAG (uncompiled)", "plain RAG"}
 

@@ -1,6 +1,13 @@
 import pytest
 
-from optimize.metrics import answer_matches, binary_report, normalize_answer, roc_auc
+from optimize.metrics import (
+    answer_matches,
+    binary_report,
+    contains_answer,
+    is_answerable,
+    normalize_answer,
+    roc_auc,
+)
 
 
 @pytest.mark.parametrize(
@@ -12,6 +19,17 @@ from optimize.metrics import answer_matches, binary_report, normalize_answer, ro
         ("90%", "90%"),
         ("I don’t know", "i don t know"),
         ("ＩＰ６８", "ip68"),
+        ("", ""),
+        ("...!?", ""),
+        ("The", ""),
+        ("theatre anthem", "theatre anthem"),  # articles only as whole words
+        ("A.B.", "b"),  # "a" standing alone after punctuation is an article
+        ("12,5 mg", "12 5 mg"),  # a decimal comma is not a thousands separator
+        ("1,240,000", "1240000"),
+        ("1\u202f240 velds", "1240 velds"),  # narrow no-break space as thousands separator
+        ("2,50", "2 50"),
+        ("Line\none\ttwo", "line one two"),
+        ("Café", "café"),
     ],
 )
 def test_normalize_answer(text, expected):
@@ -31,6 +49,25 @@ def test_normalize_answer(text, expected):
         ("I don't know, maybe 90 days", ["90 days"], False),  # hedging abstention is not an answer
         ("", ["x"], False),
         (None, ["x"], False),
+        ("Z100.", ["Z100"], True),  # trailing punctuation
+        ("code: z100", ["Z100"], True),  # case
+        ("Z1000", ["Z100"], False),
+        ("The answer is 1,240.", ["1240"], True),
+        ("1240", ["1,240"], True),
+        ("about 90%", ["90%"], True),
+        ("90", ["90%"], False),
+        ("every 90 days", ["90 days", "every 90 days"], True),  # any alias
+        ("12–14 May 2026", ["12-14 May 2026"], False),  # an en dash is not a hyphen: list both aliases
+        ("12–14 May 2026", ["12-14 May 2026", "12–14 May 2026"], True),
+        ("I DON'T KNOW.", ["I don't know"], True),
+        ("I don\u2019t know", ["I do not know"], True),  # curly apostrophe and the other spelling
+        ("Sorry, I don't know.", ["I don't know"], True),
+        ("I know", ["I don't know"], False),
+        ("x", [], False),
+        ("x", [""], False),  # an empty alias never matches
+        ("the", ["The"], False),  # an alias that normalizes to nothing never matches
+        ("I don't know", ["I don't know", "Z100"], True),  # mixed: abstaining is accepted
+        ("Z100", ["I don't know", "Z100"], True),
     ],
 )
 def test_answer_matches(prediction, aliases, expected):
@@ -51,3 +88,63 @@ def test_binary_report_counts_unknown_as_wrong():
     assert report.precision == 0.5 and report.recall == 0.5
     with pytest.raises(ValueError):
         binary_report([0.1], [1, 0])
+
+
+@pytest.mark.parametrize(
+    ("text", "aliases", "expected"),
+    [
+        ("Pricing\nThe AquaProbe 220 costs 1,240 velds.", ["1240 velds"], True),
+        ("It costs 1,240 velds each", ["1,240 velds per sensor", "1240 velds"], True),
+        ("It costs 11,240 velds", ["1240 velds"], False),
+        ("We do not know yet.", ["I don't know"], False),  # the unanswerable marker is never "held"
+        ("I don't know", ["I don't know"], False),
+        ("", ["x"], False),
+        (None, ["x"], False),
+        ("no gold here", [], False),
+    ],
+)
+def test_contains_answer(text, aliases, expected):
+    assert contains_answer(text, aliases) is expected
+
+
+@pytest.mark.parametrize(
+    ("aliases", "expected"),
+    [
+        (["I don't know"], False),
+        (["I do not know", "i don\u2019t know"], False),
+        ([""], False),
+        ([], False),
+        (["90 days"], True),
+        (["I don't know", "90 days"], True),
+    ],
+)
+def test_is_answerable(aliases, expected):
+    assert is_answerable(aliases) is expected
+
+
+def test_binary_report_edge_cases():
+    empty = binary_report([], [])
+    assert (empty.n, empty.accuracy, empty.precision, empty.recall, empty.f1, empty.roc_auc) == (
+        0,
+        0,
+        0,
+        0,
+        0,
+        None,
+    )
+    all_no = binary_report([0.1, 0.2], [0, 0])
+    assert (
+        all_no.accuracy == 1.0 and all_no.precision == 0.0 and all_no.recall == 0.0 and all_no.roc_auc is None
+    )
+    at_threshold = binary_report([0.5, 0.49], [1, 0])
+    assert at_threshold.accuracy == 1.0 and at_threshold.f1 == 1.0  # the threshold itself predicts yes
+    strict = binary_report([0.6, 0.7], [1, 0], threshold=0.65)
+    assert strict.accuracy == 0.0 and strict.roc_auc == 0.0
+    unknown_only = binary_report([None, None], [1, 0])
+    assert unknown_only.accuracy == 0.0 and unknown_only.unknown == 2 and unknown_only.roc_auc is None
+
+
+def test_roc_auc_with_ties_and_order():
+    assert roc_auc([0.8, 0.4, 0.4, 0.1], [1, 1, 0, 0]) == pytest.approx((1 + 1 + 0.5 + 1) / 4)
+    assert roc_auc([0.2, 0.9, 0.5], [0, 1, 1]) == 1.0
+    assert roc_auc([], []) is None

@@ -1,0 +1,334 @@
+"""``python -m optimize.evaluate``: the CRAG paper's tables on any domain, from one shared run.
+
+For one QA split it measures answer accuracy (normalized gold-alias match, see docs/evaluate.md) of no
+retrieval, plain RAG, RAG with web results always added, CRAG with the default thresholds, CRAG from a
+program JSON and the paper's ablations of that CRAG; per action the questions taken and their
+accuracy; the correction success rate; the grader's quality; and the cost of every variant. Variants
+share their pieces of work (:mod:`optimize.shared_work`), so the table costs far fewer LM calls than
+running each variant alone; the report gives both. Writes JSON, markdown and a bar chart PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import dspy
+import numpy as np
+from tqdm.auto import tqdm
+
+from crag_dspy.app import assemble
+from crag_dspy.baselines import NoRetrieval
+from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
+from crag_dspy.domain import Domain, QAPair, load_domain
+from crag_dspy.lm import build_lm, lm_identity
+from crag_dspy.program import apply_program, read_program
+from crag_dspy.routing import Action
+from crag_dspy.settings import Settings
+from crag_dspy.store import ingest_domain
+
+from .datasets import relevance_examples
+from .evaluation import evaluate_judge
+from .metrics import answer_matches, binary_report, contains_answer, is_answerable
+from .report import plot_accuracy_bars, write_evaluation_report
+from .shared_work import Cost, CRAGPieces, SharedWork, state_key
+from .variants import Outcome, Variant, run_variant, table_variants
+
+__all__ = ["evaluate_domain", "grader_quality", "main", "summarize"]
+
+log = logging.getLogger(__name__)
+SPLITS = ("train", "val", "test")
+
+
+def _no_retrieval(work: SharedWork, lm: dspy.BaseLM) -> Callable[[str], Outcome]:
+    program = NoRetrieval(lm=lm)
+    key = state_key(program.answerer.dump_state())
+
+    def answer(question: str) -> Outcome:
+        try:
+            return Outcome(
+                work.get(("no_retrieval", question, key), lambda: program(question=question).answer)
+            )
+        except Exception as exc:  # noqa: BLE001 - one failed LM request is a wrong answer, not a lost table
+            log.warning("no-retrieval answer failed for %r: %s", question, exc)
+            return Outcome(None, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+
+    return answer
+
+
+def _question_rows(
+    q: QAPair,
+    variants: Sequence[Variant],
+    pieces: dict[str, CRAGPieces],
+    work: SharedWork,
+    no_retrieval: Callable[[str], Outcome],
+) -> list[dict[str, Any]]:
+    rows = []
+    for variant in variants:
+        with work.consumer(variant.name) as used:
+            outcome = run_variant(variant, q.question, pieces, no_retrieval)
+        cost = work.cost(used)
+        errors = work.notes(used) + ([outcome.error] if outcome.error else [])
+        rows.append(
+            {
+                "id": q.id,
+                "variant": variant.name,
+                "answer": outcome.answer,
+                "action": outcome.action.value if outcome.action else None,
+                "correct": answer_matches(outcome.answer, q.answers),
+                **cost.as_dict(),
+                "seconds": round(cost.seconds, 4),
+                "errors": errors,
+            }
+        )
+    # Whether the first retrieval held a gold answer is a property of the question, not of a variant.
+    with work.consumer("evaluation"):
+        passages = pieces["main"].retrieve(q.question)
+    answerable = is_answerable(q.answers)
+    held = any(contains_answer(p.display, q.answers) for p in passages)
+    for row in rows:
+        row.update(answerable=answerable, retrieval_has_answer=held)
+    return rows
+
+
+def _share(n: int, total: int) -> dict[str, Any]:
+    return {"n": n, "of": total, "rate": n / total if total else None}
+
+
+def summarize(rows: Sequence[dict[str, Any]], variants: Sequence[Variant]) -> list[dict[str, Any]]:
+    """Per variant: accuracy, per-action counts and accuracy, correction success, standalone cost.
+
+    Correction success: among answerable questions whose first retrieval held no gold alias, the share
+    answered correctly. Cost is standalone (every piece the variant used, shared or not); seconds are
+    per question, p50 and p95.
+    """
+    table = []
+    for variant in variants:
+        mine = [r for r in rows if r["variant"] == variant.name]
+        n = len(mine)
+        actions = {}
+        for action in Action:
+            took = [r for r in mine if r["action"] == action.value]
+            if took or variant.kind == "crag":
+                actions[action.value] = _share(sum(r["correct"] for r in took), len(took)) | {
+                    "taken": len(took)
+                }
+        missed = [r for r in mine if r["answerable"] and not r["retrieval_has_answer"]]
+        seconds = [r["seconds"] for r in mine]
+        p50, p95 = np.percentile(seconds, [50, 95]).tolist() if seconds else (None, None)
+        table.append(
+            {
+                "name": variant.name,
+                "group": variant.group,
+                "kind": variant.kind,
+                "n": n,
+                "correct": sum(r["correct"] for r in mine),
+                "accuracy": sum(r["correct"] for r in mine) / n if n else None,
+                "actions": actions,
+                "correction": _share(sum(r["correct"] for r in missed), len(missed)),
+                "errors": sum(bool(r["errors"]) for r in mine),
+                "standalone": {
+                    key: sum(r[key] for r in mine)
+                    for key in (
+                        "requests",
+                        "calls",
+                        "prompt_tokens",
+                        "cached_prompt_tokens",
+                        "completion_tokens",
+                    )
+                }
+                | {"seconds": sum(seconds), "seconds_p50": p50, "seconds_p95": p95},
+            }
+        )
+    return table
+
+
+def grader_quality(
+    domain: Domain,
+    questions: Sequence[QAPair],
+    graders: dict[str, CRAGPieces],
+    work: SharedWork,
+    split: str,
+    *,
+    lm: dspy.BaseLM,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Each distinct grader's accuracy, precision, recall and ROC AUC at 0.5.
+
+    On the domain's labelled relevance pairs of ``split`` when it has any (extra LM calls, shared
+    between programs with the same grader), and always on the passages retrieved for the split's
+    questions, labelled relevant when they hold a gold alias (no extra LM calls: those grades exist).
+    """
+    examples = relevance_examples(domain.relevance, split)
+    results, seen = [], set()
+    for name, pieces in graders.items():
+        if pieces.grader_key in seen:
+            continue
+        seen.add(pieces.grader_key)
+        with work.consumer("grader quality"):
+            if examples:
+
+                def run(pieces=pieces, name=name):
+                    with dspy.context(lm=lm):
+                        return evaluate_judge(
+                            pieces.crag.grader, examples, "relevant", desc=f"grader {name}", progress=progress
+                        )
+
+                report = work.get(("grader_eval", split, pieces.grader_key), run)
+                results.append({"grader": name, "data": f"relevance.jsonl ({split})", **report.as_dict()})
+            scores, labels = [], []
+            for q in questions:
+                passages, grades = pieces.documents(q.question)
+                scores.extend(grades)
+                labels.extend(int(contains_answer(p.display, q.answers)) for p in passages)
+            results.append(
+                {
+                    "grader": name,
+                    "data": f"retrieved passages ({split}; relevant = holds a gold alias)",
+                    **binary_report(scores, labels).as_dict(),
+                }
+            )
+    return results
+
+
+def evaluate_domain(
+    settings: Settings,
+    *,
+    lm: dspy.BaseLM | None = None,
+    program: Path | None = None,
+    split: str = "test",
+    limit: int | None = None,
+    out: Path | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Evaluate every variant on ``split`` of the domain of ``settings``; write and return the report."""
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; choose from {SPLITS}")
+    if limit is not None and limit < 1:
+        raise ValueError("--limit must be at least 1")
+    # Bad input fails here, before a model loads or anything is indexed.
+    domain = load_domain(settings.resolved_domain_dir)
+    questions = [q for q in domain.qa if q.split == split][:limit]
+    if not questions:
+        raise ValueError(f"domain {domain.name!r} has no QA questions in split {split!r} (qa.jsonl)")
+    document = read_program(program, domain=domain.name) if program else None
+    started = time.perf_counter()
+    lm = lm or build_lm(settings)
+    default_crag, backends = assemble(settings, lm, progress)
+    ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed
+    backends.embedder.encode(["warm-up"])  # loading the embedding model is no variant's cost
+    work = SharedWork()
+    pieces = {"default": CRAGPieces(default_crag, work)}
+    pieces["main"] = (
+        CRAGPieces(apply_program(default_crag.deepcopy(), document), work) if document else pieces["default"]
+    )
+    variants = table_variants(document is not None)
+    no_retrieval = _no_retrieval(work, lm)
+
+    rows: list[dict[str, Any]] = []
+    for q in tqdm(questions, desc=f"evaluate {domain.name}/{split}", unit="question", disable=not progress):
+        rows.extend(_question_rows(q, variants, pieces, work, no_retrieval))
+    graders = grader_quality(
+        domain,
+        questions,
+        {"program" if document else "default": pieces["main"], "default": pieces["default"]},
+        work,
+        split,
+        lm=lm,
+        progress=progress,
+    )
+    table = summarize(rows, variants)
+    owned = work.owned()
+    for entry in table:
+        marginal = owned.get(entry["name"])
+        entry["marginal"] = (marginal or Cost()).as_dict()
+    total = work.total()
+    main_crag = pieces["main"].crag
+    report = {
+        "domain": domain.name,
+        "split": split,
+        "questions": len(questions),
+        "lm": getattr(lm, "model", lm_identity(settings)),
+        "program": str(program) if program else None,
+        "thresholds": {
+            "default": dict(zip(("lower", "upper"), pieces["default"].thresholds)),
+            "main": main_crag.thresholds.dump_state(),
+        },
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        "variants": table,
+        "grader": graders,
+        "cost": {
+            "lm_requests": total.requests,
+            "lm_calls": total.usage.calls,
+            "prompt_tokens": total.usage.prompt_tokens,
+            "completion_tokens": total.usage.completion_tokens,
+            "standalone_lm_requests": sum(v["standalone"]["requests"] for v in table),
+            "standalone_lm_calls": sum(v["standalone"]["calls"] for v in table),
+            "grader_quality_lm_requests": (owned.get("grader quality") or Cost()).requests,
+            "pieces": len(work),
+            "seconds": time.perf_counter() - started,
+        },
+        "rows": rows,
+    }
+    out = out or Path("runs") / "eval" / f"{domain.name}-{split}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    report["plot"] = str(plot_accuracy_bars(table, out.with_suffix(".png"), f"{domain.name} / {split}"))
+    report["files"] = [str(p) for p in write_evaluation_report(report, out)] + [report["plot"]]
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m optimize.evaluate", description=__doc__.split("\n\n")[0])
+    add_storage_arguments(parser)
+    add_lm_arguments(parser)
+    parser.add_argument(
+        "--program", type=Path, help="compiled program JSON to evaluate (python -m optimize.compile)"
+    )
+    parser.add_argument(
+        "--split", choices=SPLITS, default="test", help="QA split to evaluate (default: test)"
+    )
+    parser.add_argument("--limit", type=int, help="evaluate the first N questions of the split (quick runs)")
+    parser.add_argument(
+        "--out", type=Path, help="output path without suffix (default: runs/eval/<domain>-<split>)"
+    )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="bypass DSPy's request cache, so that costs and times are those of a cold run",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
+    )
+    try:
+        settings = settings_from_args(args)
+        lm = build_lm(settings, cache=False) if args.no_cache else None
+        report = evaluate_domain(
+            settings,
+            lm=lm,
+            program=args.program,
+            split=args.split,
+            limit=args.limit,
+            out=args.out.with_suffix("") if args.out else None,
+        )
+    except user_error_types() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    md = next(Path(p) for p in report["files"] if p.endswith(".md"))
+    print(md.read_text(encoding="utf-8"))
+    print("\n" + "\n".join(f"wrote {p}" for p in report["files"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

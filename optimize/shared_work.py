@@ -1,0 +1,356 @@
+"""Work shared between program variants: each piece computed once, with the cost it took when it was.
+
+Every CRAG variant the evaluation compares (thresholds, the paper's ablations, plain RAG, ...) is built
+from the same few pieces per question: the retrieval, the document grades, the refined or raw internal
+knowledge, the web query, the selected or raw web knowledge, and one answer per distinct context.
+:class:`SharedWork` computes each piece at most once and remembers the LM usage and wall time measured
+while computing it, so a variant costs, *standalone*, the sum of the pieces it used, while the whole
+comparison costs only the distinct pieces. :class:`CRAGPieces` cuts a :class:`~crag_dspy.module.CRAG`
+into those pieces with its public stages; threshold tuning and the evaluation both use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import dspy
+from dspy.utils.callback import BaseCallback
+
+from crag_dspy.baselines import passage_strips
+from crag_dspy.module import CRAG, knowledge_for
+from crag_dspy.protocols import Passage, Retriever, WebResult, WebSearch
+from crag_dspy.routing import Action
+from crag_dspy.strips import Strip, format_context
+from crag_dspy.trace import StageUsage, TraceRecorder, usage_from_tracker
+
+__all__ = [
+    "CRAGPieces",
+    "Cost",
+    "SharedJudge",
+    "SharedRetriever",
+    "SharedWebSearch",
+    "SharedWork",
+    "state_key",
+]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Cost:
+    """LM usage and wall time of a piece of work.
+
+    ``usage.calls`` counts requests the LM really served; ``requests`` counts every LM request,
+    including those DSPy's disk cache answered (they cost ~0 s and no tokens now, but a run on a
+    fresh cache pays for them).
+    """
+
+    usage: StageUsage = field(default_factory=StageUsage)
+    seconds: float = 0.0
+    requests: int = 0
+
+    def plus(self, other: Cost) -> Cost:
+        return Cost(self.usage.add(other.usage), self.seconds + other.seconds, self.requests + other.requests)
+
+    def minus(self, other: Cost) -> Cost:
+        usage = StageUsage(
+            **{k: getattr(self.usage, k) - getattr(other.usage, k) for k in StageUsage.model_fields}
+        )
+        return Cost(usage, max(0.0, self.seconds - other.seconds), self.requests - other.requests)
+
+    def as_dict(self) -> dict[str, float]:
+        return {**self.usage.model_dump(), "requests": self.requests, "seconds": self.seconds}
+
+    @staticmethod
+    def total(costs: Iterable[Cost]) -> Cost:
+        result = Cost()
+        for cost in costs:
+            result = result.plus(cost)
+        return result
+
+
+@dataclass
+class _Entry:
+    value: Any
+    cost: Cost
+    owner: str | None
+    error: Exception | None = None
+    notes: list[str] = field(default_factory=list)
+    deps: set[Hashable] = field(default_factory=set)
+
+
+@dataclass
+class _Frame:
+    """A piece being computed: the pieces it used, what those computed inside it cost, what went wrong."""
+
+    children: Cost = field(default_factory=Cost)
+    notes: list[str] = field(default_factory=list)
+    deps: set[Hashable] = field(default_factory=set)
+    requests: int = 0
+
+
+class _RequestCounter(BaseCallback):
+    """Counts every LM request (cache hits too) for the piece being computed."""
+
+    def __init__(self, frames: list[_Frame]):
+        self.frames = frames
+
+    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        if self.frames:
+            self.frames[-1].requests += 1
+
+
+class SharedWork:
+    """A memo of named pieces of work, each with the *own* cost measured when it was computed.
+
+    A piece computed inside another (a retrieval inside grading) is charged to itself only, so that no
+    cost is counted twice, and is a dependency of the outer piece. ``with work.consumer(name) as used:``
+    collects the keys a consumer used, computed or reused, with their dependencies; a piece's owner is
+    the consumer that computed it.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[Hashable, _Entry] = {}
+        self._frames: list[_Frame] = []
+        self._consumer: str | None = None
+        self._used: set[Hashable] | None = None
+        self._counter = _RequestCounter(self._frames)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @contextmanager
+    def consumer(self, name: str) -> Iterator[set[Hashable]]:
+        used: set[Hashable] = set()
+        previous = self._consumer, self._used
+        self._consumer, self._used = name, used
+        try:
+            yield used
+        finally:
+            self._consumer, self._used = previous
+
+    def get(self, key: Hashable, compute: Callable[[], T]) -> T:
+        """The piece ``key``, computed with ``compute()`` the first time only. A piece whose computation
+        raised raises the same error again: a flaky backend must not give variants different inputs."""
+        if self._frames:
+            self._frames[-1].deps.add(key)
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = self._compute(compute)
+        if self._used is not None:
+            self._mark_used(key)
+        if entry.error is not None:
+            raise entry.error
+        return entry.value
+
+    def _mark_used(self, key: Hashable) -> None:
+        pending = [key]
+        while pending:
+            k = pending.pop()
+            if k not in self._used:
+                self._used.add(k)
+                pending.extend(self._entries[k].deps)
+
+    def note(self, message: str) -> None:
+        """Attach a problem (an LM error the stage degraded around) to the piece being computed."""
+        if self._frames:
+            self._frames[-1].notes.append(message)
+
+    def _compute(self, compute: Callable[[], Any]) -> _Entry:
+        frame = _Frame()
+        self._frames.append(frame)
+        callbacks = dspy.settings.callbacks or []
+        started = time.perf_counter()
+        value, error = None, None
+        try:
+            with (
+                dspy.context(callbacks=[*callbacks, self._counter])
+                if self._counter not in callbacks
+                else nullcontext(),
+                dspy.track_usage() as tracker,
+            ):
+                try:
+                    value = compute()
+                except Exception as exc:  # noqa: BLE001 - memoized and re-raised to every user of the piece
+                    error = exc
+        finally:
+            self._frames.pop()
+        # Usage and time are inclusive (nested pieces' too) and made exclusive here; requests are
+        # counted by the innermost piece only, so they are exclusive already.
+        inclusive = Cost(usage_from_tracker(tracker), time.perf_counter() - started, frame.requests)
+        if self._frames:
+            self._frames[-1].children = self._frames[-1].children.plus(
+                Cost(inclusive.usage, inclusive.seconds)
+            )
+        own = inclusive.minus(frame.children)
+        return _Entry(value, own, self._consumer, error, frame.notes, frame.deps)
+
+    def cost(self, keys: Iterable[Hashable]) -> Cost:
+        """What the pieces ``keys`` cost together: a consumer's standalone cost."""
+        return Cost.total(self._entries[k].cost for k in keys if k in self._entries)
+
+    def notes(self, keys: Iterable[Hashable]) -> list[str]:
+        return [n for k in keys if k in self._entries for n in self._entries[k].notes]
+
+    def owned(self) -> dict[str | None, Cost]:
+        """The cost of the pieces each consumer computed first (its marginal cost)."""
+        owners: dict[str | None, Cost] = {}
+        for entry in self._entries.values():
+            owners[entry.owner] = owners.get(entry.owner, Cost()).plus(entry.cost)
+        return owners
+
+    def total(self) -> Cost:
+        """What everything computed so far actually cost."""
+        return Cost.total(e.cost for e in self._entries.values())
+
+
+class SharedJudge:
+    """A judge (grader or strip filter) whose every judgement is a shared piece: the same strip of the
+    same question is judged once, whichever knowledge (internal or web, any query) it came from."""
+
+    def __init__(self, judge: Callable[..., dspy.Prediction], work: SharedWork, key: str):
+        self.judge, self.work, self.key = judge, work, key
+
+    def __call__(self, **inputs: str) -> dspy.Prediction:
+        return self.work.get(("judge", self.key, *sorted(inputs.items())), lambda: self.judge(**inputs))
+
+
+class SharedRetriever:
+    """A :class:`~crag_dspy.protocols.Retriever` whose results are pieces of a :class:`SharedWork`."""
+
+    def __init__(self, inner: Retriever, work: SharedWork):
+        self.inner, self.work = inner, work
+        self.name = getattr(inner, "name", type(inner).__name__)
+
+    def retrieve(self, query: str, k: int) -> list[Passage]:
+        return list(self.work.get(("retrieve", self.name, query, k), lambda: self.inner.retrieve(query, k)))
+
+
+class SharedWebSearch:
+    """A :class:`~crag_dspy.protocols.WebSearch` whose results (and failures) are shared pieces."""
+
+    def __init__(self, inner: WebSearch, work: SharedWork):
+        self.inner, self.work = inner, work
+        self.name = getattr(inner, "name", type(inner).__name__)
+
+    def search(self, query: str, max_results: int) -> list[WebResult]:
+        key = ("search", self.name, query, max_results)
+        return list(self.work.get(key, lambda: self.inner.search(query, max_results)))
+
+
+def state_key(*parts: Any) -> str:
+    """A short, stable hash of JSON-able state (predictor demos and instructions, config values)."""
+    blob = json.dumps(parts, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha1(blob.encode("utf-8")).hexdigest()[:16]
+
+
+class CRAGPieces:
+    """One CRAG program cut into shared pieces with its public stages.
+
+    Pieces are keyed by their inputs and by the state of the predictors that make them, so two programs
+    with the same grader share grades, and any two routes to the same context share one answer. The CRAG
+    given is not changed: the pieces run on a copy whose retriever and web search are shared.
+    """
+
+    def __init__(self, crag: CRAG, work: SharedWork):
+        self.work = work
+        self.crag = crag.deepcopy()  # shares the LM and backends, copies the predictors
+        if not isinstance(crag.retriever, SharedRetriever):
+            self.crag.retriever = SharedRetriever(crag.retriever, work)
+        if not isinstance(crag.web_search, SharedWebSearch):
+            self.crag.web_search = SharedWebSearch(crag.web_search, work)
+        c = self.crag
+
+        def judge(j):
+            return state_key(j.dump_state(), j.adapter_name, j.use_logprobs, j.retries)
+
+        grader, strip_filter = judge(c.grader), judge(c.strip_filter)
+        refine = (c.strip_threshold, c.max_strips, c.sentences_per_strip)
+        self._grader = state_key(grader, c.k, c.retriever.name)
+        self._internal = state_key(self._grader, strip_filter, refine)
+        self._rewriter = state_key(c.rewriter.dump_state(), c.retries)
+        self._web = state_key(strip_filter, refine, c.web_results, c.web_search.name)
+        self._raw_web = state_key(c.sentences_per_strip, c.web_results, c.web_search.name)
+        self._answerer = state_key(c.answerer.dump_state(), c.retries)
+        # Plain attributes on the working copy: the stages call them like the judges they wrap.
+        c.grader = SharedJudge(c.grader, work, grader)
+        c.strip_filter = SharedJudge(c.strip_filter, work, strip_filter)
+
+    @property
+    def grader_key(self) -> str:
+        """Identifies the grader's state: programs with equal keys grade identically."""
+        return self._grader
+
+    @property
+    def thresholds(self) -> tuple[float, float]:
+        return self.crag.thresholds.lower, self.crag.thresholds.upper
+
+    def retrieve(self, question: str) -> list[Passage]:
+        """The top-k passages, ungraded (plain RAG's view of the retrieval)."""
+        return self.crag.retriever.retrieve(question, self.crag.k)
+
+    def documents(self, question: str) -> tuple[list[Passage], list[float | None]]:
+        """The top-k passages and their grades."""
+        return self._stage(("grade", question, self._grader), question, self.crag.grade_documents)
+
+    def internal(self, question: str, *, refine: bool = True) -> list[Strip]:
+        """Refined internal knowledge, or with ``refine=False`` the raw passages (no LM calls)."""
+        passages, scores = self.documents(question)
+        if not refine:
+            return passage_strips(passages)
+        return self._stage(
+            ("internal", question, self._internal),
+            question,
+            lambda q, run: self.crag.internal_knowledge(q, passages, scores, run),
+        )
+
+    def web_query(self, question: str, *, rewrite: bool = True) -> str:
+        if not rewrite:
+            return question
+        return self._stage(("rewrite", question, self._rewriter), question, self.crag.rewrite_query)
+
+    def external(self, question: str, *, rewrite: bool = True, select: bool = True) -> list[Strip] | None:
+        """Selected (or with ``select=False`` all) web strips for the rewritten (or original) question;
+        None when web search produced nothing."""
+        query = self.web_query(question, rewrite=rewrite)
+        return self._stage(
+            ("external", question, query, select, self._web if select else self._raw_web),
+            question,
+            lambda q, run: self.crag.external_knowledge(q, run, query=query, select=select),
+        )
+
+    def answer(self, question: str, internal: list[Strip], external: list[Strip]) -> str:
+        return self._stage(
+            ("answer", question, format_context(internal, external), self._answerer),
+            question,
+            lambda q, run: self.crag.generate(q, internal, external, run),
+        )
+
+    def route(
+        self, question: str, action: Action, *, refine: bool = True, rewrite: bool = True, select: bool = True
+    ) -> str:
+        """The answer that ``action`` leads to, computing only the pieces it needs, as ``CRAG.forward``
+        does (web knowledge only for actions that use it; internal knowledge also when the web gave none)."""
+        external = self.external(question, rewrite=rewrite, select=select) if action.uses_web else None
+        internal = self.internal(question, refine=refine) if action.uses_internal or external is None else []
+        return self.answer(question, *knowledge_for(action, internal, external))
+
+    def _stage(self, key: Hashable, question: str, stage: Callable[[str, TraceRecorder], T]) -> T:
+        def compute() -> T:
+            run = self.crag.new_run(question)
+            with self.crag.lm_scope(run.trace):
+                value = stage(question, run)
+            for error in run.trace.errors:
+                self.work.note(error)
+            return value
+
+        return self.work.get(key, compute)

@@ -1,0 +1,195 @@
+"""The evaluation harness end to end on the tiny generated domain with a scripted LM: the table's
+structure, the paper's ablations as configuration, and shared work that is never recomputed."""
+
+import json
+
+import pytest
+from fakes import ScriptedLM
+from test_compile import make_domain, script
+
+from crag_dspy import CRAG
+from crag_dspy.baselines import NoRetrieval, PlainRAG
+from crag_dspy.program import save_program
+from crag_dspy.settings import Settings
+from optimize.evaluate import evaluate_domain, main
+from optimize.shared_work import CRAGPieces, SharedWork
+from optimize.variants import Outcome, run_variant, table_variants
+
+NAMES = [
+    "no retrieval",
+    "plain RAG",
+    "RAG + web always",
+    "CRAG (default thresholds)",
+    "CRAG (program)",
+    "w/o Correct",
+    "w/o Incorrect",
+    "w/o Ambiguous",
+    "w/o refinement",
+    "w/o rewriting",
+    "w/o external selection",
+]
+
+
+def eval_script(system: str, user: str):
+    if "from what you know" in system:  # no retrieval: the tiny domain is invented, the model cannot know
+        return {"answer": "I don't know"}
+    return script(system, user)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("evaluate")
+    domain = make_domain(tmp / "tiny")
+    settings = Settings(domain_dir=domain, chroma_path=tmp / "chroma", web_search="offline")
+    # A "compiled" program with a wide AMBIGUOUS band: grades are 0.9 / 0.1, so every question is AMBIGUOUS.
+    program = CRAG(None, None, lower=0.05, upper=0.95, k=2)
+    save_program(program, tmp / "program.json", {"domain": "tiny"})
+    return tmp, settings
+
+
+@pytest.fixture(scope="module")
+def evaluated(setup):
+    tmp, settings = setup
+    lm = ScriptedLM(eval_script)
+    report = evaluate_domain(
+        settings, lm=lm, program=tmp / "program.json", out=tmp / "out" / "tiny-test", progress=False
+    )
+    return report, lm
+
+
+def rows_of(report):
+    return {row["name"]: row for row in report["variants"]}
+
+
+def test_table_has_every_variant_in_order_and_writes_json_md_png(evaluated, setup):
+    report, _ = evaluated
+    tmp, _ = setup
+    assert [row["name"] for row in report["variants"]] == NAMES
+    assert report["questions"] == 3 and all(row["n"] == 3 for row in report["variants"])
+    for suffix in (".json", ".md", ".png"):
+        assert (tmp / "out" / f"tiny-test{suffix}").is_file(), suffix
+    saved = json.loads((tmp / "out" / "tiny-test.json").read_text())
+    assert [row["name"] for row in saved["variants"]] == NAMES
+    assert len(saved["rows"]) == 3 * len(NAMES)
+    md = (tmp / "out" / "tiny-test.md").read_text()
+    for name in NAMES:
+        assert f"| {name} |" in md
+    assert "## Actions" in md and "## Grader quality" in md
+    assert (tmp / "out" / "tiny-test.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_accuracy_actions_and_correction(evaluated):
+    rows = rows_of(evaluated[0])
+    # test split: kappa and lambda (answer in the KB), rho (answer only on the web)
+    assert rows["no retrieval"]["accuracy"] == 0.0
+    assert rows["plain RAG"]["correct"] == 2  # the web-only question has no answer in the KB
+    assert rows["RAG + web always"]["correct"] == 3  # the raw question finds the web page too
+    crag = rows["CRAG (default thresholds)"]
+    assert crag["correct"] == 3
+    assert {a: s["taken"] for a, s in crag["actions"].items()} == {
+        "CORRECT": 2,
+        "AMBIGUOUS": 0,
+        "INCORRECT": 1,
+    }
+    assert crag["correction"] == {"n": 1, "of": 1, "rate": 1.0}
+    assert rows["plain RAG"]["correction"] == {"n": 0, "of": 1, "rate": 0.0}
+    program = rows["CRAG (program)"]
+    assert program["actions"]["AMBIGUOUS"]["taken"] == 3 and program["correct"] == 3
+    # Removing AMBIGUOUS puts 0.9-graded questions above the single threshold (0.05 + 0.95) / 2 = 0.5.
+    no_ambiguous = rows["w/o Ambiguous"]["actions"]
+    assert no_ambiguous["CORRECT"]["taken"] == 2 and no_ambiguous["INCORRECT"]["taken"] == 1
+    assert rows["w/o Correct"]["actions"]["AMBIGUOUS"]["taken"] == 3
+    for row in rows.values():
+        assert row["errors"] == 0
+    (grader,) = evaluated[0]["grader"]  # both programs share one grader; the test split has no pairs
+    assert grader["data"].startswith("retrieved passages") and grader["accuracy"] == 1.0
+
+
+def test_shared_work_is_never_recomputed(evaluated):
+    report, lm = evaluated
+    cost = report["cost"]
+    assert len(lm.calls) == cost["lm_calls"]
+    assert len(set(lm.calls)) == len(lm.calls)  # no identical LM request was made twice
+    assert sum(row["marginal"]["calls"] for row in report["variants"]) == cost["lm_calls"]
+    assert cost["lm_requests"] == cost["lm_calls"]  # the scripted LM has no cache: every request is a call
+    assert cost["standalone_lm_requests"] == cost["standalone_lm_calls"] > 2 * cost["lm_calls"]
+    # Remapped actions only recombine pieces already computed for the program and the default CRAG
+    # (same predictors): they add no LM call at all.
+    for name in ("w/o Correct", "w/o Incorrect", "w/o Ambiguous"):
+        assert rows_of(report)[name]["marginal"]["requests"] == 0
+
+
+def test_standalone_cost_is_what_a_variant_costs_alone(evaluated, setup):
+    """Run each variant alone, on fresh shared work: it makes exactly its standalone LM calls."""
+    report, _ = evaluated
+    _, settings = setup
+    from crag_dspy.app import assemble
+    from crag_dspy.program import apply_program, read_program
+
+    for variant in table_variants(has_program=True):
+        lm = ScriptedLM(eval_script)
+        crag, backends = assemble(settings, lm, progress=False)
+        work = SharedWork()
+        program = apply_program(crag.deepcopy(), read_program(settings.domain_dir.parent / "program.json"))
+        pieces = {"default": CRAGPieces(crag, work), "main": CRAGPieces(program, work)}
+        closed = NoRetrieval(lm=lm)
+        for q in [q for q in backends.domain.qa if q.split == "test"]:
+            run_variant(variant, q.question, pieces, lambda text, c=closed: Outcome(c(question=text).answer))
+        assert len(lm.calls) == rows_of(report)[variant.name]["standalone"]["calls"], variant.name
+
+
+def test_plain_rag_row_answers_like_the_plain_rag_module(evaluated, setup):
+    report, _ = evaluated
+    _, settings = setup
+    from crag_dspy.app import assemble
+
+    lm = ScriptedLM(eval_script)
+    crag, _ = assemble(settings, lm, progress=False)
+    rag = PlainRAG(crag.retriever, lm=lm, k=crag.k)
+    questions = {row["id"]: row for row in report["rows"] if row["variant"] == "plain RAG"}
+    from crag_dspy.domain import load_domain
+
+    for q in load_domain(settings.domain_dir).qa:
+        if q.id in questions:
+            assert rag(question=q.question).answer == questions[q.id]["answer"]
+
+
+def test_val_split_measures_the_grader_on_labelled_pairs(setup):
+    tmp, settings = setup
+    lm = ScriptedLM(eval_script)
+    report = evaluate_domain(settings, lm=lm, split="val", out=tmp / "val" / "tiny-val", progress=False)
+    assert [row["name"] for row in report["variants"]][3] == "CRAG (default thresholds)"
+    assert "CRAG (program)" not in [row["name"] for row in report["variants"]]
+    data = [g["data"] for g in report["grader"]]
+    assert data[0] == "relevance.jsonl (val)" and report["grader"][0]["n"] == 4
+    assert report["cost"]["grader_quality_lm_requests"] == 4
+    assert len(lm.calls) == report["cost"]["lm_calls"] == len(set(lm.calls))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--domain-dir", "/nonexistent"], "domain directory not found"),
+        (["--limit", "0"], "--limit must be at least 1"),
+        (["--lm", "gpt-4o"], "not a LiteLLM model string"),
+    ],
+)
+def test_bad_invocations_are_clear_errors(argv, message, capsys):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_bad_program_or_split_fails_before_any_model_loads(setup, tmp_path, capsys):
+    tmp, settings = setup
+    base = ["--domain-dir", str(settings.domain_dir), "--chroma-path", str(tmp_path / "chroma")]
+    (tmp_path / "other.json").write_text(
+        (tmp / "program.json").read_text().replace('"domain": "tiny"', '"domain": "other"')
+    )
+    assert main([*base, "--program", str(tmp_path / "other.json")]) == 2
+    assert "compiled for domain 'other'" in capsys.readouterr().err
+    assert main([*base, "--program", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read program" in capsys.readouterr().err
+    empty = make_domain(tmp_path / "empty")
+    (empty / "qa.jsonl").write_text("")
+    assert main(["--domain-dir", str(empty), "--chroma-path", str(tmp_path / "chroma")]) == 2
+    assert "no QA questions in split 'test'" in capsys.readouterr().err
