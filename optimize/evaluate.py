@@ -33,7 +33,7 @@ from crag_dspy.routing import Action
 from crag_dspy.settings import Settings
 from crag_dspy.store import ingest_domain
 
-from .datasets import relevance_examples
+from .datasets import qa_split, relevance_examples
 from .evaluation import evaluate_judge
 from .metrics import answer_matches, binary_report, contains_answer, is_answerable
 from .report import plot_accuracy_bars, write_evaluation_report
@@ -214,7 +214,7 @@ def evaluate_domain(
         raise ValueError("--limit must be at least 1")
     # Bad input fails here, before a model loads or anything is indexed.
     domain = load_domain(settings.resolved_domain_dir)
-    questions = [q for q in domain.qa if q.split == split][:limit]
+    questions = qa_split(domain, split, limit)
     if not questions:
         raise ValueError(f"domain {domain.name!r} has no QA questions in split {split!r} (qa.jsonl)")
     document = read_program(program, domain=domain.name) if program else None
@@ -293,7 +293,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--split", choices=SPLITS, default="test", help="QA split to evaluate (default: test)"
     )
-    parser.add_argument("--limit", type=int, help="evaluate the first N questions of the split (quick runs)")
+    parser.add_argument(
+        "--limit", type=int, help="evaluate N questions of the split, taken evenly across kinds (quick runs)"
+    )
     parser.add_argument(
         "--out", type=Path, help="output path without suffix (default: runs/eval/<domain>-<split>)"
     )

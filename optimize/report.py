@@ -115,7 +115,12 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
             "",
             f"tuned lower={t['lower']:.3f}, upper={t['upper']:.3f}: val accuracy {_pct(t['accuracy'])} "
             f"(defaults 0.3/0.7: {_pct(t['default_accuracy'])}); {t['trials']} trials ({t.get('sampler', 'tpe')}), "
-            f"{t['trials_per_second']:.0f} trials/s, {t['lm_calls_during_trials']} LM calls during trials; "
+            + (
+                f"{t['trials_per_second']:.0f} trials/s, "
+                if not math.isnan(t["trials_per_second"])  # NaN: every trial was resumed, none ran
+                else "all resumed from the study's journal, "
+            )
+            + f"{t['lm_calls_during_trials']} LM calls during trials; "
             f"precomputing the {t['questions']} questions' routes took {t['precompute_lm_calls']} LM calls.",
             "",
             f"![accuracy over thresholds]({Path(t['plot']).name})",
