@@ -20,8 +20,8 @@ from typing import Any
 import dspy
 
 from crag_dspy.app import assemble
-from crag_dspy.calibration import Calibration, fit_calibration
 from crag_dspy.baselines import PlainRAG
+from crag_dspy.calibration import Calibration, fit_calibration
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain
 from crag_dspy.faults import CRAGRunError
@@ -64,7 +64,7 @@ def _compile_judge(
 
     Candidates: the zero-shot prompt with a fitted calibration, and (unless ``optimizer`` is "none")
     the teleprompter's few-shot prompt with its own calibration. The best on val is shipped, and only
-    if it beats the uncompiled judge: small models can get worse with demos (the 1.5B turns into a
+    if it is at least as good as the uncompiled judge: small models can get worse with demos (the 1.5B turns into a
     yes-sayer, docs/compile.md), and a compile must never ship a judge worse than its starting point.
     The winner's state is copied into ``crag``'s own bare predictor instead of assigning a compiled
     module, so its demos are saved with the program (DSPy skips compiled sub-modules when saving).

@@ -21,8 +21,8 @@ __all__ = [
     "interleave_balanced",
     "qa_examples",
     "qa_split",
-    "round_robin",
     "relevance_examples",
+    "round_robin",
     "strip_examples",
 ]
 
