@@ -27,6 +27,7 @@ from crag_dspy.app import assemble
 from crag_dspy.baselines import NoRetrieval
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain, QAPair, load_domain
+from crag_dspy.faults import describe_error
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.program import apply_program, read_program
 from crag_dspy.routing import Action
@@ -57,7 +58,7 @@ def _no_retrieval(work: SharedWork, lm: dspy.BaseLM) -> Callable[[str], Outcome]
             )
         except Exception as exc:  # noqa: BLE001 - one failed LM request is a wrong answer, not a lost table
             log.warning("no-retrieval answer failed for %r: %s", question, exc)
-            return Outcome(None, error=f"{type(exc).__name__}: {str(exc)[:300]}")
+            return Outcome(None, error=describe_error(exc))
 
     return answer
 

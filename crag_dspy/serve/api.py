@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from .. import __version__
+from ..faults import describe_error
 from .schemas import (
     QUESTION_MAX_CHARS,
     AskRequest,
@@ -84,7 +85,7 @@ def create_app(service: ProgramService) -> FastAPI:
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        body = ErrorResponse(detail=f"internal error: {type(exc).__name__}: {str(exc)[:300]}")
+        body = ErrorResponse(detail=f"internal error: {describe_error(exc)}")
         return JSONResponse(status_code=500, content=body.model_dump(mode="json"))
 
     @app.post(
