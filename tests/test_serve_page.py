@@ -7,6 +7,7 @@ this checks the page and the service, not answer quality. Saves docs/images/serv
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -62,12 +63,15 @@ def page_url(tmp_path):
 
 
 def _ask(page, question: str) -> None:
+    from playwright.sync_api import expect
+
     page.fill("#question", question)
     with page.expect_response("**/ask", timeout=30_000):
         page.click("#submit")
-    page.wait_for_function(
-        "document.getElementById('status').textContent.startsWith('Answered')", timeout=30_000
-    )
+    # A locator wait, not wait_for_function: a JavaScript string would be eval'd, which the page's
+    # Content-Security-Policy (no 'unsafe-eval') refuses, and the test failed whenever the answer
+    # was not already on screen at the first check.
+    expect(page.locator("#status")).to_have_text(re.compile(r"^Answered"), timeout=30_000)
 
 
 def test_ask_in_the_browser_shows_the_decision(chromium, page_url, tmp_path):
