@@ -7,6 +7,10 @@ Compares, on the same pairs and model, before any compilation:
 and prints accuracy / precision / recall / AUC, seconds per call and generated tokens.
 
     python benchmarks/grader_formats.py --split val [--limit N] [--variants label chat] [--lm embedded]
+        [--embedded-model qwen2.5-coder-0.5b-instruct] [--instructions FILE]
+
+``--instructions`` replaces the grader's instruction (the signature's docstring) with a file's text, to
+compare wordings on the same pairs; ``--embedded-model`` grades with the other embedded model.
 """
 
 from __future__ import annotations
@@ -30,8 +34,8 @@ from optimize.metrics import binary_report
 from signatures import GradeDocument
 
 
-def run_variant(adapter: str, pairs, lm) -> dict:
-    judge = BinaryJudge(GradeDocument, adapter=adapter, use_logprobs=True, retries=1)
+def run_variant(adapter: str, pairs, lm, signature: type[dspy.Signature] = GradeDocument) -> dict:
+    judge = BinaryJudge(signature, adapter=adapter, use_logprobs=True, retries=1)
     scores, labels = [], []
     started = time.perf_counter()
     with dspy.context(lm=lm), dspy.track_usage() as usage:
@@ -62,10 +66,18 @@ def main() -> None:
     parser.add_argument("--limit", type=int)
     parser.add_argument("--variants", nargs="+", default=["label", "chat"])
     parser.add_argument("--lm", default=None)
+    parser.add_argument("--embedded-model", default=None, help="with the embedded LM: which model grades")
+    parser.add_argument(
+        "--instructions", type=Path, help="a file whose text replaces the grader's instruction"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    settings = Settings(**({"lm": args.lm} if args.lm else {}))
+    overrides = {"lm": args.lm, "embedded_model": args.embedded_model}
+    settings = Settings(**{key: value for key, value in overrides.items() if value})
+    signature = GradeDocument
+    if args.instructions:
+        signature = GradeDocument.with_instructions(args.instructions.read_text().strip())
     domain = load_domain(args.domain_dir)
     # Grouped by question so consecutive calls share the cached prompt prefix, as in a real CRAG query.
     pairs = sorted((p for p in domain.relevance if p.split == args.split), key=lambda p: p.question)[
@@ -84,11 +96,12 @@ def main() -> None:
         "split": args.split,
         "lm": lm_identity(settings),
         "cosine_auc": cosine,
+        "instructions": signature.instructions,
         "variants": [],
     }
     lm = build_lm(settings, cache=False)  # measure real calls, not cache hits
     for variant in args.variants:
-        results["variants"].append(run_variant(variant, pairs, lm))
+        results["variants"].append(run_variant(variant, pairs, lm, signature))
 
     print(f"\ncosine similarity baseline: AUC {cosine:.3f}")
     print(

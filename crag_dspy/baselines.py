@@ -9,6 +9,7 @@ import dspy
 
 from signatures import AnswerFromContext, AnswerWithoutContext
 
+from .generation import text_format
 from .protocols import Passage, Retriever
 from .strips import Strip, format_context
 
@@ -23,15 +24,20 @@ def passage_strips(passages: Sequence[Passage]) -> list[Strip]:
 class PlainRAG(dspy.Module):
     """Retrieve top-k and answer from the unfiltered passages, with the same answer signature as CRAG."""
 
-    def __init__(self, retriever: Retriever, *, lm: dspy.BaseLM | None = None, k: int = 5):
+    def __init__(
+        self, retriever: Retriever, *, lm: dspy.BaseLM | None = None, k: int = 5, text_adapter: str = "text"
+    ):
         super().__init__()
-        self.retriever, self.lm, self.k = retriever, lm, k
+        self.retriever, self.lm, self.k, self.text_adapter = retriever, lm, k, text_adapter
         self.answerer = dspy.Predict(AnswerFromContext)
 
     def forward(self, question: str) -> dspy.Prediction:
         passages = self.retriever.retrieve(question, self.k)
         context = format_context(passage_strips(passages), [])
-        with dspy.context(lm=self.lm) if self.lm is not None else nullcontext():
+        with (
+            dspy.context(lm=self.lm) if self.lm is not None else nullcontext(),
+            text_format(self.text_adapter),
+        ):
             answer = self.answerer(question=question, context=context).answer
         return dspy.Prediction(answer=answer, context=context, passages=passages)
 
@@ -40,12 +46,15 @@ class NoRetrieval(dspy.Module):
     """Answer from the model's own (parametric) knowledge, without any context: the floor a retrieval
     system must clear, and close to zero on a domain the model cannot have seen."""
 
-    def __init__(self, *, lm: dspy.BaseLM | None = None):
+    def __init__(self, *, lm: dspy.BaseLM | None = None, text_adapter: str = "text"):
         super().__init__()
-        self.lm = lm
+        self.lm, self.text_adapter = lm, text_adapter
         self.answerer = dspy.Predict(AnswerWithoutContext)
 
     def forward(self, question: str) -> dspy.Prediction:
-        with dspy.context(lm=self.lm) if self.lm is not None else nullcontext():
+        with (
+            dspy.context(lm=self.lm) if self.lm is not None else nullcontext(),
+            text_format(self.text_adapter),
+        ):
             answer = self.answerer(question=question).answer
         return dspy.Prediction(answer=answer)

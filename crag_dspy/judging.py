@@ -14,14 +14,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import dspy
-from dspy.adapters.base import Adapter
-from dspy.adapters.chat_adapter import ChatAdapter
-from dspy.utils.exceptions import AdapterParseError
 
+from .adapters import ADAPTERS, LabelAdapter
 from .calibration import Calibration
 from .faults import classify_lm_error, describe_error
-from .scoring import NO_WORDS, YES_WORDS, clamp_score, yes_probability
-from .untrusted import neutralize
+from .scoring import clamp_score, yes_probability
 
 __all__ = ["ADAPTERS", "BinaryJudge", "Judgement", "LabelAdapter"]
 
@@ -37,78 +34,6 @@ class _ExpectedTruncation(logging.Filter):
 
 
 logging.getLogger("dspy.clients.lm").addFilter(_ExpectedTruncation())
-
-
-def _fence(value: Any) -> str:
-    # Passages are untrusted; a fence keeps them visibly data and stops a passage from closing its field.
-    return f"<<<\n{neutralize(str(value))}\n>>>"
-
-
-class LabelAdapter(Adapter):
-    """Chat format for signatures with one bool output: inputs as labelled blocks, answer one word.
-
-    The one-word answer makes its first token the decision, so P(yes) can be read from the token
-    log-probabilities, and the call generates ~2 tokens instead of ~15.
-    """
-
-    def format_field_description(self, signature) -> str:
-        lines = ["Inputs:"]
-        for name, f in signature.input_fields.items():
-            desc = f.json_schema_extra.get("desc", "")
-            lines.append(f"- {name}: {desc}" if desc and desc != f"${{{name}}}" else f"- {name}")
-        return "\n".join(lines)
-
-    def format_field_structure(self, signature) -> str:
-        ((name, f),) = signature.output_fields.items()
-        return (
-            f"Output: {name} - {f.json_schema_extra.get('desc', '')}. Reply with exactly one word: yes or no."
-        )
-
-    def format_task_description(self, signature) -> str:
-        return signature.instructions
-
-    def format_system_message(self, signature) -> str:
-        return (
-            f"{self.format_task_description(signature)}\n\n{self.format_field_description(signature)}\n"
-            f"{self.format_field_structure(signature)}"
-        )
-
-    def format_user_message_content(self, signature, inputs, prefix="", suffix="", main_request=False) -> str:
-        blocks = [prefix] if prefix else []
-        for name in signature.input_fields:
-            if name in inputs:
-                value = inputs[name]
-                blocks.append(f"{name}: {value}" if name == "question" else f"{name}:\n{_fence(value)}")
-        if suffix:
-            blocks.append(suffix)
-        return "\n\n".join(blocks)
-
-    def format_assistant_message_content(self, signature, outputs, missing_field_message=None) -> str:
-        (name,) = signature.output_fields
-        value = outputs.get(name)
-        if value is None:
-            return missing_field_message or ""
-        if isinstance(value, str):
-            value = value.strip().lower() in YES_WORDS
-        return "yes" if value else "no"
-
-    def parse(self, signature, completion: str) -> dict[str, Any]:
-        (name,) = signature.output_fields
-        words = completion.strip().split()
-        word = words[0].strip("\"'`.,:*").lower() if words else ""
-        if word in YES_WORDS:
-            return {name: True}
-        if word in NO_WORDS:
-            return {name: False}
-        raise AdapterParseError(
-            adapter_name="LabelAdapter",
-            signature=signature,
-            lm_response=completion,
-            message="Expected the answer 'yes' or 'no'.",
-        )
-
-
-ADAPTERS: dict[str, type[Adapter]] = {"label": LabelAdapter, "chat": ChatAdapter}
 
 
 @dataclass
@@ -151,7 +76,12 @@ class BinaryJudge(dspy.Module):
         self.retries = retries
 
     def _config(self, attempt: int) -> dict[str, Any]:
-        config: dict[str, Any] = {"max_tokens": 3 if self.adapter_name == "label" else 40}
+        if self.adapter_name == "label":
+            # The first token decides, so the first attempt generates only that one; a retry allows a
+            # few more in case the model opened with markup ("**Yes").
+            config: dict[str, Any] = {"max_tokens": 3 if attempt else 1}
+        else:
+            config = {"max_tokens": 40}
         if self.use_logprobs:
             config.update(logprobs=True, top_logprobs=10)
         if attempt:

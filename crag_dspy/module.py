@@ -12,6 +12,7 @@ from dspy.predict.parameter import Parameter
 from signatures import AnswerFromContext, FilterStrip, GradeDocument, RewriteQuery
 
 from .faults import LMUnavailableError, RetrievalError, classify_lm_error, describe_error
+from .generation import TEXT_ADAPTERS, text_config, text_format
 from .judging import BinaryJudge, Judgement
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
 from .routing import Action, decide_action, validate_thresholds
@@ -78,6 +79,7 @@ class CRAG(dspy.Module):
         sentences_per_strip: decomposition window for passages longer than two sentences.
         web_results: results requested from web search.
         judge_adapter: how grader and strip filter ask ("label": one word + logprobs; "chat": DSPy's ChatAdapter).
+        text_adapter: how rewriter and answerer reply ("text": the bare value; "chat": DSPy's ChatAdapter).
         max_question_chars: longer questions are refused with :class:`~crag_dspy.validation.QuestionError`.
 
     Calling the module raises :class:`~crag_dspy.validation.QuestionError` for a bad question,
@@ -101,6 +103,7 @@ class CRAG(dspy.Module):
         sentences_per_strip: int = 3,
         web_results: int = 3,
         judge_adapter: str = "label",
+        text_adapter: str = "text",
         use_logprobs: bool = True,
         retries: int = 2,
         max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
@@ -113,6 +116,11 @@ class CRAG(dspy.Module):
         self.k, self.strip_threshold, self.max_strips = k, strip_threshold, max_strips
         self.sentences_per_strip, self.web_results, self.retries = sentences_per_strip, web_results, retries
         self.max_question_chars = max_question_chars
+        if judge_adapter not in ("label", "chat"):
+            raise ValueError(f"unknown judge adapter {judge_adapter!r}; choose 'label' or 'chat'")
+        if text_adapter not in TEXT_ADAPTERS:
+            raise ValueError(f"unknown text adapter {text_adapter!r}; choose one of {list(TEXT_ADAPTERS)}")
+        self.text_adapter = text_adapter
 
         self.thresholds = Thresholds(lower, upper)
         self.grader = BinaryJudge(
@@ -361,9 +369,9 @@ class CRAG(dspy.Module):
         **inputs: Any,
     ) -> dspy.Prediction | None:
         for attempt in range(self.retries + 1):
-            config = {"rollout_id": attempt, "temperature": 0.7} if attempt else {}
             try:
-                pred = predictor(**inputs, config=config)
+                with text_format(self.text_adapter):
+                    pred = predictor(**inputs, config=text_config(attempt))
             except Exception as exc:  # noqa: BLE001 - recorded, retried, then degraded
                 run.error(f"{what} attempt {attempt + 1} failed: {describe_error(exc)}")
                 if classify_lm_error(exc) != "output":

@@ -13,6 +13,7 @@ from typing import Any
 import dspy
 
 from . import __version__
+from .generation import TEXT_ADAPTERS
 from .module import CRAG
 
 __all__ = [
@@ -36,7 +37,10 @@ class ProgramError(ValueError):
 
 
 def program_config(crag: CRAG) -> dict[str, Any]:
-    return {key: getattr(crag, key) for key in _CONFIG_KEYS} | {"judge_adapter": crag.grader.adapter_name}
+    return {key: getattr(crag, key) for key in _CONFIG_KEYS} | {
+        "judge_adapter": crag.grader.adapter_name,
+        "text_adapter": crag.text_adapter,
+    }
 
 
 def save_program(crag: CRAG, path: Path | str, metadata: dict[str, Any]) -> Path:
@@ -112,6 +116,11 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
         raise ProgramError(
             f"program uses judge adapter {config['judge_adapter']!r}, the module {crag.grader.adapter_name!r}"
         )
+    text_adapter = config.get("text_adapter", "chat")
+    if text_adapter not in TEXT_ADAPTERS:
+        raise ProgramError(
+            f"program uses unknown text adapter {text_adapter!r}; known: {list(TEXT_ADAPTERS)}"
+        )
     state = document["state"]
     expected = {name for name, _ in crag.named_parameters()}
     missing = expected - state.keys()
@@ -135,4 +144,7 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     for key in _CONFIG_KEYS:
         if key in config:
             setattr(crag, key, config[key])
+    # The format the program was compiled and measured with; programs from before the text adapter
+    # existed answered through DSPy's ChatAdapter.
+    crag.text_adapter = text_adapter
     return crag

@@ -78,7 +78,13 @@ def _compile_judge(
         judge.load_state(uncompiled_state)
         if plan == "few-shot":
             compiled = compile_stage(
-                judge, train, optimizer=optimizer, metric=judge_metric(label), demos=demos, seed=seed, valset=val
+                judge,
+                train,
+                optimizer=optimizer,
+                metric=judge_metric(label),
+                demos=demos,
+                seed=seed,
+                valset=val,
             )
             judge.predict.load_state(compiled.predict.dump_state())
         calibration = _fit_calibration(judge, train, label, calibration_pairs, progress=progress)
@@ -298,7 +304,10 @@ def compile_program(
                 evaluate_program("CRAG (compiled)", crag, test, progress=progress),
                 evaluate_program("CRAG (uncompiled)", uncompiled, test, progress=progress),
                 evaluate_program(
-                    "plain RAG", PlainRAG(crag.retriever, lm=lm, k=crag.k), test, progress=progress
+                    "plain RAG",
+                    PlainRAG(crag.retriever, lm=lm, k=crag.k, text_adapter=crag.text_adapter),
+                    test,
+                    progress=progress,
                 ),
             ]
             report["test"] = [{**asdict(r), "usage": r.usage.model_dump()} for r in results]

@@ -47,9 +47,9 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 
 
-def _no_retrieval(work: SharedWork, lm: dspy.BaseLM) -> Callable[[str], Outcome]:
-    program = NoRetrieval(lm=lm)
-    key = state_key(program.answerer.dump_state())
+def _no_retrieval(work: SharedWork, lm: dspy.BaseLM, text_adapter: str) -> Callable[[str], Outcome]:
+    program = NoRetrieval(lm=lm, text_adapter=text_adapter)
+    key = state_key(program.answerer.dump_state(), text_adapter)
 
     def answer(question: str) -> Outcome:
         try:
@@ -230,7 +230,7 @@ def evaluate_domain(
         CRAGPieces(apply_program(default_crag.deepcopy(), document), work) if document else pieces["default"]
     )
     variants = table_variants(document is not None)
-    no_retrieval = _no_retrieval(work, lm)
+    no_retrieval = _no_retrieval(work, lm, default_crag.text_adapter)
 
     rows: list[dict[str, Any]] = []
     for q in tqdm(questions, desc=f"evaluate {domain.name}/{split}", unit="question", disable=not progress):

@@ -44,6 +44,7 @@ class ScriptedLM(dspy.BaseLM):
         super().__init__(model=model, temperature=0.0, max_tokens=256, cache=False)
         self.script = script
         self.calls: list[tuple[str, str]] = []
+        self.requests: list[dict] = []  # each call's request settings (stop, max_tokens, ...)
         self._lock = threading.Lock()
 
     def forward(self, prompt=None, messages=None, **kwargs):
@@ -51,6 +52,7 @@ class ScriptedLM(dspy.BaseLM):
         user = messages[-1]["content"]
         with self._lock:
             self.calls.append((system, user))
+            self.requests.append(kwargs)
             self.last_messages = messages  # scripts may look at the whole conversation (e.g. demos)
         result = self.script(system, user)
         if isinstance(result, Exception):

@@ -184,7 +184,9 @@ def test_knowledge_for_each_action():
 
 
 def test_completion_marker_run_into_the_answer_is_cut_off():
-    pred, _ = run([("kb-1", GOOD)], make_script({"0 to 25": 0.9}, answer="0 to 25 mg/L [[ ## completed ## ]]"))
+    pred, _ = run(
+        [("kb-1", GOOD)], make_script({"0 to 25": 0.9}, answer="0 to 25 mg/L [[ ## completed ## ]]")
+    )
     assert pred.answer == "0 to 25 mg/L"
 
 
@@ -194,3 +196,64 @@ def test_answer_that_is_only_a_marker_counts_as_failed_generation():
     with pytest.raises(LMUnavailableError) as failure:
         run([("kb-1", GOOD)], make_script({"0 to 25": 0.9}, answer="[[ ## completed ## ]]"))
     assert failure.value.stage == "answer"
+
+
+def _requests(lm, marker):
+    return [request for (system, _), request in zip(lm.calls, lm.requests) if marker in system]
+
+
+def test_free_text_calls_ask_for_the_bare_value_and_parse_it():
+    def script(system, user):
+        if "web search query" in system:
+            return "AquaProbe 220; range\nsecond line is ignored"
+        if "Answer the question" in system:
+            return "every 90 days"
+        return make_script({}, {"90 days": 0.9})(system, user)
+
+    pred, lm = run([("kb-1", BAD)], script)
+    assert pred.action == Action.INCORRECT.value and pred.answer == "every 90 days"
+    assert pred.trace.web_query == "AquaProbe 220; range"
+    texts = [(s, u) for s, u in lm.calls if "web search query" in s or "Answer the question" in s]
+    assert len(texts) == 2
+    for system, user in texts:
+        assert "only, on one line" in system and "[[ ##" not in system + user
+    assert "context:\n<<<\n[web] (WQ-17)" in texts[1][1]  # untrusted context stays fenced
+
+
+def test_chat_text_adapter_is_still_available():
+    pred, lm = run(
+        [("kb-1", BAD)], make_script({}, {"90 days": 0.9}, answer="every 90 days"), text_adapter="chat"
+    )
+    assert pred.answer == "every 90 days"
+    assert any("[[ ## answer ## ]]" in system for system, _ in lm.calls)
+
+
+def test_unknown_adapters_are_refused_by_name():
+    with pytest.raises(ValueError, match="unknown text adapter 'json'"):
+        CRAG(ListRetriever([]), ListWebSearch([]), text_adapter="json")
+    with pytest.raises(ValueError, match="unknown judge adapter"):
+        CRAG(ListRetriever([]), ListWebSearch([]), judge_adapter="text")
+
+
+def test_judges_generate_one_token_first_and_more_only_on_a_retry():
+    answers = iter(["**", 0.9])  # markup first: unparseable in one token, so the retry may write more
+
+    def script(system, user):
+        if "You judge search results" in system:
+            return next(answers)
+        return make_script()(system, user)
+
+    pred, lm = run([("kb-1", GOOD)], script)
+    first, retry = _requests(lm, "You judge search results")
+    assert first["max_tokens"] == 1 and "rollout_id" not in first
+    assert retry["max_tokens"] == 3 and retry["rollout_id"] == 1
+    assert pred.trace.documents[0].attempts == 2 and pred.trace.documents[0].score == pytest.approx(0.9)
+
+
+def test_baselines_use_the_same_answer_format_as_crag():
+    from crag_dspy.baselines import NoRetrieval, PlainRAG
+
+    lm = ScriptedLM(lambda system, user: "0 to 25 mg/L")
+    assert PlainRAG(ListRetriever([("kb-1", GOOD)]), lm=lm)(question="Range?").answer == "0 to 25 mg/L"
+    assert NoRetrieval(lm=lm)(question="Range?").answer == "0 to 25 mg/L"
+    assert all("only, on one line" in system for system, _ in lm.calls) and len(lm.calls) == 2

@@ -135,3 +135,18 @@ def test_state_of_another_structure_is_refused_and_leaves_the_module_untouched(t
         apply_program(target, doc)
     assert (target.thresholds.lower, target.thresholds.upper) == (0.3, 0.7)
     assert target.grader.predict.demos == []
+
+
+def test_the_answer_format_travels_with_the_program(tmp_path):
+    crag = compiled_crag()
+    crag.text_adapter = "chat"
+    doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
+    assert doc["config"]["text_adapter"] == "chat"
+    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).text_adapter == "chat"
+    del doc["config"]["text_adapter"]  # a program saved before the bare-text format existed
+    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).text_adapter == "chat"
+    doc["config"]["text_adapter"] = "json"
+    fresh = CRAG(ListRetriever([]), ListWebSearch())
+    with pytest.raises(ProgramError, match="unknown text adapter 'json'"):
+        apply_program(fresh, doc)
+    assert fresh.text_adapter == "text"  # refused before anything changed

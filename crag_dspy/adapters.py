@@ -1,0 +1,145 @@
+"""Lean chat formats for small local models: inputs as labelled blocks, the reply is the value itself.
+
+DSPy's ``ChatAdapter`` wraps every output in ``[[ ## field ## ]]`` headers and a closing
+``[[ ## completed ## ]]`` marker: ~14 generated tokens per call that carry nothing when a signature
+has one output. On the embedded 1.5B model a generated token costs ~85 ms, so the markers alone cost
+~1.2 s per answer or query rewrite. These adapters ask for the bare value instead; the measurement
+behind the judges' format is in ``docs/grader.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dspy.adapters.base import Adapter
+from dspy.adapters.chat_adapter import ChatAdapter
+from dspy.utils.exceptions import AdapterParseError
+
+from .scoring import NO_WORDS, YES_WORDS
+from .untrusted import neutralize
+
+__all__ = ["ADAPTERS", "LabelAdapter", "TextAdapter"]
+
+
+class _FieldsAdapter(Adapter):
+    """Shared format of signatures with exactly one output field: the instructions, the inputs listed
+    with their descriptions, and one labelled block per input (the question plain, the rest fenced in
+    ``<<<``/``>>>`` so that they read as data)."""
+
+    # Whether fenced inputs are made inert here (judges read raw passages and strips); see TextAdapter.
+    neutralize_inputs = True
+
+    def _fence(self, value: Any) -> str:
+        text = neutralize(str(value)) if self.neutralize_inputs else str(value)
+        return f"<<<\n{text}\n>>>"
+
+    def _output(self, signature) -> tuple[str, str]:
+        if len(signature.output_fields) != 1:
+            raise ValueError(
+                f"{type(self).__name__} needs a signature with one output field, "
+                f"{signature.__name__} has {list(signature.output_fields)}"
+            )
+        ((name, f),) = signature.output_fields.items()
+        return name, f.json_schema_extra.get("desc", "")
+
+    def format_field_description(self, signature) -> str:
+        lines = ["Inputs:"]
+        for name, f in signature.input_fields.items():
+            desc = f.json_schema_extra.get("desc", "")
+            lines.append(f"- {name}: {desc}" if desc and desc != f"${{{name}}}" else f"- {name}")
+        return "\n".join(lines)
+
+    def format_task_description(self, signature) -> str:
+        return signature.instructions
+
+    def format_system_message(self, signature) -> str:
+        return (
+            f"{self.format_task_description(signature)}\n\n{self.format_field_description(signature)}\n"
+            f"{self.format_field_structure(signature)}"
+        )
+
+    def format_user_message_content(self, signature, inputs, prefix="", suffix="", main_request=False) -> str:
+        blocks = [prefix] if prefix else []
+        for name in signature.input_fields:
+            if name in inputs:
+                value = inputs[name]
+                blocks.append(f"{name}: {value}" if name == "question" else f"{name}:\n{self._fence(value)}")
+        if suffix:
+            blocks.append(suffix)
+        return "\n\n".join(blocks)
+
+
+class LabelAdapter(_FieldsAdapter):
+    """For signatures with one bool output: the answer is one word, yes or no.
+
+    The one-word answer makes its first token the decision, so P(yes) can be read from the token
+    log-probabilities, and the call generates one token instead of ~15.
+    """
+
+    def format_field_structure(self, signature) -> str:
+        name, desc = self._output(signature)
+        return f"Output: {name} - {desc}. Reply with exactly one word: yes or no."
+
+    def format_assistant_message_content(self, signature, outputs, missing_field_message=None) -> str:
+        name, _ = self._output(signature)
+        value = outputs.get(name)
+        if value is None:
+            return missing_field_message or ""
+        if isinstance(value, str):
+            value = value.strip().lower() in YES_WORDS
+        return "yes" if value else "no"
+
+    def parse(self, signature, completion: str) -> dict[str, Any]:
+        name, _ = self._output(signature)
+        words = completion.strip().split()
+        word = words[0].strip("\"'`.,:*").lower() if words else ""
+        if word in YES_WORDS:
+            return {name: True}
+        if word in NO_WORDS:
+            return {name: False}
+        raise AdapterParseError(
+            adapter_name="LabelAdapter",
+            signature=signature,
+            lm_response=completion,
+            message="Expected the answer 'yes' or 'no'.",
+        )
+
+
+class TextAdapter(_FieldsAdapter):
+    """For signatures with one short text output (a query, an answer): the reply is the value alone,
+    its first non-empty line (these outputs are a few words; a second line is the model rambling).
+
+    Inputs are fenced but not neutralized: the answerer's context is assembled from strips that were
+    made inert one by one (``untrusted.py``) and tagged ``[internal]``/``[web]``, tags that
+    neutralizing would erase.
+    """
+
+    neutralize_inputs = False
+
+    def format_field_structure(self, signature) -> str:
+        name, desc = self._output(signature)
+        return f"Output: {name} - {desc}. Reply with the {name} only, on one line."
+
+    def format_assistant_message_content(self, signature, outputs, missing_field_message=None) -> str:
+        name, _ = self._output(signature)
+        value = outputs.get(name)
+        if value is None:
+            return missing_field_message or ""
+        return str(value)
+
+    def parse(self, signature, completion: str) -> dict[str, Any]:
+        name, _ = self._output(signature)
+        # A model trained on DSPy's format may still open with a header or close with the marker.
+        text = completion.replace(f"[[ ## {name} ## ]]", "").split("[[", 1)[0]
+        line = next((line.strip() for line in text.splitlines() if line.strip()), "")
+        if not line:
+            raise AdapterParseError(
+                adapter_name="TextAdapter",
+                signature=signature,
+                lm_response=completion,
+                message=f"Expected the {name} as text, got nothing.",
+            )
+        return {name: line}
+
+
+ADAPTERS: dict[str, type[Adapter]] = {"label": LabelAdapter, "text": TextAdapter, "chat": ChatAdapter}

@@ -1,0 +1,26 @@
+"""How the free-text predictors (query rewriter, answerers) are called: their format and retries."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import dspy
+
+from .adapters import ADAPTERS
+
+__all__ = ["TEXT_ADAPTERS", "text_config", "text_format"]
+
+TEXT_ADAPTERS = ("text", "chat")  # "text": the bare value (adapters.TextAdapter); "chat": DSPy's ChatAdapter
+
+
+def text_format(adapter: str):
+    """A DSPy context in which free-text predictors use ``adapter`` (one of :data:`TEXT_ADAPTERS`)."""
+    if adapter not in TEXT_ADAPTERS:
+        raise ValueError(f"unknown text adapter {adapter!r}; choose one of {list(TEXT_ADAPTERS)}")
+    return dspy.context(adapter=ADAPTERS[adapter]())
+
+
+def text_config(attempt: int = 0) -> dict[str, Any]:
+    """The ``config`` of one attempt: a retry is a new rollout, so that the DSPy cache cannot answer it
+    with the output that just failed."""
+    return {"rollout_id": attempt, "temperature": 0.7} if attempt else {}
