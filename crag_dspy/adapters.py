@@ -68,6 +68,17 @@ class _FieldsAdapter(Adapter):
             blocks.append(suffix)
         return "\n\n".join(blocks)
 
+    def format_assistant_message_content(self, signature, outputs, missing_field_message=None) -> str:
+        name, _ = self._output(signature)
+        value = outputs.get(name)
+        if value is None:
+            return missing_field_message or ""
+        return self._render(value)
+
+    def _render(self, value: Any) -> str:
+        """A demo's output value as the model should write it."""
+        raise NotImplementedError
+
 
 class LabelAdapter(_FieldsAdapter):
     """For signatures with one bool output: the answer is one word, yes or no.
@@ -80,11 +91,7 @@ class LabelAdapter(_FieldsAdapter):
         name, desc = self._output(signature)
         return f"Output: {name} - {desc}. Reply with exactly one word: yes or no."
 
-    def format_assistant_message_content(self, signature, outputs, missing_field_message=None) -> str:
-        name, _ = self._output(signature)
-        value = outputs.get(name)
-        if value is None:
-            return missing_field_message or ""
+    def _render(self, value: Any) -> str:
         if isinstance(value, str):
             value = value.strip().lower() in YES_WORDS
         return "yes" if value else "no"
@@ -120,11 +127,7 @@ class TextAdapter(_FieldsAdapter):
         name, desc = self._output(signature)
         return f"Output: {name} - {desc}. Reply with the {name} only, on one line."
 
-    def format_assistant_message_content(self, signature, outputs, missing_field_message=None) -> str:
-        name, _ = self._output(signature)
-        value = outputs.get(name)
-        if value is None:
-            return missing_field_message or ""
+    def _render(self, value: Any) -> str:
         return str(value)
 
     def parse(self, signature, completion: str) -> dict[str, Any]:

@@ -8,16 +8,21 @@ import dspy
 
 from .adapters import ADAPTERS
 
-__all__ = ["TEXT_ADAPTERS", "text_config", "text_format"]
+__all__ = ["TEXT_ADAPTERS", "check_text_adapter", "text_config", "text_format"]
 
 TEXT_ADAPTERS = ("text", "chat")  # "text": the bare value (adapters.TextAdapter); "chat": DSPy's ChatAdapter
 
 
-def text_format(adapter: str):
-    """A DSPy context in which free-text predictors use ``adapter`` (one of :data:`TEXT_ADAPTERS`)."""
+def check_text_adapter(adapter: str) -> str:
+    """Return ``adapter`` if it is one of :data:`TEXT_ADAPTERS`, else raise ValueError naming the choices."""
     if adapter not in TEXT_ADAPTERS:
         raise ValueError(f"unknown text adapter {adapter!r}; choose one of {list(TEXT_ADAPTERS)}")
-    return dspy.context(adapter=ADAPTERS[adapter]())
+    return adapter
+
+
+def text_format(adapter: str):
+    """A DSPy context in which free-text predictors use ``adapter`` (one of :data:`TEXT_ADAPTERS`)."""
+    return dspy.context(adapter=ADAPTERS[check_text_adapter(adapter)]())
 
 
 def text_config(attempt: int = 0) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from dspy.predict.parameter import Parameter
 from signatures import AnswerFromContext, FilterStrip, GradeDocument, RewriteQuery
 
 from .faults import LMUnavailableError, RetrievalError, classify_lm_error, describe_error
-from .generation import TEXT_ADAPTERS, text_config, text_format
+from .generation import check_text_adapter, text_config, text_format
 from .judging import BinaryJudge, Judgement
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
 from .routing import Action, decide_action, validate_thresholds
@@ -118,9 +118,7 @@ class CRAG(dspy.Module):
         self.max_question_chars = max_question_chars
         if judge_adapter not in ("label", "chat"):
             raise ValueError(f"unknown judge adapter {judge_adapter!r}; choose 'label' or 'chat'")
-        if text_adapter not in TEXT_ADAPTERS:
-            raise ValueError(f"unknown text adapter {text_adapter!r}; choose one of {list(TEXT_ADAPTERS)}")
-        self.text_adapter = text_adapter
+        self.text_adapter = check_text_adapter(text_adapter)
 
         self.thresholds = Thresholds(lower, upper)
         self.grader = BinaryJudge(

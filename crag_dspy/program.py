@@ -13,7 +13,7 @@ from typing import Any
 import dspy
 
 from . import __version__
-from .generation import TEXT_ADAPTERS
+from .generation import check_text_adapter
 from .module import CRAG
 
 __all__ = [
@@ -116,11 +116,10 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
         raise ProgramError(
             f"program uses judge adapter {config['judge_adapter']!r}, the module {crag.grader.adapter_name!r}"
         )
-    text_adapter = config.get("text_adapter", "chat")
-    if text_adapter not in TEXT_ADAPTERS:
-        raise ProgramError(
-            f"program uses unknown text adapter {text_adapter!r}; known: {list(TEXT_ADAPTERS)}"
-        )
+    try:
+        text_adapter = check_text_adapter(config.get("text_adapter", "chat"))
+    except ValueError as exc:
+        raise ProgramError(f"program uses an {exc}") from exc
     state = document["state"]
     expected = {name for name, _ in crag.named_parameters()}
     missing = expected - state.keys()
