@@ -7,10 +7,12 @@ Compares, on the same pairs and model, before any compilation:
 and prints accuracy / precision / recall / AUC, seconds per call and generated tokens.
 
     python benchmarks/grader_formats.py --split val [--limit N] [--variants label chat] [--lm embedded]
-        [--embedded-model qwen2.5-coder-0.5b-instruct] [--instructions FILE]
+        [--embedded-model qwen2.5-coder-0.5b-instruct] [--instructions FILE] [--grade-sentences N]
 
 ``--instructions`` replaces the grader's instruction (the signature's docstring) with a file's text, to
-compare wordings on the same pairs; ``--embedded-model`` grades with the other embedded model.
+compare wordings on the same pairs; ``--embedded-model`` grades with the other embedded model;
+``--grade-sentences N`` shows the grader each passage's title and its N sentences most similar to the
+question (CRAG's default is 1; 0, the default here, shows whole passages).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from tqdm.auto import tqdm
 
 from crag_dspy.domain import load_domain
 from crag_dspy.embeddings import Embedder
+from crag_dspy.focus import SentenceFocus
 from crag_dspy.judging import BinaryJudge
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.settings import Settings
@@ -34,8 +37,14 @@ from optimize.metrics import binary_report
 from signatures import GradeDocument
 
 
-def run_variant(adapter: str, pairs, lm, signature: type[dspy.Signature] = GradeDocument) -> dict:
-    judge = BinaryJudge(signature, adapter=adapter, use_logprobs=True, retries=1)
+def run_variant(
+    adapter: str,
+    pairs,
+    lm,
+    signature: type[dspy.Signature] = GradeDocument,
+    view: SentenceFocus | None = None,
+) -> dict:
+    judge = BinaryJudge(signature, adapter=adapter, use_logprobs=True, retries=1, view=view)
     scores, labels = [], []
     started = time.perf_counter()
     with dspy.context(lm=lm), dspy.track_usage() as usage:
@@ -70,6 +79,12 @@ def main() -> None:
     parser.add_argument(
         "--instructions", type=Path, help="a file whose text replaces the grader's instruction"
     )
+    parser.add_argument(
+        "--grade-sentences",
+        type=int,
+        default=0,
+        help="show the title and this many most question-similar sentences (0: whole passages)",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
@@ -97,11 +112,13 @@ def main() -> None:
         "lm": lm_identity(settings),
         "cosine_auc": cosine,
         "instructions": signature.instructions,
+        "grade_sentences": args.grade_sentences,
         "variants": [],
     }
+    view = SentenceFocus(args.grade_sentences, embedder) if args.grade_sentences else None
     lm = build_lm(settings, cache=False)  # measure real calls, not cache hits
     for variant in args.variants:
-        results["variants"].append(run_variant(variant, pairs, lm, signature))
+        results["variants"].append(run_variant(variant, pairs, lm, signature, view))
 
     print(f"\ncosine similarity baseline: AUC {cosine:.3f}")
     print(

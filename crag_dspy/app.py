@@ -107,6 +107,8 @@ def assemble(
         lower=settings.lower,
         upper=settings.upper,
         strip_threshold=settings.strip_threshold,
+        grade_sentences=settings.grade_sentences,
+        embedder=backends.embedder,
         max_strips=settings.max_strips,
         sentences_per_strip=backends.domain.config.sentences_per_strip,
         web_results=settings.web_results,

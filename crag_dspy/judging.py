@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,8 @@ class Judgement:
     seconds: float = 0.0
     raw_score: float | None = None  # the model's own P(yes), before the judge's calibration
     lm_error: BaseException | None = None  # set when the LM itself failed (not just its output)
+    shown: dict[str, Any] | None = None  # the inputs the LM saw, when the judge's view changed them
+    view_error: str | None = None  # the view failed and the LM saw the whole inputs
 
 
 class BinaryJudge(dspy.Module):
@@ -56,7 +59,8 @@ class BinaryJudge(dspy.Module):
     The inner ``predict`` is a bare ``dspy.Predict`` so that teleprompters can compile it and its demos
     survive ``save``/``load`` (compiled sub-modules vanish from saved state; bare predictors do not).
     ``calibration`` maps P(yes) to the reported score; it is fitted by ``optimize.compile`` and is the
-    identity until then.
+    identity until then. ``view`` (e.g. :class:`~crag_dspy.focus.SentenceFocus`) maps the inputs to what
+    the LM is shown, so every caller (CRAG, the compile, the evaluation) judges the same view.
     """
 
     def __init__(
@@ -66,9 +70,11 @@ class BinaryJudge(dspy.Module):
         adapter: str = "label",
         use_logprobs: bool = True,
         retries: int = 2,
+        view: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     ):
         super().__init__()
         self.predict = dspy.Predict(signature)
+        self.view = view
         self.calibration = Calibration()
         (self.output_name,) = signature.output_fields
         self.adapter_name = adapter
@@ -94,6 +100,14 @@ class BinaryJudge(dspy.Module):
         errors: list[str] = []
         lm_error: BaseException | None = None
         adapter = ADAPTERS[self.adapter_name]()
+        shown, view_error = inputs, None
+        if self.view is not None:
+            try:
+                shown = self.view(inputs)
+            except Exception as exc:  # noqa: BLE001 - a broken view must not cost the judgement
+                view_error = describe_error(exc)
+        changed = {k: v for k, v in shown.items() if inputs.get(k) != v} or None
+        inputs = shown
         for attempt in range(self.retries + 1):
             try:
                 token = _judging.set(True)
@@ -123,10 +137,26 @@ class BinaryJudge(dspy.Module):
                 raw = clamp_score(p_yes)
                 score, source = clamp_score(self.calibration(raw)), "logprobs"
             judgement = Judgement(
-                score, label, source, attempt + 1, errors, time.perf_counter() - started, raw_score=raw
+                score,
+                label,
+                source,
+                attempt + 1,
+                errors,
+                time.perf_counter() - started,
+                raw_score=raw,
+                shown=changed,
+                view_error=view_error,
             )
             return dspy.Prediction(**{self.output_name: label}, score=score, judgement=judgement)
         judgement = Judgement(
-            None, None, "error", len(errors), errors, time.perf_counter() - started, lm_error=lm_error
+            None,
+            None,
+            "error",
+            len(errors),
+            errors,
+            time.perf_counter() - started,
+            lm_error=lm_error,
+            shown=changed,
+            view_error=view_error,
         )
         return dspy.Prediction(**{self.output_name: None}, score=None, judgement=judgement)

@@ -11,7 +11,9 @@ from dspy.predict.parameter import Parameter
 
 from signatures import AnswerFromContext, FilterStrip, GradeDocument, RewriteQuery
 
+from .embeddings import Embedder
 from .faults import LMUnavailableError, RetrievalError, classify_lm_error, describe_error
+from .focus import SentenceFocus
 from .generation import check_text_adapter, text_config, text_format
 from .judging import BinaryJudge, Judgement
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
@@ -24,7 +26,7 @@ from .validation import DEFAULT_MAX_QUESTION_CHARS, normalize_question
 __all__ = ["CRAG", "UNKNOWN_ANSWER", "Thresholds", "knowledge_for"]
 
 UNKNOWN_ANSWER = "I don't know"
-_SHARED = frozenset({"retriever", "web_search", "lm"})
+_SHARED = frozenset({"retriever", "web_search", "lm", "embedder"})
 
 
 def knowledge_for(
@@ -80,6 +82,10 @@ class CRAG(dspy.Module):
         web_results: results requested from web search.
         judge_adapter: how grader and strip filter ask ("label": one word + logprobs; "chat": DSPy's ChatAdapter).
         text_adapter: how rewriter and answerer reply ("text": the bare value; "chat": DSPy's ChatAdapter).
+        grade_sentences: the grader reads a passage's title and this many of its sentences most similar
+            to the question (:mod:`~crag_dspy.focus`); 0 reads whole passages.
+        embedder: sentence embeddings for ``grade_sentences`` (default: the bundled MiniLM, loaded on
+            first use).
         max_question_chars: longer questions are refused with :class:`~crag_dspy.validation.QuestionError`.
 
     Calling the module raises :class:`~crag_dspy.validation.QuestionError` for a bad question,
@@ -104,6 +110,8 @@ class CRAG(dspy.Module):
         web_results: int = 3,
         judge_adapter: str = "label",
         text_adapter: str = "text",
+        grade_sentences: int = 1,
+        embedder: Embedder | None = None,
         use_logprobs: bool = True,
         retries: int = 2,
         max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
@@ -119,6 +127,7 @@ class CRAG(dspy.Module):
         if judge_adapter not in ("label", "chat"):
             raise ValueError(f"unknown judge adapter {judge_adapter!r}; choose 'label' or 'chat'")
         self.text_adapter = check_text_adapter(text_adapter)
+        self.embedder = embedder
 
         self.thresholds = Thresholds(lower, upper)
         self.grader = BinaryJudge(
@@ -127,8 +136,23 @@ class CRAG(dspy.Module):
         self.strip_filter = BinaryJudge(
             FilterStrip, adapter=judge_adapter, use_logprobs=use_logprobs, retries=retries
         )
+        self.grade_sentences = grade_sentences
         self.rewriter = dspy.Predict(RewriteQuery)
         self.answerer = dspy.Predict(AnswerFromContext)
+
+    @property
+    def grade_sentences(self) -> int:
+        """How many sentences of each passage the grader reads besides its title (0: all of it)."""
+        view = self.grader.view
+        return view.sentences if isinstance(view, SentenceFocus) else 0
+
+    @grade_sentences.setter
+    def grade_sentences(self, sentences: int) -> None:
+        if not isinstance(sentences, int) or isinstance(sentences, bool) or sentences < 0:
+            raise ValueError(f"grade_sentences must be an integer >= 0, got {sentences!r}")
+        if sentences and self.embedder is None:
+            self.embedder = Embedder()  # lazy: the model loads on the first passage that needs it
+        self.grader.view = SentenceFocus(sentences, self.embedder) if sentences else None
 
     def __deepcopy__(self, memo: dict) -> CRAG:
         # Optimizers copy programs often; stores, clients and the LM are shared infrastructure, not state.
@@ -199,8 +223,14 @@ class CRAG(dspy.Module):
                         score_source=judgement.score_source,
                         attempts=judgement.attempts,
                         error="; ".join(judgement.errors) or None,
+                        graded_text=(judgement.shown or {}).get("document"),
                     )
                 )
+                if judgement.view_error:
+                    run.fallback(
+                        f"grader's sentence focus failed on {passage.doc_id} ({judgement.view_error}); "
+                        "graded the whole passage"
+                    )
                 if judgement.score is None:
                     run.error(
                         f"grader failed on {passage.doc_id} (treated as unknown): {judgement.errors[-1]}"

@@ -40,6 +40,7 @@ def program_config(crag: CRAG) -> dict[str, Any]:
     return {key: getattr(crag, key) for key in _CONFIG_KEYS} | {
         "judge_adapter": crag.grader.adapter_name,
         "text_adapter": crag.text_adapter,
+        "grade_sentences": crag.grade_sentences,
     }
 
 
@@ -120,6 +121,10 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
         text_adapter = check_text_adapter(config.get("text_adapter", "chat"))
     except ValueError as exc:
         raise ProgramError(f"program uses an {exc}") from exc
+    # Programs from before the grader's sentence focus existed graded whole passages.
+    grade_sentences = config.get("grade_sentences", 0)
+    if not isinstance(grade_sentences, int) or isinstance(grade_sentences, bool) or grade_sentences < 0:
+        raise ProgramError(f"program config has an invalid grade_sentences {grade_sentences!r}")
     state = document["state"]
     expected = {name for name, _ in crag.named_parameters()}
     missing = expected - state.keys()
@@ -146,4 +151,5 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     # The format the program was compiled and measured with; programs from before the text adapter
     # existed answered through DSPy's ChatAdapter.
     crag.text_adapter = text_adapter
+    crag.grade_sentences = grade_sentences
     return crag

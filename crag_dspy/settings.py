@@ -81,6 +81,12 @@ class Settings(BaseSettings):
     lower: float = Field(0.3, ge=0.0, le=1.0, description="Below this for every document: INCORRECT.")
     upper: float = Field(0.7, ge=0.0, le=1.0, description="Any document at or above this: CORRECT.")
     strip_threshold: float = Field(0.5, ge=0.0, le=1.0, description="Strips scoring below this are dropped.")
+    grade_sentences: int = Field(
+        1,
+        ge=0,
+        description="The grader reads a passage's title and this many of its sentences most similar to "
+        "the question (0: whole passages).",
+    )
     max_strips: int = Field(5, ge=1, description="Most knowledge strips kept per source (paper: top 5).")
     web_results: int = Field(3, ge=1, le=10, description="Web results requested per search.")
     web_timeout_s: float = Field(15.0, gt=0, description="Seconds before a web search is abandoned.")

@@ -35,6 +35,9 @@ class DocumentGrade(BaseModel):
     score_source: str = Field(description="'logprobs', 'label' (no logprobs from the LM) or 'error'")
     attempts: int = 1
     error: str | None = None
+    graded_text: str | None = Field(
+        None, description="what the grader read, when it was shown an excerpt of the passage"
+    )
 
 
 class StripRecord(BaseModel):

@@ -123,6 +123,19 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
             + f"{t['lm_calls_during_trials']} LM calls during trials; "
             f"precomputing the {t['questions']} questions' routes took {t['precompute_lm_calls']} LM calls.",
             "",
+            *(
+                [
+                    (
+                        f"Routed with the tuned thresholds a val question costs "
+                        f"{t['requests_per_question']:.2f} LM requests "
+                        f"({t['default_requests_per_question']:.2f} at 0.3/0.7); accuracy ties go to the "
+                        "cheapest routing, then to the widest AMBIGUOUS band."
+                    ),
+                    "",
+                ]
+                if t.get("requests_per_question")  # reports written before costs were recorded
+                else []
+            ),
             f"![accuracy over thresholds]({Path(t['plot']).name})",
             "",
             f"Study: `optuna-dashboard {t['storage']}`",

@@ -215,13 +215,24 @@ class SharedWork:
 
 class SharedJudge:
     """A judge (grader or strip filter) whose every judgement is a shared piece: the same strip of the
-    same question is judged once, whichever knowledge (internal or web, any query) it came from."""
+    same question is judged once, whichever knowledge (internal or web, any query) it came from.
+
+    Judgements are keyed by what the LM is shown: two passages that the judge's view (the grader's
+    sentence focus) cuts to the same excerpt are one judgement.
+    """
 
     def __init__(self, judge: Callable[..., dspy.Prediction], work: SharedWork, key: str):
         self.judge, self.work, self.key = judge, work, key
 
     def __call__(self, **inputs: str) -> dspy.Prediction:
-        return self.work.get(("judge", self.key, *sorted(inputs.items())), lambda: self.judge(**inputs))
+        shown = inputs
+        view = getattr(self.judge, "view", None)
+        if view is not None:
+            try:
+                shown = view(inputs)
+            except Exception:  # noqa: BLE001 - the judge itself records the view's failure
+                shown = inputs
+        return self.work.get(("judge", self.key, *sorted(shown.items())), lambda: self.judge(**inputs))
 
 
 class SharedRetriever:
@@ -271,7 +282,8 @@ class CRAGPieces:
         c = self.crag
 
         def judge(j):
-            return state_key(j.dump_state(), j.adapter_name, j.use_logprobs, j.retries)
+            view = getattr(j.view, "key", None) if j.view is not None else None
+            return state_key(j.dump_state(), j.adapter_name, j.use_logprobs, j.retries, view)
 
         grader, strip_filter = judge(c.grader), judge(c.strip_filter)
         refine = (c.strip_threshold, c.max_strips, c.sentences_per_strip)

@@ -40,6 +40,7 @@ __all__ = [
     "accuracy_landscape",
     "precompute_routes",
     "route_accuracy",
+    "route_requests",
     "routes_fingerprint",
     "tune_thresholds",
 ]
@@ -49,15 +50,20 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class QuestionRoutes:
-    """One question's grades and, for each action, its answer and whether that answer is right."""
+    """One question's grades and, for each action, its answer, whether that answer is right and how
+    many LM requests the question costs at run time when routed there (grading included)."""
 
     question_id: str
     scores: list[float | None]
     answers: dict[str, str]
     correct: dict[str, bool]
+    requests: dict[str, int] = field(default_factory=dict)
+
+    def action(self, lower: float, upper: float) -> str:
+        return decide_action(self.scores, lower, upper).value
 
     def is_correct(self, lower: float, upper: float) -> bool:
-        return self.correct[decide_action(self.scores, lower, upper).value]
+        return self.correct[self.action(lower, upper)]
 
 
 def precompute_routes(
@@ -71,24 +77,36 @@ def precompute_routes(
 
     Internal and external knowledge do not depend on the thresholds (see ``CRAG.internal_knowledge``),
     so CORRECT uses k_in, INCORRECT k_ex (k_in when the web gave nothing, as at run time) and
-    AMBIGUOUS both; actions whose contexts coincide share one answer (:class:`CRAGPieces`). Pass
-    ``work`` to share pieces with other computations; the usage returned is what this call added.
+    AMBIGUOUS both; actions whose contexts coincide share one answer (:class:`CRAGPieces`). Each
+    route also records what it would cost alone at run time, in LM requests (cache hits included, so
+    the count does not depend on what is cached). Pass ``work`` to share pieces with other
+    computations; the usage returned is what this call added.
     """
     work = work if work is not None else SharedWork()
     pieces = CRAGPieces(crag, work)
     before = work.total()
     routes = []
     for q in tqdm(questions, desc="routes", disable=not progress):
+        answers, requests = {}, {}
         try:
             _, scores = pieces.documents(q.question)
-            answers = {action.value: pieces.route(q.question, action) for action in Action}
+            for action in Action:
+                # Each action's standalone cost: the pieces it needs, shared or not (grading included).
+                with work.consumer(action.value) as used:
+                    pieces.documents(q.question)
+                    answers[action.value] = pieces.route(q.question, action)
+                requests[action.value] = work.cost(used).requests
         except CRAGRunError as exc:
             # A question the LM or store failed on is wrong under every threshold; tuning goes on.
             log.warning("question %s failed, counted as wrong on every route: %s", q.id, exc)
-            scores, answers = [], {action.value: "" for action in Action}
+            scores, answers, requests = [], {action.value: "" for action in Action}, {}
         routes.append(
             QuestionRoutes(
-                q.id, scores, answers, {a: answer_matches(ans, q.answers) for a, ans in answers.items()}
+                q.id,
+                scores,
+                answers,
+                {a: answer_matches(ans, q.answers) for a, ans in answers.items()},
+                requests,
             )
         )
     return routes, work.total().minus(before).usage
@@ -106,6 +124,16 @@ def routes_fingerprint(routes: Sequence[QuestionRoutes]) -> str:
 def route_accuracy(routes: Sequence[QuestionRoutes], lower: float, upper: float) -> float:
     """Answer accuracy if every question were routed with (lower, upper): pure, no LM."""
     return sum(r.is_correct(lower, upper) for r in routes) / len(routes) if routes else 0.0
+
+
+def route_requests(routes: Sequence[QuestionRoutes], lower: float, upper: float) -> float:
+    """Mean LM requests per question if every question were routed with (lower, upper): pure, no LM.
+
+    Questions without recorded costs count 0, so routes without costs leave the tie-break to the band.
+    """
+    if not routes:
+        return 0.0
+    return sum(r.requests.get(r.action(lower, upper), 0) for r in routes) / len(routes)
 
 
 def _upper(lower: float, gap: float) -> float:
@@ -160,6 +188,8 @@ class TuningResult:
     study_name: str
     storage: str | None
     sampler: str = "sobol"
+    requests_per_question: float = 0.0
+    default_requests_per_question: float = 0.0
     persist_seconds: float = 0.0
     history: list[dict] = field(default_factory=list)
 
@@ -205,9 +235,12 @@ def tune_thresholds(
     (seeded multivariate TPE, ~35x slower at 2000 trials). With ``storage`` (an Optuna journal file,
     ``optuna-dashboard <file>`` shows it) a rerun resumes the study: only the missing trials run. The
     trials run in memory and are appended to the journal in one write at the end, because syncing every
-    trial to disk as it finishes costs more than the trial itself; one process writes a study at a time. Ties in accuracy are broken toward the
-    widest AMBIGUOUS band among the best trials, the choice the paper found most robust to grader
-    mistakes.
+    trial to disk as it finishes costs more than the trial itself; one process writes a study at a time.
+
+    Accuracy on a few dozen questions is a step function with wide plateaus, so ties are common. They
+    are broken toward the fewest LM requests per question (:func:`route_requests`: a question sent to
+    the web costs a rewrite and strip judgements that CORRECT does not), then toward the widest
+    AMBIGUOUS band, the action the paper found robust to grader mistakes.
     """
     if not routes:
         raise ValueError("no validation questions to tune thresholds on")
@@ -251,9 +284,13 @@ def tune_thresholds(
     persist_seconds = time.perf_counter() - started
     done = [t for t in study.trials if t.value is not None]
     best_value = max(t.value for t in done)
-    best = max(
+    best = min(
         (t for t in done if math.isclose(t.value, best_value)),
-        key=lambda t: (t.user_attrs["upper"] - t.params["lower"], -t.number),
+        key=lambda t: (
+            round(route_requests(routes, t.params["lower"], t.user_attrs["upper"]), 9),
+            t.params["lower"] - t.user_attrs["upper"],
+            t.number,
+        ),
     )
     return TuningResult(
         lower=best.params["lower"],
@@ -264,6 +301,8 @@ def tune_thresholds(
         trials_per_second=remaining / seconds if seconds and remaining else float("nan"),
         default_accuracy=route_accuracy(routes, *default),
         study_name=study_name,
+        requests_per_question=route_requests(routes, best.params["lower"], best.user_attrs["upper"]),
+        default_requests_per_question=route_requests(routes, *default),
         storage=str(storage) if storage else None,
         sampler=sampler,
         persist_seconds=persist_seconds,

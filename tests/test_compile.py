@@ -118,10 +118,13 @@ def test_compile_writes_program_report_and_plot(compiled):
 
 
 def test_threshold_trials_make_zero_lm_calls(compiled):
-    report, *_ = compiled
+    report, out, *_ = compiled
     t = report["thresholds"]
     assert t["trials"] == 300 and t["lm_calls_during_trials"] == 0
     assert t["precompute_lm_calls"] > 0
+    # The routing cost that breaks accuracy ties is reported (a val question needs at least its grades).
+    assert t["requests_per_question"] >= 2 and t["default_requests_per_question"] >= 2
+    assert f"costs {t['requests_per_question']:.2f} LM requests" in out.with_suffix(".report.md").read_text()
 
 
 def test_compiled_program_loads_in_a_fresh_process(compiled):
@@ -197,15 +200,27 @@ def test_precompute_answers_each_distinct_context_once():
         QAPair(id="a", question="What is the zeta code?", answers=["Z100"], split="val"),
         QAPair(id="b", question="What is the omega code?", answers=["W700"], split="val"),
     ]
-    for web, answer_calls in (
-        (ListWebSearch([WebResult("O", "u", "The omega code is W700.")]), 6),
-        (ListWebSearch([]), 2),
+    # Standalone LM requests per action: 2 grades, + a rewrite and the web strip's judgement for the
+    # web actions, + an answer unless no knowledge survived refinement ("b"'s documents are both graded
+    # irrelevant and dropped; "a"'s web strip is about omega and dropped).
+    for web, answer_calls, requests in (
+        (
+            ListWebSearch([WebResult("O", "u", "The omega code is W700.")]),
+            6,
+            [{"CORRECT": 3, "AMBIGUOUS": 5, "INCORRECT": 4}, {"CORRECT": 2, "AMBIGUOUS": 5, "INCORRECT": 5}],
+        ),
+        (
+            ListWebSearch([]),
+            2,
+            [{"CORRECT": 3, "AMBIGUOUS": 4, "INCORRECT": 4}, {"CORRECT": 2, "AMBIGUOUS": 3, "INCORRECT": 3}],
+        ),
     ):  # no web: all three actions share one context
         lm.calls.clear()
         routes, usage = precompute_routes(CRAG(retriever, web, lm=lm, k=2), questions, progress=False)
         answers = [u for s, u in lm.calls if "Answer the question" in s]
         assert len(answers) == len(set(answers)) <= answer_calls
         assert len(lm.calls) == len(set(lm.calls)) == usage.calls
+        assert [r.requests for r in routes] == requests
     assert routes[0].correct["CORRECT"] and not routes[1].correct["CORRECT"]
 
 

@@ -4,7 +4,7 @@ import optuna
 import pytest
 from optuna.storages.journal import JournalFileBackend, JournalStorage
 
-from optimize.thresholds import QuestionRoutes, SobolSampler, tune_thresholds
+from optimize.thresholds import QuestionRoutes, SobolSampler, route_requests, tune_thresholds
 
 ROUTES = [
     QuestionRoutes(
@@ -56,3 +56,24 @@ def test_sobol_sampler_covers_the_square_and_refuses_to_run_past_its_points():
     assert all(int(64 * x) == i for i, x in enumerate(lowers))  # one point in each 1/64 stripe
     with pytest.raises(ValueError, match="built for 64 trials"):
         study.optimize(lambda t: t.suggest_float("lower", 0, 1), n_trials=1, catch=())
+
+
+def _plateau_routes(requests: dict[str, int] | None) -> list[QuestionRoutes]:
+    # Every action answers right, so every (lower, upper) ties at 100%; only cost can choose.
+    right = dict.fromkeys(("CORRECT", "AMBIGUOUS", "INCORRECT"), True)
+    return [
+        QuestionRoutes(str(i), [s], dict.fromkeys(right, ""), right, dict(requests or {}))
+        for i, s in enumerate([0.1, 0.5, 0.9])
+    ]
+
+
+def test_ties_go_to_the_cheapest_routing_then_to_the_widest_ambiguous_band():
+    costly_web = _plateau_routes({"CORRECT": 6, "AMBIGUOUS": 10, "INCORRECT": 10})
+    assert route_requests(costly_web, 0.3, 0.7) == (10 + 10 + 6) / 3
+    assert route_requests(costly_web, 0.0, 0.05) == 6  # everything CORRECT
+    cheap = tune_thresholds(costly_web, trials=256, seed=0)
+    assert cheap.accuracy == 1.0 and cheap.upper <= 0.1  # all three questions CORRECT
+    assert cheap.requests_per_question == 6 and cheap.default_requests_per_question == 26 / 3
+    # Without costs (routes from before they were recorded) the widest band wins, as it always did.
+    wide = tune_thresholds(_plateau_routes(None), trials=256, seed=0)
+    assert wide.lower < 0.1 and wide.upper > 0.9 and wide.requests_per_question == 0

@@ -1,0 +1,145 @@
+"""The grader's sentence focus: pure selection, what the LM is shown, the trace, programs, failures."""
+
+import json
+
+import pytest
+from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
+
+from crag_dspy import CRAG
+from crag_dspy.focus import SentenceFocus, focus_document, top_sentences
+from crag_dspy.program import ProgramError, apply_program, save_program
+
+QUESTION = "What is the hotel cap of Travel Policy v4?"
+PASSAGE = (
+    "Travel Policy v4\n"
+    "Receipts are kept for seven years. Travel Policy v4 sets the hotel cap at 180 velds. "
+    "The canteen serves soup on Fridays. Parking is free for visitors."
+)
+
+
+def axis_embed(texts):
+    """Unit vectors on two axes: 'hotel' texts point one way, everything else the other; the question
+    (first text) sits between, nearer the hotel axis."""
+    vectors = []
+    for i, text in enumerate(texts):
+        if i == 0:
+            vectors.append([0.8, 0.6])
+        else:
+            vectors.append([1.0, 0.0] if "hotel" in text else [0.0, 1.0])
+    return vectors
+
+
+@pytest.mark.parametrize(
+    ("similarities", "n", "expected"),
+    [
+        ([0.1, 0.9, 0.5], 1, [1]),
+        ([0.1, 0.9, 0.5], 2, [1, 2]),  # reading order, not similarity order
+        ([0.7, 0.7, 0.7], 2, [0, 1]),  # ties: earlier first
+        ([0.3], 3, [0]),  # fewer sentences than asked for
+        ([], 1, []),
+    ],
+)
+def test_top_sentences(similarities, n, expected):
+    assert top_sentences(similarities, n) == expected
+
+
+def test_top_sentences_refuses_zero():
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        top_sentences([0.5], 0)
+
+
+def test_focus_keeps_the_title_and_the_most_similar_sentence():
+    focused = focus_document(PASSAGE, QUESTION, axis_embed, 1)
+    assert focused == "Travel Policy v4\nTravel Policy v4 sets the hotel cap at 180 velds."
+
+
+def test_short_passages_and_untitled_text_are_handled_without_surprises():
+    short = "Travel Policy v4\nThe hotel cap is 180 velds. Receipts are kept."
+    calls = []
+
+    def counting_embed(texts):
+        calls.append(texts)
+        return axis_embed(texts)
+
+    assert focus_document(short, QUESTION, counting_embed, 2) == short
+    assert calls == []  # nothing to choose: no embedding computed
+    untitled = "Receipts are kept. The hotel cap is 180 velds. Parking is free."
+    assert focus_document(untitled, QUESTION, axis_embed, 1) == "The hotel cap is 180 velds."
+
+
+def test_sentence_focus_validates_its_size():
+    with pytest.raises(ValueError, match="sentences must be >= 1"):
+        SentenceFocus(0)
+
+
+def grading_script(system, user):
+    if "You judge search results" in system:
+        return 0.9 if "hotel cap" in field(user, "document") else 0.05
+    if "Answer the question using only the context" in system:
+        return {"answer": "180 velds"}
+    raise AssertionError(system[:60])
+
+
+def test_the_grader_reads_the_focus_and_the_trace_shows_it():
+    lm = ScriptedLM(grading_script)
+    crag = CRAG(ListRetriever([("kb-1", PASSAGE.split("\n", 1)[1])]), ListWebSearch(), lm=lm)
+    assert crag.grade_sentences == 1  # the default
+    pred = crag(question=QUESTION)
+    graded = [field(user, "document") for system, user in lm.calls if "You judge search results" in system]
+    (document,) = pred.trace.documents
+    assert graded == [document.graded_text]
+    assert "hotel cap" in document.graded_text and "canteen" not in document.graded_text
+    assert pred.action == "CORRECT" and pred.answer == "180 velds"
+    # Only grading reads the excerpt: the knowledge strip holds the whole passage.
+    (strip,) = pred.trace.internal_strips
+    assert strip.kept and "canteen" in strip.text
+
+
+def test_whole_passages_with_zero_sentences():
+    lm = ScriptedLM(grading_script)
+    crag = CRAG(
+        ListRetriever([("kb-1", PASSAGE.split("\n", 1)[1])]), ListWebSearch(), lm=lm, grade_sentences=0
+    )
+    pred = crag(question=QUESTION)
+    assert crag.grader.view is None and pred.trace.documents[0].graded_text is None
+    graded = [field(user, "document") for system, user in lm.calls if "You judge search results" in system]
+    assert "canteen" in graded[0]
+    with pytest.raises(ValueError, match="grade_sentences must be an integer >= 0"):
+        crag.grade_sentences = -1
+
+
+def test_a_failing_focus_grades_the_whole_passage_and_says_so():
+    class BrokenEmbedder:
+        name = "broken"
+
+        def encode(self, texts):
+            raise RuntimeError("embedding model went away")
+
+    lm = ScriptedLM(grading_script)
+    crag = CRAG(
+        ListRetriever([("kb-1", PASSAGE.split("\n", 1)[1])]),
+        ListWebSearch(),
+        lm=lm,
+        embedder=BrokenEmbedder(),
+    )
+    pred = crag(question=QUESTION)
+    graded = [field(user, "document") for system, user in lm.calls if "You judge search results" in system]
+    assert "canteen" in graded[0]  # the whole passage
+    assert pred.trace.documents[0].score == pytest.approx(0.9, abs=1e-6)
+    assert any(
+        "sentence focus failed" in f and "embedding model went away" in f for f in pred.trace.fallbacks
+    )
+
+
+def test_the_focus_travels_with_the_program(tmp_path):
+    crag = CRAG(ListRetriever([]), ListWebSearch(), grade_sentences=2)
+    doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
+    assert doc["config"]["grade_sentences"] == 2
+    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).grade_sentences == 2
+    del doc["config"]["grade_sentences"]  # a program compiled before the focus existed graded whole passages
+    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).grade_sentences == 0
+    doc["config"]["grade_sentences"] = "two"
+    fresh = CRAG(ListRetriever([]), ListWebSearch())
+    with pytest.raises(ProgramError, match="invalid grade_sentences 'two'"):
+        apply_program(fresh, doc)
+    assert fresh.grade_sentences == 1  # refused before anything changed
