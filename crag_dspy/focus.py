@@ -1,12 +1,12 @@
 """What the grader reads of a passage: its title and the sentences most similar to the question.
 
 Grading every retrieved passage with the LM reads as many prompt tokens as plain RAG's whole answer,
-so on a CPU grading alone costs about what plain RAG does (BENCHMARKS.md). Most of a passage is not
-about what the question asks; the sentence that is, is also the one the bundled sentence embeddings
-rank first. On the default domain's 232 val relevance pairs the embedded 1.5B model ranked passages
-*better* from the title and the single most similar sentence (ROC AUC 0.900) than from the whole
-passage (0.889), at 0.97 instead of ~1.8 s per pair (docs/grader.md). The paper's evaluator also reads
-a bounded input (512 tokens).
+so on a CPU grading alone cost about what plain RAG does (BENCHMARKS.md). Most of a passage is not
+about what the question asks, and the sentence that is tends to be the one the bundled sentence
+embeddings rank first. On the default domain's 232 val relevance pairs the embedded 1.5B model ranked
+passages better from the title and the single most similar sentence (ROC AUC 0.900) than from the
+whole passage (0.889), at 1.07 instead of 1.96 s per pair; on some subsets it ranks worse
+(docs/grader.md). The paper's evaluator also reads a bounded input (512 tokens).
 """
 
 from __future__ import annotations
