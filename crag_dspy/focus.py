@@ -20,7 +20,15 @@ import numpy as np
 from .embeddings import Embedder
 from .strips import split_sentences
 
-__all__ = ["SentenceFocus", "focus_document", "top_sentences"]
+__all__ = ["SentenceFocus", "check_grade_sentences", "focus_document", "top_sentences"]
+
+
+def check_grade_sentences(sentences: object) -> int:
+    """Return ``sentences`` if it is a valid ``grade_sentences`` (an integer >= 0; 0 = whole passages),
+    else raise ValueError."""
+    if not isinstance(sentences, int) or isinstance(sentences, bool) or sentences < 0:
+        raise ValueError(f"grade_sentences must be an integer >= 0, got {sentences!r}")
+    return sentences
 
 
 def top_sentences(similarities: Sequence[float], n: int) -> list[int]:

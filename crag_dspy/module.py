@@ -13,7 +13,7 @@ from signatures import AnswerFromContext, FilterStrip, GradeDocument, RewriteQue
 
 from .embeddings import Embedder
 from .faults import LMUnavailableError, RetrievalError, classify_lm_error, describe_error
-from .focus import SentenceFocus
+from .focus import SentenceFocus, check_grade_sentences
 from .generation import check_text_adapter, text_config, text_format
 from .judging import BinaryJudge, Judgement
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
@@ -148,8 +148,7 @@ class CRAG(dspy.Module):
 
     @grade_sentences.setter
     def grade_sentences(self, sentences: int) -> None:
-        if not isinstance(sentences, int) or isinstance(sentences, bool) or sentences < 0:
-            raise ValueError(f"grade_sentences must be an integer >= 0, got {sentences!r}")
+        sentences = check_grade_sentences(sentences)
         if sentences and self.embedder is None:
             self.embedder = Embedder()  # lazy: the model loads on the first passage that needs it
         self.grader.view = SentenceFocus(sentences, self.embedder) if sentences else None

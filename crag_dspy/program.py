@@ -13,6 +13,7 @@ from typing import Any
 import dspy
 
 from . import __version__
+from .focus import check_grade_sentences
 from .generation import check_text_adapter
 from .module import CRAG
 
@@ -123,8 +124,12 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
         raise ProgramError(f"program uses an {exc}") from exc
     # Programs from before the grader's sentence focus existed graded whole passages.
     grade_sentences = config.get("grade_sentences", 0)
-    if not isinstance(grade_sentences, int) or isinstance(grade_sentences, bool) or grade_sentences < 0:
-        raise ProgramError(f"program config has an invalid grade_sentences {grade_sentences!r}")
+    try:
+        check_grade_sentences(grade_sentences)
+    except ValueError as exc:
+        raise ProgramError(
+            f"program config has an invalid grade_sentences {grade_sentences!r}: {exc}"
+        ) from exc
     state = document["state"]
     expected = {name for name, _ in crag.named_parameters()}
     missing = expected - state.keys()

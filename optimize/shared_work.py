@@ -282,7 +282,7 @@ class CRAGPieces:
         c = self.crag
 
         def judge(j):
-            view = getattr(j.view, "key", None) if j.view is not None else None
+            view = getattr(j.view, "key", None)  # None without a view, or for a view that names no key
             return state_key(j.dump_state(), j.adapter_name, j.use_logprobs, j.retries, view)
 
         grader, strip_filter = judge(c.grader), judge(c.strip_filter)
