@@ -8,11 +8,14 @@ and prints accuracy / precision / recall / AUC, seconds per call and generated t
 
     python benchmarks/grader_formats.py --split val [--limit N] [--variants label chat] [--lm embedded]
         [--embedded-model qwen2.5-coder-0.5b-instruct] [--instructions FILE] [--grade-sentences N]
+        [--program runs/default/program.json]
 
 ``--instructions`` replaces the grader's instruction (the signature's docstring) with a file's text, to
 compare wordings on the same pairs; ``--embedded-model`` grades with the other embedded model;
 ``--grade-sentences N`` shows the grader each passage's title and its N sentences most similar to the
-question (CRAG's default is 1; 0, the default here, shows whole passages).
+question (CRAG's default is 1; 0, the default here, shows whole passages). ``--program`` grades with a
+compiled program's grader (its demos, instructions, calibration and sentence focus) and prints, from the
+same LM answers, the uncompiled reading (the model's own P(yes)) next to the compiled score.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from crag_dspy.embeddings import Embedder
 from crag_dspy.focus import SentenceFocus
 from crag_dspy.judging import BinaryJudge
 from crag_dspy.lm import build_lm, lm_identity
+from crag_dspy.program import read_program
 from crag_dspy.settings import Settings
 from crag_dspy.trace import usage_from_tracker
 from optimize.metrics import binary_report
@@ -43,14 +47,18 @@ def run_variant(
     lm,
     signature: type[dspy.Signature] = GradeDocument,
     view: SentenceFocus | None = None,
+    judge_state: dict | None = None,
 ) -> dict:
     judge = BinaryJudge(signature, adapter=adapter, use_logprobs=True, retries=1, view=view)
-    scores, labels = [], []
+    if judge_state is not None:
+        judge.load_state(judge_state)
+    scores, raw, labels = [], [], []
     started = time.perf_counter()
     with dspy.context(lm=lm), dspy.track_usage() as usage:
         for pair in tqdm(pairs, desc=f"grader[{adapter}]"):
             j = judge(question=pair.question, document=pair.passage).judgement
             scores.append(j.score)
+            raw.append(j.raw_score if j.score_source == "logprobs" else j.score)
             labels.append(None if j.label is None else float(j.label))
     elapsed = time.perf_counter() - started
     counted = usage_from_tracker(usage)
@@ -58,6 +66,8 @@ def run_variant(
     return {
         "variant": adapter,
         "logprob_score": binary_report(scores, gold).as_dict(),
+        # The model's own P(yes) from the same answers: the uncompiled reading of a compiled grader.
+        "raw_p_yes": binary_report(raw, gold).as_dict(),
         "parsed_label": binary_report(labels, gold).as_dict(),
         "seconds_per_pair": elapsed / len(pairs),
         "lm_calls": counted.calls,
@@ -84,6 +94,9 @@ def main() -> None:
         type=int,
         default=0,
         help="show the title and this many most question-similar sentences (0: whole passages)",
+    )
+    parser.add_argument(
+        "--program", type=Path, help="grade with this compiled program's grader (state and sentence focus)"
     )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
@@ -115,17 +128,28 @@ def main() -> None:
         "grade_sentences": args.grade_sentences,
         "variants": [],
     }
-    view = SentenceFocus(args.grade_sentences, embedder) if args.grade_sentences else None
+    judge_state, grade_sentences = None, args.grade_sentences
+    if args.program:
+        program = read_program(args.program)
+        state = program["state"]
+        judge_state = {name: state[f"grader.{name}"] for name in ("predict", "calibration")}
+        signature = GradeDocument.with_instructions(state["grader.predict"]["signature"]["instructions"])
+        grade_sentences = program["config"].get("grade_sentences", 0)
+        results.update(program=str(args.program), grade_sentences=grade_sentences)
+    view = SentenceFocus(grade_sentences, embedder) if grade_sentences else None
     lm = build_lm(settings, cache=False)  # measure real calls, not cache hits
     for variant in args.variants:
-        results["variants"].append(run_variant(variant, pairs, lm, signature, view))
+        results["variants"].append(run_variant(variant, pairs, lm, signature, view, judge_state))
 
     print(f"\ncosine similarity baseline: AUC {cosine:.3f}")
     print(
         f"{'variant':<8} {'read as':<9} {'acc':>6} {'prec':>6} {'rec':>6} {'AUC':>6} {'unk':>4} {'s/pair':>7} {'out tok':>7}"
     )
     for r in results["variants"]:
-        for key, name in (("parsed_label", "label"), ("logprob_score", "P(yes)")):
+        readings = [("parsed_label", "label"), ("logprob_score", "P(yes)")]
+        if judge_state is not None:
+            readings = [("parsed_label", "label"), ("raw_p_yes", "P(yes)"), ("logprob_score", "compiled")]
+        for key, name in readings:
             m = r[key]
             auc = "-" if m["roc_auc"] is None else f"{m['roc_auc']:.3f}"
             print(

@@ -18,6 +18,7 @@ import dspy
 
 from .adapters import ADAPTERS, LabelAdapter
 from .calibration import Calibration
+from .evidence import evidence_features
 from .faults import classify_lm_error, describe_error
 from .scoring import clamp_score, yes_probability
 
@@ -51,6 +52,7 @@ class Judgement:
     lm_error: BaseException | None = None  # set when the LM itself failed (not just its output)
     shown: dict[str, Any] | None = None  # the inputs the LM saw, when the judge's view changed them
     view_error: str | None = None  # the view failed and the LM saw the whole inputs
+    evidence: dict[str, float] | None = None  # lexical evidence the calibration weighed (whole inputs)
 
 
 class BinaryJudge(dspy.Module):
@@ -59,7 +61,8 @@ class BinaryJudge(dspy.Module):
     The inner ``predict`` is a bare ``dspy.Predict`` so that teleprompters can compile it and its demos
     survive ``save``/``load`` (compiled sub-modules vanish from saved state; bare predictors do not).
     ``calibration`` maps P(yes) to the reported score; it is fitted by ``optimize.compile`` and is the
-    identity until then. ``view`` (e.g. :class:`~crag_dspy.focus.SentenceFocus`) maps the inputs to what
+    identity until then; a calibration that weighs lexical evidence reads it from the whole inputs,
+    not the view. ``view`` (e.g. :class:`~crag_dspy.focus.SentenceFocus`) maps the inputs to what
     the LM is shown, so every caller (CRAG, the compile, the evaluation) judges the same view.
     """
 
@@ -95,17 +98,43 @@ class BinaryJudge(dspy.Module):
             config.update(rollout_id=attempt, temperature=0.7)
         return config
 
+    def shown_inputs(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """What the LM is shown for ``inputs``, and why the view failed (then it is shown everything)."""
+        if self.view is None:
+            return inputs, None
+        try:
+            return self.view(inputs), None
+        except Exception as exc:  # noqa: BLE001 - a broken view must not cost the judgement
+            return inputs, describe_error(exc)
+
+    def evidence(self, inputs: dict[str, Any], *, weighed_only: bool = True) -> dict[str, float] | None:
+        """The lexical evidence of ``inputs`` (the question and the whole judged text); None when the
+        calibration weighs none, unless ``weighed_only`` is False (how a calibration is fitted)."""
+        if weighed_only and not self.calibration.uses_evidence:
+            return None
+        question, text = (str(inputs[name]) for name in list(self.predict.signature.input_fields)[:2])
+        return evidence_features(question, text)
+
+    def rescore(self, judgement: Judgement, inputs: dict[str, Any]) -> float | None:
+        """``judgement``'s score under this judge's current calibration, without asking the LM again
+        (the compile compares calibrations fitted on one set of LM answers this way)."""
+        if judgement.score_source != "logprobs" or judgement.raw_score is None:
+            return judgement.score  # a parsed label or a failure is never calibrated
+        return clamp_score(self.calibration(judgement.raw_score, self.evidence(inputs)))
+
+    def judged_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Everything a judgement of ``inputs`` depends on besides the judge's state: two calls with
+        equal judged inputs get the same judgement (how shared work deduplicates them)."""
+        shown, _ = self.shown_inputs(inputs)
+        return {**shown, **{f"evidence:{k}": v for k, v in (self.evidence(inputs) or {}).items()}}
+
     def forward(self, **inputs: Any) -> dspy.Prediction:
         started = time.perf_counter()
         errors: list[str] = []
         lm_error: BaseException | None = None
         adapter = ADAPTERS[self.adapter_name]()
-        shown, view_error = inputs, None
-        if self.view is not None:
-            try:
-                shown = self.view(inputs)
-            except Exception as exc:  # noqa: BLE001 - a broken view must not cost the judgement
-                view_error = describe_error(exc)
+        evidence = self.evidence(inputs)
+        shown, view_error = self.shown_inputs(inputs)
         changed = {k: v for k, v in shown.items() if inputs.get(k) != v} or None
         inputs = shown
         for attempt in range(self.retries + 1):
@@ -135,7 +164,7 @@ class BinaryJudge(dspy.Module):
                 source = "label"
             else:
                 raw = clamp_score(p_yes)
-                score, source = clamp_score(self.calibration(raw)), "logprobs"
+                score, source = clamp_score(self.calibration(raw, evidence)), "logprobs"
             judgement = Judgement(
                 score,
                 label,
@@ -146,6 +175,7 @@ class BinaryJudge(dspy.Module):
                 raw_score=raw,
                 shown=changed,
                 view_error=view_error,
+                evidence=evidence,
             )
             return dspy.Prediction(**{self.output_name: label}, score=score, judgement=judgement)
         judgement = Judgement(
@@ -158,5 +188,6 @@ class BinaryJudge(dspy.Module):
             lm_error=lm_error,
             shown=changed,
             view_error=view_error,
+            evidence=evidence,
         )
         return dspy.Prediction(**{self.output_name: None}, score=None, judgement=judgement)

@@ -223,6 +223,7 @@ class CRAG(dspy.Module):
                         attempts=judgement.attempts,
                         error="; ".join(judgement.errors) or None,
                         graded_text=(judgement.shown or {}).get("document"),
+                        evidence=judgement.evidence,
                     )
                 )
                 if judgement.view_error:

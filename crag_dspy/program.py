@@ -29,7 +29,10 @@ __all__ = [
 ]
 
 PROGRAM_FORMAT = "crag-dspy-program"
-PROGRAM_FORMAT_VERSION = 2  # 2: judges carry a fitted calibration
+# 2: judges carry a fitted calibration; 3: a calibration may weigh lexical evidence. Version 2
+# programs load unchanged (no evidence weights); older readers refuse version 3 instead of ignoring it.
+PROGRAM_FORMAT_VERSION = 3
+SUPPORTED_FORMAT_VERSIONS = (2, 3)
 _CONFIG_KEYS = ("k", "strip_threshold", "max_strips", "sentences_per_strip", "web_results")
 
 
@@ -88,10 +91,11 @@ def read_program(path: Path | str, *, domain: str | None = None) -> dict[str, An
     if not isinstance(document, dict) or document.get("format") != PROGRAM_FORMAT:
         raise ProgramError(f'{path}: not a crag-dspy program (missing "format": "{PROGRAM_FORMAT}")')
     version = document.get("format_version")
-    if version != PROGRAM_FORMAT_VERSION:
+    if version not in SUPPORTED_FORMAT_VERSIONS:
+        supported = ", ".join(map(str, SUPPORTED_FORMAT_VERSIONS))
         raise ProgramError(
             f"{path}: program format version {version!r} is not supported by this crag-dspy "
-            f"(supports {PROGRAM_FORMAT_VERSION}); recompile with python -m optimize.compile"
+            f"(supports {supported}); recompile with python -m optimize.compile"
         )
     for key in ("state", "config", "metadata"):
         if not isinstance(document.get(key), dict):

@@ -38,6 +38,10 @@ class DocumentGrade(BaseModel):
     graded_text: str | None = Field(
         None, description="what the grader read, when it was shown an excerpt of the passage"
     )
+    evidence: dict[str, float] | None = Field(
+        None,
+        description="lexical evidence the compiled grader weighed next to the LM (e.g. term_coverage)",
+    )
 
 
 class StripRecord(BaseModel):

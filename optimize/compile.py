@@ -25,7 +25,7 @@ from crag_dspy.calibration import Calibration, fit_calibration
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain
 from crag_dspy.faults import CRAGRunError
-from crag_dspy.judging import BinaryJudge
+from crag_dspy.judging import BinaryJudge, Judgement
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.module import CRAG
 from crag_dspy.program import save_program
@@ -34,9 +34,16 @@ from crag_dspy.settings import Settings
 from crag_dspy.store import ingest_domain
 from crag_dspy.trace import usage_from_tracker
 
-from .datasets import interleave_balanced, qa_examples, qa_split, relevance_examples, strip_examples
-from .evaluation import evaluate_judge, evaluate_program, judge_scores
-from .metrics import answer_matches
+from .datasets import (
+    interleave_balanced,
+    qa_examples,
+    qa_split,
+    relevance_examples,
+    spread,
+    strip_examples,
+)
+from .evaluation import evaluate_program, judge_outcomes
+from .metrics import answer_matches, binary_report
 from .report import plot_landscape, write_report
 from .teleprompters import OPTIMIZERS, compile_stage, judge_metric
 from .thresholds import SAMPLERS, accuracy_landscape, precompute_routes, routes_fingerprint, tune_thresholds
@@ -62,20 +69,25 @@ def _compile_judge(
 ) -> dict[str, Any]:
     """Compile one yes/no judge in place and return its val metrics before and after.
 
-    Candidates: the zero-shot prompt with a fitted calibration, and (unless ``optimizer`` is "none")
-    the teleprompter's few-shot prompt with its own calibration. The best on val is shipped, and only
-    if it is at least as good as the uncompiled judge: small models can get worse with demos (the 1.5B turns into a
+    Candidates: the zero-shot prompt and (unless ``optimizer`` is "none") the teleprompter's few-shot
+    prompt, each with a calibration of its P(yes) fitted on held-out train examples, and with one that
+    also weighs the lexical evidence of the judged text (``+ evidence``). Each prompt's LM answers are
+    computed once; the calibrations rescore them. The best on val is shipped, and only if it is at least
+    as good as the uncompiled judge: small models can get worse with demos (the 1.5B turns into a
     yes-sayer, docs/compile.md), and a compile must never ship a judge worse than its starting point.
     The winner's state is copied into ``crag``'s own bare predictor instead of assigning a compiled
     module, so its demos are saved with the program (DSPy skips compiled sub-modules when saving).
     """
     judge = getattr(crag, name)
     uncompiled_state = judge.dump_state()
-    before = evaluate_judge(judge, val, label, desc=f"{name} val (before)", progress=progress)
+    gold = [int(bool(e[label])) for e in val]
+    before_outcomes = judge_outcomes(judge, val, desc=f"{name} val (before)", progress=progress)
+    before = binary_report([j.score for j in before_outcomes], gold)
     candidates: dict[str, dict[str, Any]] = {}
     plans = ["zero-shot"] + (["few-shot"] if optimizer != "none" and demos > 0 else [])
     for plan in plans:
         judge.load_state(uncompiled_state)
+        judge.calibration = Calibration()  # the LM's own P(yes), which the calibrations are fitted on
         if plan == "few-shot":
             compiled = compile_stage(
                 judge,
@@ -87,15 +99,24 @@ def _compile_judge(
                 valset=val,
             )
             judge.predict.load_state(compiled.predict.dump_state())
-        calibration = _fit_calibration(judge, train, label, calibration_pairs, progress=progress)
-        metrics = evaluate_judge(judge, val, label, desc=f"{name} val ({plan})", progress=progress)
-        candidates[plan] = {
-            "demos": len(judge.predict.demos),
-            "calibration": calibration,
-            "val": metrics.as_dict(),
-            "state": judge.dump_state(),
-        }
-    # Ties go to the earlier (cheaper, zero-shot) candidate.
+        held_out = _held_out(judge, train, calibration_pairs)
+        fit_on = judge_outcomes(judge, held_out, desc=f"calibrate {name} ({plan})", progress=progress)
+        # The uncompiled prompt's val answers are the ones measured above: not asked for twice.
+        on_val = (
+            before_outcomes
+            if plan == "zero-shot"
+            else judge_outcomes(judge, val, desc=f"{name} val ({plan})", progress=progress)
+        )
+        for evidence in (False, True):
+            calibration = _fit_calibration(judge, held_out, fit_on, label, evidence=evidence)
+            scores = [judge.rescore(j, e.inputs()) for j, e in zip(on_val, val, strict=True)]
+            candidates[plan + (" + evidence" if evidence else "")] = {
+                "demos": len(judge.predict.demos),
+                "calibration": calibration,
+                "val": binary_report(scores, gold).as_dict(),
+                "state": judge.dump_state(),
+            }
+    # Ties go to the earlier (cheaper, zero-shot; then without evidence) candidate.
     best = max(candidates, key=lambda plan: candidates[plan]["val"]["accuracy"])
     kept = best if candidates[best]["val"]["accuracy"] >= before.accuracy else "uncompiled"
     judge.load_state(uncompiled_state if kept == "uncompiled" else candidates[best]["state"])
@@ -120,27 +141,44 @@ def _compile_judge(
     }
 
 
-def _fit_calibration(
-    judge: BinaryJudge, train: list[dspy.Example], label: str, pairs: int, *, progress: bool
-) -> dict[str, Any]:
-    """Fit ``judge.calibration`` on train pairs that are not among its demos (those it has seen answered)."""
-    judge.calibration = Calibration()
+def _question(example: dspy.Example) -> str:
+    return example.question
+
+
+def _held_out(judge: BinaryJudge, train: list[dspy.Example], pairs: int) -> list[dspy.Example]:
+    """The first ``pairs`` train examples that are not among the judge's demos (those it has seen answered)."""
     fields = list(judge.predict.signature.input_fields)
     shown = {tuple(str(demo.get(f)) for f in fields) for demo in judge.predict.demos}
-    held_out = [e for e in train if tuple(str(e.get(f)) for f in fields) not in shown][: max(pairs, 0)]
+    return [e for e in train if tuple(str(e.get(f)) for f in fields) not in shown][: max(pairs, 0)]
+
+
+def _fit_calibration(
+    judge: BinaryJudge,
+    held_out: list[dspy.Example],
+    outcomes: list[Judgement],
+    label: str,
+    *,
+    evidence: bool,
+) -> dict[str, Any]:
+    """Fit ``judge.calibration`` on the LM's P(yes) for held-out train examples (and, with ``evidence``,
+    on the lexical evidence of each); returns what was fitted, or why nothing was."""
+    judge.calibration = Calibration()
     if not held_out:
-        return {"fitted": False, "reason": "no held-out train pairs to fit on", "pairs": 0}
-    raw = judge_scores(judge, held_out, desc=f"calibrate {label}", progress=progress)
+        return {"fitted": False, "reason": "no held-out train examples to fit on", "pairs": 0}
+    raw = [j.raw_score if j.score_source == "logprobs" else None for j in outcomes]
+    features = [judge.evidence(e.inputs(), weighed_only=False) for e in held_out] if evidence else None
     try:
-        judge.calibration = fit_calibration(raw, [int(bool(e[label])) for e in held_out])
+        judge.calibration = fit_calibration(raw, [int(bool(e[label])) for e in held_out], features)
     except ValueError as exc:
-        log.warning("calibration not fitted: %s", exc)
+        log.warning("%s calibration not fitted: %s", "evidence" if evidence else "P(yes)", exc)
         return {"fitted": False, "reason": str(exc), "pairs": len(held_out)}
+    full = dict.fromkeys(judge.calibration.weights, 1.0)
     return {
         "fitted": True,
         "pairs": len(held_out),
         **judge.calibration.dump_state(),
-        "cut": judge.calibration.cut(),
+        # Where P(yes) is cut for a text that holds all the question's terms and numbers.
+        "cut": judge.calibration.cut(full),
     }
 
 
@@ -219,7 +257,7 @@ def compile_program(
     lm: dspy.BaseLM | None = None,
     optimizer: str = "none",
     demos: int = 4,
-    calibration_pairs: int = 32,
+    calibration_pairs: int = 64,
     trials: int = 2000,
     sampler: str = "sobol",
     seed: int = 0,
@@ -251,7 +289,7 @@ def compile_program(
     with dspy.track_usage() as tracker, dspy.context(lm=lm):
         if "grader" in stages:
             train = interleave_balanced(relevance_examples(domain.relevance, "train"), "relevant", seed)
-            val = relevance_examples(domain.relevance, "val")[:judge_val_limit]
+            val = spread(relevance_examples(domain.relevance, "val"), _question, judge_val_limit)
             report["stages"]["grader"] = _compile_judge(
                 crag,
                 "grader",
@@ -267,7 +305,7 @@ def compile_program(
         if "strips" in stages:
             spp = crag.sentences_per_strip
             train = interleave_balanced(strip_examples(domain, "train", spp), "keep", seed)
-            val = strip_examples(domain, "val", spp)[:judge_val_limit]
+            val = spread(strip_examples(domain, "val", spp), _question, judge_val_limit)
             if train and val:
                 report["stages"]["strip_filter"] = _compile_judge(
                     crag,
@@ -353,8 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--calibration-pairs",
         type=int,
-        default=32,
-        help="held-out train examples per judge to fit its P(yes) calibration on (0: no calibration)",
+        default=64,
+        help="held-out train examples per judge to fit its calibrations on (0: no calibration)",
     )
     parser.add_argument(
         "--stages",
@@ -382,7 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--judge-val-limit",
         type=int,
         default=80,
-        help="measure grader and strip filter on N val examples each (default 80; 0: all)",
+        help="measure grader and strip filter on N val examples each, whole questions spread evenly over "
+        "the split (default 80; 0: all)",
     )
     parser.add_argument(
         "--test-limit",

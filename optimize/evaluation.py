@@ -10,11 +10,28 @@ import dspy
 from tqdm.auto import tqdm
 
 from crag_dspy.faults import CRAGRunError
+from crag_dspy.judging import Judgement
 from crag_dspy.trace import StageUsage, usage_from_tracker
 
 from .metrics import BinaryReport, answer_matches, binary_report
 
-__all__ = ["ProgramEvaluation", "evaluate_judge", "evaluate_program", "judge_scores"]
+__all__ = ["ProgramEvaluation", "evaluate_judge", "evaluate_program", "judge_outcomes", "judge_scores"]
+
+
+def judge_outcomes(
+    judge: dspy.Module,
+    examples: Sequence[dspy.Example],
+    *,
+    desc: str,
+    progress: bool = True,
+) -> list[Judgement]:
+    """One :class:`~crag_dspy.judging.Judgement` per example, in input order."""
+    # Sorted by question so consecutive calls share the cached prompt prefix; results keep input order.
+    order = sorted(range(len(examples)), key=lambda i: examples[i].question)
+    outcomes: list[Judgement | None] = [None] * len(examples)
+    for i in tqdm(order, desc=desc, disable=not progress):
+        outcomes[i] = judge(**examples[i].inputs()).judgement
+    return outcomes  # type: ignore[return-value]
 
 
 def judge_scores(
@@ -24,12 +41,7 @@ def judge_scores(
     desc: str,
     progress: bool = True,
 ) -> list[float | None]:
-    # Sorted by question so consecutive calls share the cached prompt prefix; results keep input order.
-    order = sorted(range(len(examples)), key=lambda i: examples[i].question)
-    scores: list[float | None] = [None] * len(examples)
-    for i in tqdm(order, desc=desc, disable=not progress):
-        scores[i] = judge(**examples[i].inputs()).score
-    return scores
+    return [j.score for j in judge_outcomes(judge, examples, desc=desc, progress=progress)]
 
 
 def evaluate_judge(

@@ -70,7 +70,12 @@ def _pct(value: float | None) -> str:
 
 def _judge_row(name: str, demos: int, calibration: dict | None, m: dict) -> str:
     if calibration and calibration.get("fitted"):
-        fit = f"yes from raw P ≥ {calibration['cut']:.3f} ({calibration['pairs']} train ex.)"
+        weights = calibration.get("weights") or {}
+        fit = f"yes from raw P ≥ {calibration['cut']:.3f}"
+        if weights:
+            weighed = ", ".join(f"{name} {w:+.2f}" for name, w in weights.items())
+            fit += f" when all terms are present; evidence weights {weighed}"
+        fit += f" ({calibration['pairs']} train ex.)"
     else:
         fit = "-" if calibration is None else f"not fitted: {calibration.get('reason')}"
     auc = "-" if m["roc_auc"] is None else f"{m['roc_auc']:.3f}"

@@ -217,22 +217,18 @@ class SharedJudge:
     """A judge (grader or strip filter) whose every judgement is a shared piece: the same strip of the
     same question is judged once, whichever knowledge (internal or web, any query) it came from.
 
-    Judgements are keyed by what the LM is shown: two passages that the judge's view (the grader's
-    sentence focus) cuts to the same excerpt are one judgement.
+    Judgements are keyed by what they depend on (``BinaryJudge.judged_inputs``): what the LM is shown
+    and the evidence the calibration weighs, so two passages that the grader's sentence focus cuts to
+    the same excerpt are one judgement unless their evidence differs.
     """
 
     def __init__(self, judge: Callable[..., dspy.Prediction], work: SharedWork, key: str):
         self.judge, self.work, self.key = judge, work, key
 
     def __call__(self, **inputs: str) -> dspy.Prediction:
-        shown = inputs
-        view = getattr(self.judge, "view", None)
-        if view is not None:
-            try:
-                shown = view(inputs)
-            except Exception:  # noqa: BLE001 - the judge itself records the view's failure
-                shown = inputs
-        return self.work.get(("judge", self.key, *sorted(shown.items())), lambda: self.judge(**inputs))
+        judged = getattr(self.judge, "judged_inputs", None)
+        depends_on = judged(inputs) if judged is not None else inputs
+        return self.work.get(("judge", self.key, *sorted(depends_on.items())), lambda: self.judge(**inputs))
 
 
 class SharedRetriever:

@@ -225,11 +225,12 @@ def test_precompute_answers_each_distinct_context_once():
 
 
 def test_a_compiled_judge_that_is_worse_on_val_is_not_shipped(tmp_path):
-    from crag_dspy import CRAG
     from fakes import ListRetriever, ListWebSearch
+
+    from crag_dspy import CRAG
+    from crag_dspy.domain import load_domain
     from optimize.compile import _compile_judge
     from optimize.datasets import relevance_examples
-    from crag_dspy.domain import load_domain
 
     domain = load_domain(make_domain(tmp_path / "tiny"))
     holder = {}
@@ -258,36 +259,47 @@ def test_a_compiled_judge_that_is_worse_on_val_is_not_shipped(tmp_path):
     assert result["after"] == result["candidates"]["zero-shot"]["val"]
 
 
-def test_a_calibration_that_does_not_transfer_to_val_is_not_shipped(tmp_path):
+def compile_tiny_grader(tmp_path, judge_script, demos=0):
+    """``_compile_judge`` on the tiny domain's grader (no optimizer, 8 calibration pairs) with a
+    scripted LM; returns the CRAG, the LM, the result and the val examples."""
     import dspy
+    from fakes import ListRetriever, ListWebSearch
 
     from crag_dspy import CRAG
     from crag_dspy.domain import load_domain
-    from fakes import ListRetriever, ListWebSearch
     from optimize.compile import _compile_judge
     from optimize.datasets import relevance_examples
 
     domain = load_domain(make_domain(tmp_path / "tiny"))
+    lm = ScriptedLM(judge_script)
+    crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm)
     train = relevance_examples(domain.relevance, "train")
-    train_questions = {e.question for e in train}
+    val = relevance_examples(domain.relevance, "val")
+    assert len(train) == 8
+    with dspy.context(lm=lm):
+        result = _compile_judge(
+            crag, "grader", train, val, "relevant", optimizer="none", demos=demos, calibration_pairs=8,
+            seed=0, progress=False,
+        )
+    return crag, lm, result, val
 
+
+TRAIN_KEYS = set(list(KB)[:4])  # make_domain puts the first four KB questions' pairs in train
+
+
+def test_a_calibration_that_does_not_transfer_to_val_is_not_shipped(tmp_path):
     def drifting(system, user):
         p = script(system, user)
-        if field(user, "question") in train_questions:  # train: yes-sayer; val: well calibrated
+        if key_of(field(user, "question")) in TRAIN_KEYS:  # train: yes-sayer; val: well calibrated
             return 0.99 if p == 0.9 else 0.97
         return p
 
-    lm = ScriptedLM(drifting)
-    crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm)
-    val = relevance_examples(domain.relevance, "val")
-    with dspy.context(lm=lm):
-        result = _compile_judge(
-            crag, "grader", train, val, "relevant", optimizer="none", demos=4, calibration_pairs=8,
-            seed=0, progress=False,
-        )
-    assert list(result["candidates"]) == ["zero-shot"]  # --optimizer none compiles no demos
-    assert result["candidates"]["zero-shot"]["calibration"]["fitted"] is True
-    assert result["candidates"]["zero-shot"]["val"]["accuracy"] < result["before"]["accuracy"] == 1.0
+    crag, _, result, _ = compile_tiny_grader(tmp_path, drifting, demos=4)
+    # --optimizer none compiles no demos
+    assert list(result["candidates"]) == ["zero-shot", "zero-shot + evidence"]
+    for candidate in result["candidates"].values():
+        assert candidate["calibration"]["fitted"] is True
+        assert candidate["val"]["accuracy"] < result["before"]["accuracy"] == 1.0
     assert result["kept"] == "uncompiled" and result["calibration"] is None
     assert result["after"] == result["before"]
     assert crag.grader.calibration.is_identity
@@ -296,37 +308,48 @@ def test_a_calibration_that_does_not_transfer_to_val_is_not_shipped(tmp_path):
 def test_calibration_fixes_a_biased_judge_and_is_saved(tmp_path):
     """A judge that ranks well but says yes to everything (P(yes) 0.95 vs 0.8) is 50% accurate at the
     raw 0.5 cut; the calibration fitted on held-out train pairs makes it right on val."""
-    import dspy
-
-    from crag_dspy import CRAG
-    from crag_dspy.domain import load_domain
-    from fakes import ListRetriever, ListWebSearch
-    from optimize.compile import _compile_judge
-    from optimize.datasets import relevance_examples
-
-    domain = load_domain(make_domain(tmp_path / "tiny"))
 
     def biased(system, user):
         p = script(system, user)
         return 0.95 if p == 0.9 else 0.8 if p == 0.1 else p
 
-    lm = ScriptedLM(biased)
-    crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm)
-    train = relevance_examples(domain.relevance, "train")
-    val = relevance_examples(domain.relevance, "val")
-    with dspy.context(lm=lm):
-        result = _compile_judge(
-            crag, "grader", train, val, "relevant", optimizer="none", demos=0, calibration_pairs=8,
-            seed=0, progress=False,
-        )
+    crag, _, result, _ = compile_tiny_grader(tmp_path, biased)
     assert result["before"]["accuracy"] == 0.5 and result["after"]["accuracy"] == 1.0
     assert result["kept"] == "zero-shot" and result["calibration"]["fitted"] is True
-    assert result["calibration"]["pairs"] == len(train) == 8
+    assert result["calibration"]["pairs"] == 8
     assert 0.8 < result["calibration"]["cut"] < 0.95
     assert crag.grader.dump_state()["calibration"] == {
         "slope": result["calibration"]["slope"],
         "intercept": result["calibration"]["intercept"],
+        "weights": {},
     }
+
+
+def test_evidence_calibration_ships_when_the_lm_alone_cannot_separate_the_labels(tmp_path):
+    """P(yes) that ranks each question's passages right but overlaps across questions (0.45 for some
+    positives, 0.55 for some negatives) caps any cut of P(yes) alone; whether the passage holds the
+    question's terms tells the rest, and the calibration that weighs it ships with its weights."""
+    import dspy
+
+    hard = {"theta", "sigma", "lambda"}  # train and val each have hard questions
+
+    def overlapping(system, user):
+        p = script(system, user)
+        if "You judge" not in system or key_of(field(user, "question")) not in hard:
+            return 0.7 if p == 0.9 else 0.3 if p == 0.1 else p
+        return 0.45 if p == 0.9 else 0.55
+
+    crag, lm, result, val = compile_tiny_grader(tmp_path, overlapping)
+    candidates = result["candidates"]
+    assert result["before"]["accuracy"] == 0.5
+    assert candidates["zero-shot"]["val"]["accuracy"] < 1.0
+    assert result["kept"] == "zero-shot + evidence" and result["after"]["accuracy"] == 1.0
+    weights = crag.grader.dump_state()["calibration"]["weights"]
+    assert weights == result["calibration"]["weights"] and weights["term_coverage"] > 0
+    # The grader now reports the evidence it weighed for each judgement.
+    with dspy.context(lm=lm):
+        judgement = crag.grader(question=val[0].question, document=val[0].document).judgement
+    assert judgement.evidence == {"term_coverage": 1.0, "number_coverage": 1.0}
 
 
 def test_routes_fingerprint_changes_with_anything_a_trial_scores():

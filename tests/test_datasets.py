@@ -1,4 +1,5 @@
 import json
+from pathlib import Path
 
 import dspy
 
@@ -55,12 +56,40 @@ def test_round_robin_takes_groups_in_turn_and_keeps_order():
     from optimize.datasets import round_robin
 
     items = ["kb1", "kb2", "kb3", "web1", "none1", "web2"]
-    kind = lambda s: s.rstrip("0123456789")  # noqa: E731
+    kind = lambda s: s.rstrip("0123456789")
     assert round_robin(items, kind) == ["kb1", "web1", "none1", "kb2", "web2", "kb3"]
     assert round_robin(items, kind, 4) == ["kb1", "web1", "none1", "kb2"]
     assert round_robin(items, kind, 0) == []
     assert round_robin([], kind, 3) == []
     assert round_robin([None, None], lambda x: "same") == [None, None]  # None is an item, not a gap
+
+
+def test_spread_takes_whole_groups_evenly_over_the_items():
+    from optimize.datasets import spread
+
+    items = [f"q{i}{side}" for i in range(10) for side in "+-"]  # ten questions, a pair each
+    question = lambda s: s[:-1]
+    assert spread(items, question, 6) == ["q0+", "q0-", "q3+", "q3-", "q6+", "q6-"]
+    sample = spread(items, question, 8)
+    assert len(sample) == 8 and sample == sorted(sample, key=items.index)
+    assert {s[:-1] for s in sample} == {"q0", "q2", "q5", "q7"}  # pairs stay together
+    assert spread(items, question, None) == items == spread(items, question, 100)
+    assert spread(items, question, 1) == ["q0+"]
+    assert spread([], question, 5) == []
+
+
+def test_the_default_val_sample_spans_both_question_files():
+    from crag_dspy.domain import load_domain
+    from optimize.datasets import relevance_examples, spread
+
+    val = relevance_examples(load_domain("data/default").relevance, "val")
+    first, spread_out = val[:80], spread(val, lambda e: e.question, 80)
+    lines = Path("data/default/relevance.jsonl").read_text(encoding="utf-8").splitlines()
+    origin = {r["question"]: r["question_id"].split("-")[0] for r in map(json.loads, lines)}
+    assert {origin[e.question] for e in first} == {"qa"}  # why the first 80 was a biased sample
+    assert {origin[e.question] for e in spread_out} == {"qa", "rq"}
+    positives = sum(e.relevant for e in spread_out)
+    assert len(spread_out) == 80 and abs(positives - 40) <= 2
 
 
 def test_qa_split_limit_spans_every_kind():

@@ -98,7 +98,7 @@ def _write(tmp_path, name, content):
         (
             "p.json",
             '{"format": "crag-dspy-program", "format_version": 99}',
-            "format version 99 is not supported",
+            "format version 99 is not supported by this crag-dspy \\(supports 2, 3\\)",
         ),
         (
             "p.json",
@@ -114,6 +114,23 @@ def test_bad_program_files_are_clear_errors(tmp_path, name, content, message):
     path = tmp_path / name if content is None else _write(tmp_path, name, content)
     with pytest.raises(ProgramError, match=message):
         read_program(path)
+
+
+def test_format_2_programs_load_and_evidence_weights_round_trip(tmp_path):
+    crag = compiled_crag()
+    crag.grader.calibration.load_state({"slope": 1.3, "intercept": -6.1, "weights": {"term_coverage": 6.9}})
+    path = save_program(crag, tmp_path / "p.json", {"domain": "default"})
+    doc = read_program(path)
+    assert doc["format_version"] == PROGRAM_FORMAT_VERSION == 3
+    loaded = apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc)
+    assert loaded.grader.calibration.weights == {"term_coverage": 6.9}
+    # A format-2 program: calibrations without evidence weights, read as such.
+    doc["format_version"] = 2
+    for name in ("grader.calibration", "strip_filter.calibration"):
+        doc["state"][name].pop("weights")
+    path.write_text(json.dumps(doc))
+    loaded = apply_program(CRAG(ListRetriever([]), ListWebSearch()), read_program(path))
+    assert loaded.grader.calibration.weights == {} and loaded.grader.calibration.slope == 1.3
 
 
 def test_other_domain_is_refused(tmp_path):

@@ -147,3 +147,24 @@ def test_stage_knobs_original_query_and_unselected_web_strips():
     run = crag.new_run(Q)
     with crag.lm_scope(run.trace):
         assert crag.rewrite_query(Q, run) == "AquaProbe 220; range" == run.trace.web_query
+
+
+def test_passages_with_one_excerpt_share_a_judgement_unless_their_evidence_differs():
+    from crag_dspy.calibration import Calibration
+    from optimize.shared_work import SharedJudge
+
+    lm = ScriptedLM(script)
+    c = make(lm)
+    c.grader.view = lambda inputs: {**inputs, "document": GOOD}  # both passages cut to one excerpt
+    other = "The AquaProbe 220 range sheet. " + BAD
+    with dspy.context(lm=lm):
+        shared = SharedJudge(c.grader, SharedWork(), "g")
+        first, second = shared(question=Q, document=GOOD), shared(question=Q, document=other)
+    assert first is second and len(lm.calls) == 1
+    c.grader.calibration = Calibration(1.0, -1.0, {"term_coverage": 2.0})
+    with dspy.context(lm=lm):
+        shared = SharedJudge(c.grader, SharedWork(), "g")
+        first, second = shared(question=Q, document=GOOD), shared(question=Q, document=BAD)
+    assert len(lm.calls) == 3
+    assert first.judgement.evidence["term_coverage"] > second.judgement.evidence["term_coverage"]
+    assert first.score > second.score

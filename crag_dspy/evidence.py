@@ -1,0 +1,59 @@
+"""Lexical evidence that a text answers a question: which of the question's terms and numbers it holds.
+
+The grader's LM reads only an excerpt of each passage (``crag_dspy.focus``), and a 1.5B model's
+P(yes) misses passages that hold the question's specific terms outside that excerpt, or that name
+another model number or year. How much of the question a passage covers is a cheap, complementary
+signal; ``optimize.compile`` learns how much to trust it next to the LM's P(yes)
+(:class:`~crag_dspy.calibration.Calibration`), and keeps it only when it helps on val. On the default
+domain's 232 val pairs, a calibration fitted on 64 train pairs with these two features took the
+grader from 82.8% to 89.7% accuracy (ROC AUC 0.900 -> 0.940; docs/grader.md).
+
+Pure functions of two strings: no model, no state, no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+__all__ = ["EVIDENCE_FEATURES", "content_terms", "evidence_features", "number_coverage", "term_coverage"]
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+# Question words and function words: a passage holding "what" or "the" is no evidence of anything.
+_STOP_WORDS = frozenset(
+    """a an and any are as at be been by can could did do does for from had has have how i if in into
+    is it its many may me might much must my of on one or our should than that the their them then there these
+    they this those to under up us was we were what when where which while who whom whose why will
+    with would you your""".split()  # noqa: SIM905 - a word list reads better as text
+)
+
+
+def content_terms(text: str) -> set[str]:
+    """Lower-cased alphanumeric tokens of ``text`` without question and function words."""
+    return {token for token in _TOKEN.findall(text.lower()) if token not in _STOP_WORDS}
+
+
+def _coverage(wanted: set[str], text: str) -> float:
+    # A question that asks for nothing of the kind misses nothing: full coverage, not zero.
+    return len(wanted & content_terms(text)) / len(wanted) if wanted else 1.0
+
+
+def term_coverage(question: str, text: str) -> float:
+    """The fraction of the question's content terms that ``text`` contains (1.0 if it has none)."""
+    return _coverage(content_terms(question), text)
+
+
+def number_coverage(question: str, text: str) -> float:
+    """The fraction of the question's numbers (model numbers, years, ...) in ``text`` (1.0 if none)."""
+    return _coverage({term for term in content_terms(question) if term.isdigit()}, text)
+
+
+EVIDENCE_FEATURES: dict[str, Callable[[str, str], float]] = {
+    "term_coverage": term_coverage,
+    "number_coverage": number_coverage,
+}
+
+
+def evidence_features(question: str, text: str) -> dict[str, float]:
+    """Every feature of :data:`EVIDENCE_FEATURES`, by name."""
+    return {name: feature(question, text) for name, feature in EVIDENCE_FEATURES.items()}

@@ -1,0 +1,61 @@
+"""Lexical evidence: pure functions of a question and a text."""
+
+import pytest
+
+from crag_dspy.evidence import (
+    EVIDENCE_FEATURES,
+    content_terms,
+    evidence_features,
+    number_coverage,
+    term_coverage,
+)
+
+
+def test_content_terms_drop_question_and_function_words_and_ignore_case_and_punctuation():
+    assert content_terms("What is the list price of one AquaProbe 220 sensor?") == {
+        "list",
+        "price",
+        "aquaprobe",
+        "220",
+        "sensor",
+    }
+    assert content_terms("How many, and which?") == set()
+    assert content_terms("") == set()
+
+
+@pytest.mark.parametrize(
+    ("question", "text", "expected"),
+    [
+        ("list price AquaProbe 220", "The AquaProbe 220 list price is 1,240 velds.", 1.0),
+        ("list price AquaProbe 220", "The AquaProbe 200 list price is 990 velds.", 0.75),
+        ("list price AquaProbe 220", "Opening hours of the Sarnholm hall.", 0.0),
+        ("Who chairs the board?", "", 0.0),
+        ("What is it?", "anything at all", 1.0),  # nothing asked for, nothing missed
+    ],
+)
+def test_term_coverage(question, text, expected):
+    assert term_coverage(question, text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    ("question", "text", "expected"),
+    [
+        ("Price of the AquaProbe 220 in 2024?", "AquaProbe 220 price list 2024", 1.0),
+        ("Price of the AquaProbe 220 in 2024?", "AquaProbe 200 price list 2024", 0.5),
+        (
+            "Price of the AquaProbe 220 in 2024?",
+            "AquaProbe 2200 price list 2023",
+            0.0,
+        ),  # tokens, not substrings
+        ("Who founded Tarnell Sensors?", "Tarnell Sensors, founded in 1998", 1.0),  # no numbers asked
+    ],
+)
+def test_number_coverage(question, text, expected):
+    assert number_coverage(question, text) == pytest.approx(expected)
+
+
+def test_evidence_features_name_every_feature_in_range():
+    features = evidence_features("Price of the AquaProbe 220?", "The AquaProbe 200 price")
+    assert set(features) == set(EVIDENCE_FEATURES)
+    assert features == {"term_coverage": pytest.approx(2 / 3), "number_coverage": 0.0}
+    assert all(0.0 <= v <= 1.0 for v in features.values())
