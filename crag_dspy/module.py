@@ -321,13 +321,14 @@ class CRAG(dspy.Module):
         *,
         select: bool = True,
     ) -> tuple[list[Strip], list[StripRecord]]:
-        scored: list[tuple[Strip, float | None, str]] = []
+        # (strip, score, where the score came from, lexical evidence the strip filter weighed)
+        scored: list[tuple[Strip, float | None, str, dict[str, float] | None]] = []
         for strip in strips:
             if not select:
-                scored.append((strip, None, "unfiltered"))
+                scored.append((strip, None, "unfiltered", None))
                 continue
             if strip in reuse:
-                scored.append((strip, reuse[strip], "document_grade"))
+                scored.append((strip, reuse[strip], "document_grade", None))
                 continue
             judgement = self.strip_filter(question=question, strip=strip.text).judgement
             if judgement.score is None:
@@ -335,11 +336,10 @@ class CRAG(dspy.Module):
                     f"strip filter failed on a strip of {strip.doc_id} (dropped): {judgement.errors[-1]}"
                 )
             self._count_lm_outcome(judgement, "strip_filter", run)
-            scored.append(
-                (strip, judgement.score, "strip_filter" if judgement.score is not None else "error")
-            )
+            origin = "strip_filter" if judgement.score is not None else "error"
+            scored.append((strip, judgement.score, origin, judgement.evidence))
         kept = recompose(
-            select_strips([(s, score) for s, score, _ in scored], self.strip_threshold, self.max_strips)
+            select_strips([(s, score) for s, score, _, _ in scored], self.strip_threshold, self.max_strips)
             if select
             else strips
         )
@@ -355,8 +355,9 @@ class CRAG(dspy.Module):
                 score_source=origin,
                 kept=s in kept_set,
                 url=s.url if s.source == "web" else None,
+                evidence=evidence,
             )
-            for s, score, origin in scored
+            for s, score, origin, evidence in scored
         ]
         return kept, records
 

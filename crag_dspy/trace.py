@@ -56,6 +56,9 @@ class StripRecord(BaseModel):
     )
     kept: bool
     url: str | None = None
+    evidence: dict[str, float] | None = Field(
+        None, description="lexical evidence the compiled strip filter weighed next to the LM"
+    )
 
 
 class WebRecord(BaseModel):

@@ -78,6 +78,24 @@ def test_incorrect_rewrites_searches_and_uses_web_only():
     assert pred.trace.external_strips[0].kept and pred.trace.web_results[0].url == WEB.url
 
 
+def test_trace_shows_the_evidence_a_compiled_grader_and_strip_filter_weighed():
+    from crag_dspy.calibration import Calibration
+
+    script = make_script({}, {"90 days": 0.95}, answer="every 90 days")
+    crag = CRAG(ListRetriever([("kb-1", BAD)]), ListWebSearch([WEB]), lm=ScriptedLM(script))
+    crag.grader.calibration = Calibration(1.0, 0.0, {"term_coverage": 1.0})
+    crag.strip_filter.calibration = Calibration(1.0, 0.0, {"number_coverage": 1.0})
+    pred = crag(question="How often must WQ-17 sensors be recalibrated, in days?")
+    (document,) = pred.trace.documents
+    assert document.evidence == {"term_coverage": 0.0, "number_coverage": 0.0}  # the canteen passage
+    (strip,) = pred.trace.external_strips
+    assert strip.score_source == "strip_filter"
+    assert strip.evidence == {"term_coverage": pytest.approx(0.5), "number_coverage": 1.0}
+    uncompiled = CRAG(ListRetriever([("kb-1", BAD)]), ListWebSearch([WEB]), lm=ScriptedLM(script))
+    trace = uncompiled(question="How often must WQ-17 sensors be recalibrated, in days?").trace
+    assert trace.documents[0].evidence is None and trace.external_strips[0].evidence is None
+
+
 def test_ambiguous_combines_both_sources_internal_first():
     script = make_script({"0 to 25": 0.5}, {"90 days": 0.9})
     pred, lm = run([("kb-1", GOOD)], script)
