@@ -21,6 +21,14 @@ def test_content_terms_drop_question_and_function_words_and_ignore_case_and_punc
     }
     assert content_terms("How many, and which?") == set()
     assert content_terms("") == set()
+    assert content_terms("Wie hoch ist die Gebühr für µS/cm-Sonden?") >= {
+        "gebühr",
+        "für",
+        "µs",
+        "cm",
+        "sonden",
+    }
+    assert content_terms("snake_case WQ-17") == {"snake", "case", "wq", "17"}
 
 
 @pytest.mark.parametrize(
