@@ -136,6 +136,8 @@ class BinaryJudge(dspy.Module):
         evidence = self.evidence(inputs)
         shown, view_error = self.shown_inputs(inputs)
         changed = {k: v for k, v in shown.items() if inputs.get(k) != v} or None
+        # What this call saw and weighed, recorded the same way on success and on failure.
+        seen = {"shown": changed, "view_error": view_error, "evidence": evidence}
         inputs = shown
         for attempt in range(self.retries + 1):
             try:
@@ -173,9 +175,7 @@ class BinaryJudge(dspy.Module):
                 errors,
                 time.perf_counter() - started,
                 raw_score=raw,
-                shown=changed,
-                view_error=view_error,
-                evidence=evidence,
+                **seen,
             )
             return dspy.Prediction(**{self.output_name: label}, score=score, judgement=judgement)
         judgement = Judgement(
@@ -186,8 +186,6 @@ class BinaryJudge(dspy.Module):
             errors,
             time.perf_counter() - started,
             lm_error=lm_error,
-            shown=changed,
-            view_error=view_error,
-            evidence=evidence,
+            **seen,
         )
         return dspy.Prediction(**{self.output_name: None}, score=None, judgement=judgement)

@@ -87,7 +87,6 @@ def _compile_judge(
     plans = ["zero-shot"] + (["few-shot"] if optimizer != "none" and demos > 0 else [])
     for plan in plans:
         judge.load_state(uncompiled_state)
-        judge.calibration = Calibration()  # the LM's own P(yes), which the calibrations are fitted on
         if plan == "few-shot":
             compiled = compile_stage(
                 judge,
