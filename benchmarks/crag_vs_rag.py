@@ -62,7 +62,9 @@ def main() -> None:
         crag = build_crag(settings, lm=lm, progress=False)
     if args.text_adapter:
         crag.text_adapter = args.text_adapter
-    rag = PlainRAG(crag.retriever, lm=lm, k=crag.k, text_adapter=crag.text_adapter)
+    rag = PlainRAG(
+        crag.retriever, lm=lm, k=crag.k, text_adapter=crag.text_adapter, answer_units=crag.answer_units
+    )
     rag(question="warm-up")  # model load and the first prompt prefixes are not part of either system's cost
     crag(question="warm-up")
 

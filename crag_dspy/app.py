@@ -115,6 +115,7 @@ def assemble(
         use_logprobs=settings.use_logprobs,
         retries=settings.lm_retries,
         max_question_chars=settings.max_question_chars,
+        answer_units=settings.answer_units,
     )
     return crag, backends
 

@@ -9,6 +9,7 @@ import dspy
 
 from signatures import AnswerFromContext, AnswerWithoutContext
 
+from .answer_form import attach_unit
 from .generation import text_format
 from .protocols import Passage, Retriever
 from .strips import Strip, format_context
@@ -25,10 +26,17 @@ class PlainRAG(dspy.Module):
     """Retrieve top-k and answer from the unfiltered passages, with the same answer signature as CRAG."""
 
     def __init__(
-        self, retriever: Retriever, *, lm: dspy.BaseLM | None = None, k: int = 5, text_adapter: str = "text"
+        self,
+        retriever: Retriever,
+        *,
+        lm: dspy.BaseLM | None = None,
+        k: int = 5,
+        text_adapter: str = "text",
+        answer_units: bool = True,
     ):
         super().__init__()
         self.retriever, self.lm, self.k, self.text_adapter = retriever, lm, k, text_adapter
+        self.answer_units = answer_units  # as CRAG: both answerers' replies are read the same way
         self.answerer = dspy.Predict(AnswerFromContext)
 
     def forward(self, question: str) -> dspy.Prediction:
@@ -39,6 +47,8 @@ class PlainRAG(dspy.Module):
             text_format(self.text_adapter),
         ):
             answer = self.answerer(question=question, context=context).answer
+        if self.answer_units:
+            answer = attach_unit(answer, context)
         return dspy.Prediction(answer=answer, context=context, passages=passages)
 
 

@@ -132,7 +132,8 @@ def settings_from_args(args: argparse.Namespace, **extra: Any):
 def format_trace(trace) -> str:
     """A compact, human-readable account of one CRAG run."""
     lines = [
-        f"answer: {trace.answer}",
+        f"answer: {trace.answer}"
+        + (f"  (the LM replied {trace.lm_answer!r}; unit from the context)" if trace.lm_answer else ""),
         f"action: {trace.action}  (lower={trace.lower:.2f}, upper={trace.upper:.2f})",
         "documents:",
     ]

@@ -11,6 +11,7 @@ from dspy.predict.parameter import Parameter
 
 from signatures import AnswerFromContext, FilterStrip, GradeDocument, RewriteQuery
 
+from .answer_form import attach_unit
 from .embeddings import Embedder
 from .faults import LMUnavailableError, RetrievalError, classify_lm_error, describe_error
 from .focus import SentenceFocus, check_grade_sentences
@@ -87,6 +88,8 @@ class CRAG(dspy.Module):
         embedder: sentence embeddings for ``grade_sentences`` (default: the bundled MiniLM, loaded on
             first use).
         max_question_chars: longer questions are refused with :class:`~crag_dspy.validation.QuestionError`.
+        answer_units: a bare-number answer gets the unit its context states ("260" -> "260 velds",
+            :func:`~crag_dspy.answer_form.attach_unit`); the LM's own reply stays in the trace.
 
     Calling the module raises :class:`~crag_dspy.validation.QuestionError` for a bad question,
     :class:`~crag_dspy.faults.RetrievalError` when the store fails and
@@ -115,6 +118,7 @@ class CRAG(dspy.Module):
         use_logprobs: bool = True,
         retries: int = 2,
         max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
+        answer_units: bool = True,
     ):
         super().__init__()
         # Plain attributes, not DSPy parameters: they are infrastructure, never saved into program JSON.
@@ -123,7 +127,7 @@ class CRAG(dspy.Module):
         self.lm = lm
         self.k, self.strip_threshold, self.max_strips = k, strip_threshold, max_strips
         self.sentences_per_strip, self.web_results, self.retries = sentences_per_strip, web_results, retries
-        self.max_question_chars = max_question_chars
+        self.max_question_chars, self.answer_units = max_question_chars, answer_units
         if judge_adapter not in ("label", "chat"):
             raise ValueError(f"unknown judge adapter {judge_adapter!r}; choose 'label' or 'chat'")
         self.text_adapter = check_text_adapter(text_adapter)
@@ -388,6 +392,11 @@ class CRAG(dspy.Module):
                 run.trace,
                 "answer",
             )
+        if self.answer_units:
+            with_unit = attach_unit(answer, context)
+            if with_unit != answer:
+                run.trace.lm_answer = answer
+                answer = with_unit
         return answer
 
     def _predict_with_retries(

@@ -45,6 +45,7 @@ def program_config(crag: CRAG) -> dict[str, Any]:
         "judge_adapter": crag.grader.adapter_name,
         "text_adapter": crag.text_adapter,
         "grade_sentences": crag.grade_sentences,
+        "answer_units": crag.answer_units,
     }
 
 
@@ -134,6 +135,11 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
         raise ProgramError(
             f"program config has an invalid grade_sentences {grade_sentences!r}: {exc}"
         ) from exc
+    answer_units = config.get("answer_units", False)
+    if not isinstance(answer_units, bool):
+        raise ProgramError(
+            f"program config has an invalid answer_units {answer_units!r}: expected true or false"
+        )
     state = document["state"]
     expected = {name for name, _ in crag.named_parameters()}
     missing = expected - state.keys()
@@ -161,4 +167,6 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     # existed answered through DSPy's ChatAdapter.
     crag.text_adapter = text_adapter
     crag.grade_sentences = grade_sentences
+    # Programs from before units were attached were measured with the LM's bare replies.
+    crag.answer_units = answer_units
     return crag

@@ -87,6 +87,9 @@ class Settings(BaseSettings):
         description="The grader reads a passage's title and this many of its sentences most similar to "
         "the question (0: whole passages).",
     )
+    answer_units: bool = Field(
+        True, description='A bare-number answer gets the unit its context states ("260" -> "260 velds").'
+    )
     max_strips: int = Field(5, ge=1, description="Most knowledge strips kept per source (paper: top 5).")
     web_results: int = Field(3, ge=1, le=10, description="Web results requested per search.")
     web_timeout_s: float = Field(15.0, gt=0, description="Seconds before a web search is abandoned.")

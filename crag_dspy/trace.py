@@ -80,6 +80,9 @@ class StageUsage(BaseModel):
 class CRAGTrace(BaseModel):
     question: str
     answer: str | None = None
+    lm_answer: str | None = Field(
+        None, description="the LM's own reply when the answer differs from it (a unit added from the context)"
+    )
     action: str | None = None
     lower: float
     upper: float

@@ -23,7 +23,7 @@ from crag_dspy.app import assemble
 from crag_dspy.baselines import PlainRAG
 from crag_dspy.calibration import Calibration, fit_calibration
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
-from crag_dspy.domain import Domain
+from crag_dspy.domain import Domain, QAPair
 from crag_dspy.faults import CRAGRunError
 from crag_dspy.judging import BinaryJudge, Judgement
 from crag_dspy.lm import build_lm, lm_identity
@@ -46,12 +46,21 @@ from .evaluation import evaluate_program, judge_outcomes
 from .metrics import answer_matches, binary_report
 from .report import plot_landscape, write_report
 from .teleprompters import OPTIMIZERS, compile_stage, judge_metric
-from .thresholds import SAMPLERS, accuracy_landscape, precompute_routes, routes_fingerprint, tune_thresholds
+from .thresholds import (
+    SAMPLERS,
+    QuestionRoutes,
+    TuningResult,
+    accuracy_landscape,
+    precompute_routes,
+    routes_fingerprint,
+    tune_thresholds,
+)
 
 __all__ = ["compile_program", "main"]
 
 log = logging.getLogger(__name__)
 STAGES = ("grader", "strips", "rewriter", "answerer")
+GENERATORS = ("rewriter", "answerer")
 
 
 def _compile_judge(
@@ -192,27 +201,27 @@ def _compile_generation(crag: CRAG, domain: Domain, *, stages: set[str], demos: 
     )
     compiled = teleprompter.compile(crag.deepcopy(), trainset=train)
     copied = {}
-    for name in ("rewriter", "answerer"):
+    for name in GENERATORS:
         if name in stages:
             getattr(crag, name).load_state(getattr(compiled, name).dump_state())
             copied[name] = len(getattr(crag, name).demos)
     return copied
 
 
-def _tune(
+def _tuned_on_routes(
     crag: CRAG,
     lm: dspy.BaseLM,
     domain: Domain,
+    val_questions: list[QAPair],
     *,
     out: Path,
     trials: int,
     seed: int,
-    val_limit: int | None,
     progress: bool,
-    sampler: str = "sobol",
-) -> dict[str, Any]:
-    """Precompute every QA-val question's routes once, tune the thresholds on them, plot the landscape."""
-    val_questions = qa_split(domain, "val", val_limit)
+    sampler: str,
+) -> tuple[list[QuestionRoutes], TuningResult, int, int]:
+    """``crag``'s routes for the val questions and the thresholds tuned on them (not applied to ``crag``),
+    with the LM calls made by the trials (0 expected) and by the precomputation."""
     routes, precompute_usage = precompute_routes(crag, val_questions, progress=progress)
     calls_before = len(lm.history)
     with dspy.track_usage() as trial_tracker:
@@ -228,6 +237,53 @@ def _tune(
         )
     # Two independent counts of LM requests made while trials ran: the LM's history and DSPy's tracker.
     trial_calls = len(lm.history) - calls_before + usage_from_tracker(trial_tracker).calls
+    return routes, tuned, trial_calls, precompute_usage.calls
+
+
+def _tune(
+    crag: CRAG,
+    lm: dspy.BaseLM,
+    domain: Domain,
+    *,
+    out: Path,
+    trials: int,
+    seed: int,
+    val_limit: int | None,
+    progress: bool,
+    sampler: str = "sobol",
+    without_generation: CRAG | None = None,
+) -> dict[str, Any]:
+    """Precompute every QA-val question's routes once, tune the thresholds on them, plot the landscape.
+
+    With ``without_generation`` (the program before its rewriter/answerer demos were bootstrapped), both
+    programs are tuned on the same val questions and ``crag`` keeps its demos only if they score higher:
+    they are chosen for answering some train questions right, not for answering val better, and they
+    lengthen every rewrite and answer prompt. The judges' calls are shared (same prompts, DSPy's cache).
+    """
+    val_questions = qa_split(domain, "val", val_limit)
+    tuning = {"out": out, "trials": trials, "seed": seed, "progress": progress, "sampler": sampler}
+    routes, tuned, trial_calls, precompute_calls = _tuned_on_routes(crag, lm, domain, val_questions, **tuning)
+    generation = None
+    if without_generation is not None:
+        base_routes, base, base_trial_calls, base_precompute_calls = _tuned_on_routes(
+            without_generation, lm, domain, val_questions, **tuning
+        )
+        trial_calls += base_trial_calls
+        precompute_calls += base_precompute_calls
+        keep = tuned.accuracy > base.accuracy  # a tie goes to the shorter prompts
+        generation = {
+            "val_accuracy": {"with demos": tuned.accuracy, "without demos": base.accuracy},
+            "kept": "with demos" if keep else "without demos",
+        }
+        if not keep:
+            log.warning(
+                "rewriter/answerer demos did not raise val accuracy (%.3f vs %.3f without); not shipping them",
+                tuned.accuracy,
+                base.accuracy,
+            )
+            for name in GENERATORS:
+                getattr(crag, name).load_state(getattr(without_generation, name).dump_state())
+            routes, tuned = base_routes, base
     crag.thresholds.load_state({"lower": tuned.lower, "upper": tuned.upper})
     axis, grid = accuracy_landscape(routes)
     plot = plot_landscape(
@@ -243,9 +299,11 @@ def _tune(
         "questions": len(routes),
         "plot": str(plot),
         "lm_calls_during_trials": trial_calls,
-        "precompute_lm_calls": precompute_usage.calls,
+        "precompute_lm_calls": precompute_calls,
         "landscape": {"axis": axis, "grid": grid},
     }
+    if generation is not None:
+        result["generation"] = generation
     result.pop("history")
     return result
 
@@ -318,10 +376,16 @@ def compile_program(
                     seed=seed,
                     progress=progress,
                 )
-        if {"rewriter", "answerer"} & set(stages):
-            report["stages"]["generation"] = _compile_generation(
+        without_generation = None
+        if set(GENERATORS) & set(stages):
+            before_generation = crag.deepcopy()
+            bootstrapped = _compile_generation(
                 crag, domain, stages=set(stages), demos=demos, progress=progress
             )
+            report["stages"]["generation"] = {"demos": bootstrapped, "kept": "no demos bootstrapped"}
+            if any(bootstrapped.values()):
+                without_generation = before_generation
+                report["stages"]["generation"]["kept"] = "with demos (not checked on val: --trials 0)"
 
         if trials > 0:  # --trials 0 keeps the current thresholds and skips the route precomputation
             report["thresholds"] = _tune(
@@ -334,7 +398,12 @@ def compile_program(
                 val_limit=val_limit,
                 progress=progress,
                 sampler=sampler,
+                without_generation=without_generation,
             )
+            if "generation" in report["thresholds"]:
+                report["stages"]["generation"].update(report["thresholds"].pop("generation"))
+        elif without_generation is not None:
+            log.warning("--trials 0: the rewriter/answerer demos ship without a check on QA val")
         if evaluate_test:
             test = qa_examples(domain, "test", test_limit)
             results = [
@@ -342,7 +411,13 @@ def compile_program(
                 evaluate_program("CRAG (uncompiled)", uncompiled, test, progress=progress),
                 evaluate_program(
                     "plain RAG",
-                    PlainRAG(crag.retriever, lm=lm, k=crag.k, text_adapter=crag.text_adapter),
+                    PlainRAG(
+                        crag.retriever,
+                        lm=lm,
+                        k=crag.k,
+                        text_adapter=crag.text_adapter,
+                        answer_units=crag.answer_units,
+                    ),
                     test,
                     progress=progress,
                 ),

@@ -113,6 +113,18 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
             if s["kept"] == "uncompiled":
                 lines.append("\nNo compiled candidate beat the uncompiled judge on val, so it was kept.")
             lines.append("")
+    g = report["stages"].get("generation")
+    if g:
+        demos = ", ".join(f"{name} {n}" for name, n in g["demos"].items())
+        lines += [f"## rewriter / answerer (demos bootstrapped from QA train; shipped: {g['kept']})", ""]
+        lines.append(f"Demos bootstrapped: {demos}.")
+        if "val_accuracy" in g:
+            acc = g["val_accuracy"]
+            lines.append(
+                f"QA val accuracy, each with its own tuned thresholds: with demos {_pct(acc['with demos'])}, "
+                f"without {_pct(acc['without demos'])} (a tie keeps the shorter prompts)."
+            )
+        lines.append("")
     t = report.get("thresholds")
     if t:
         lines += [

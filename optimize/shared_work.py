@@ -288,7 +288,7 @@ class CRAGPieces:
         self._rewriter = state_key(c.rewriter.dump_state(), c.retries, c.text_adapter)
         self._web = state_key(strip_filter, refine, c.web_results, c.web_search.name)
         self._raw_web = state_key(c.sentences_per_strip, c.web_results, c.web_search.name)
-        self._answerer = state_key(c.answerer.dump_state(), c.retries, c.text_adapter)
+        self._answerer = state_key(c.answerer.dump_state(), c.retries, c.text_adapter, c.answer_units)
         # Plain attributes on the working copy: the stages call them like the judges they wrap.
         c.grader = SharedJudge(c.grader, work, grader)
         c.strip_filter = SharedJudge(c.strip_filter, work, strip_filter)

@@ -248,8 +248,16 @@ def test_a_compiled_judge_that_is_worse_on_val_is_not_shipped(tmp_path):
 
     with dspy.context(lm=lm):
         result = _compile_judge(
-            crag, "grader", train, val, "relevant", optimizer="labeled", demos=2, calibration_pairs=8,
-            seed=0, progress=False,
+            crag,
+            "grader",
+            train,
+            val,
+            "relevant",
+            optimizer="labeled",
+            demos=2,
+            calibration_pairs=8,
+            seed=0,
+            progress=False,
         )
     few_shot = result["candidates"]["few-shot"]
     assert few_shot["demos"] == 2 and few_shot["val"]["accuracy"] < result["before"]["accuracy"] == 1.0
@@ -278,8 +286,16 @@ def compile_tiny_grader(tmp_path, judge_script, demos=0):
     assert len(train) == 8
     with dspy.context(lm=lm):
         result = _compile_judge(
-            crag, "grader", train, val, "relevant", optimizer="none", demos=demos, calibration_pairs=8,
-            seed=0, progress=False,
+            crag,
+            "grader",
+            train,
+            val,
+            "relevant",
+            optimizer="none",
+            demos=demos,
+            calibration_pairs=8,
+            seed=0,
+            progress=False,
         )
     return crag, lm, result, val
 
@@ -355,11 +371,54 @@ def test_evidence_calibration_ships_when_the_lm_alone_cannot_separate_the_labels
 def test_routes_fingerprint_changes_with_anything_a_trial_scores():
     from optimize.thresholds import routes_fingerprint
 
-    base = [QuestionRoutes("q1", [0.2, 0.9], {"CORRECT": "a", "INCORRECT": "b", "AMBIGUOUS": "c"},
-                           {"CORRECT": True, "INCORRECT": False, "AMBIGUOUS": False})]
-    same = [QuestionRoutes("q1", [0.2, 0.9], {"CORRECT": "x", "INCORRECT": "y", "AMBIGUOUS": "z"},
-                           {"AMBIGUOUS": False, "INCORRECT": False, "CORRECT": True})]
+    correct = {"CORRECT": True, "INCORRECT": False, "AMBIGUOUS": False}
+    base = [QuestionRoutes("q1", [0.2, 0.9], {"CORRECT": "a", "INCORRECT": "b", "AMBIGUOUS": "c"}, correct)]
+    # Other answer texts and another key order score every trial the same.
+    reordered = dict(reversed(correct.items()))
+    same = [QuestionRoutes("q1", [0.2, 0.9], {"CORRECT": "x", "INCORRECT": "y", "AMBIGUOUS": "z"}, reordered)]
     regraded = [QuestionRoutes("q1", [0.2, 0.8], base[0].answers, base[0].correct)]
     rejudged = [QuestionRoutes("q1", [0.2, 0.9], base[0].answers, {**base[0].correct, "AMBIGUOUS": True})]
     assert routes_fingerprint(base) == routes_fingerprint(same)  # answer text does not score a trial
     assert len({routes_fingerprint(r) for r in (base, regraded, rejudged)}) == 3
+
+
+QA_TRAIN_KEYS = {key for i, key in enumerate([*KB, *WEB]) if i % 3 == 0}  # make_domain's QA train split
+
+
+@pytest.mark.parametrize("demos_help", [True, False])
+def test_rewriter_and_answerer_demos_ship_only_when_they_raise_val_accuracy(tmp_path, demos_help):
+    holder = {}
+
+    def answering(system, user):
+        with_demos = len(holder["lm"].last_messages) > 2
+        if "Answer the question using only the context" in system:
+            known = key_of(field(user, "question")) in QA_TRAIN_KEYS
+            # Demos that help: the answerer was right only on train questions without them. Demos that
+            # hurt: it abstains with them. Either way the bootstrap collects demos from train runs.
+            if (with_demos and not demos_help) or (not with_demos and demos_help and not known):
+                return {"answer": "I don't know"}
+        return script(system, user)
+
+    holder["lm"] = lm = ScriptedLM(answering)
+    settings = Settings(
+        domain_dir=make_domain(tmp_path / "tiny"), chroma_path=tmp_path / "chroma", web_search="offline"
+    )
+    out = tmp_path / "program.json"
+    report = compile_program(
+        settings,
+        lm=lm,
+        stages=("grader", "answerer"),
+        trials=50,
+        out=out,
+        evaluate_test=False,
+        progress=False,
+    )
+    generation = report["stages"]["generation"]
+    assert generation["demos"]["answerer"] > 0
+    accuracy = generation["val_accuracy"]
+    assert (accuracy["with demos"] > accuracy["without demos"]) is demos_help
+    assert generation["kept"] == ("with demos" if demos_help else "without demos")
+    shipped = json.loads(out.read_text())["state"]["answerer"]["demos"]
+    assert bool(shipped) is demos_help
+    assert f"shipped: {generation['kept']}" in out.with_suffix(".report.md").read_text()
+    assert report["thresholds"]["lm_calls_during_trials"] == 0

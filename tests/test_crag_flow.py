@@ -275,3 +275,29 @@ def test_baselines_use_the_same_answer_format_as_crag():
     assert PlainRAG(ListRetriever([("kb-1", GOOD)]), lm=lm)(question="Range?").answer == "0 to 25 mg/L"
     assert NoRetrieval(lm=lm)(question="Range?").answer == "0 to 25 mg/L"
     assert all("only, on one line" in system for system, _ in lm.calls) and len(lm.calls) == 2
+
+
+PRICE = "Travel Policy v4 sets the hotel cap at 260 velds per night in high-cost cities."
+
+
+@pytest.mark.parametrize("answer_units", [True, False])
+def test_a_bare_number_answer_gets_its_unit_from_the_context(answer_units):
+    pred, _ = run(
+        [("kb-1", PRICE)], make_script({"260": 0.9}, {"260": 0.9}, answer="260"), answer_units=answer_units
+    )
+    assert pred.action == Action.CORRECT.value
+    assert pred.answer == ("260 velds" if answer_units else "260")
+    assert pred.trace.lm_answer == ("260" if answer_units else None)  # the LM's own reply is kept
+    from crag_dspy.cli import format_trace
+
+    assert ("the LM replied '260'" in format_trace(pred.trace)) is answer_units
+
+
+def test_plain_rag_reads_a_bare_number_answer_as_crag_does():
+    from crag_dspy.baselines import PlainRAG
+
+    lm = ScriptedLM(lambda system, user: "260")
+    assert PlainRAG(ListRetriever([("kb-1", PRICE)]), lm=lm)(question="Cap?").answer == "260 velds"
+    assert (
+        PlainRAG(ListRetriever([("kb-1", PRICE)]), lm=lm, answer_units=False)(question="Cap?").answer == "260"
+    )

@@ -167,3 +167,22 @@ def test_the_answer_format_travels_with_the_program(tmp_path):
     with pytest.raises(ProgramError, match="unknown text adapter 'json'"):
         apply_program(fresh, doc)
     assert fresh.text_adapter == "text"  # refused before anything changed
+
+
+def test_answer_units_travel_with_the_program(tmp_path):
+    crag = compiled_crag()
+    crag.answer_units = False
+    doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
+    assert doc["config"]["answer_units"] is False
+    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).answer_units is False
+    doc["config"]["answer_units"] = True
+    assert (
+        apply_program(CRAG(ListRetriever([]), ListWebSearch(), answer_units=False), doc).answer_units is True
+    )
+    del doc["config"]["answer_units"]  # a program measured before units were attached
+    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).answer_units is False
+    doc["config"]["answer_units"] = "yes"
+    fresh = CRAG(ListRetriever([]), ListWebSearch())
+    with pytest.raises(ProgramError, match="invalid answer_units 'yes'"):
+        apply_program(fresh, doc)
+    assert fresh.answer_units is True  # refused before anything changed
