@@ -471,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--stages",
         default="grader,strips",
-        help=f"comma-separated subset of {','.join(STAGES)} (rewriter/answerer: end-to-end bootstrap)",
+        help=f"comma-separated subset of {','.join(STAGES)} (rewriter/answerer: demos bootstrapped from QA "
+        "train, shipped only if they raise QA-val accuracy)",
     )
     parser.add_argument("--trials", type=int, default=2000, help="Optuna trials for the thresholds")
     parser.add_argument(
