@@ -63,6 +63,19 @@ STAGES = ("grader", "strips", "rewriter", "answerer")
 GENERATORS = ("rewriter", "answerer")
 
 
+class _StageClock:
+    """Wall seconds of each compile stage since the previous one, for the report: where the time goes."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.seconds[stage] = round(now - self._last, 1)
+        self._last = now
+
+
 def _compile_judge(
     crag: CRAG,
     name: str,
@@ -328,6 +341,7 @@ def compile_program(
 ) -> dict[str, Any]:
     """Compile the domain of ``settings`` and write the program JSON and report; returns the report."""
     started = time.perf_counter()
+    clock = _StageClock()
     lm = lm or build_lm(settings)
     crag, backends = assemble(settings, lm, progress)
     domain = backends.domain
@@ -342,6 +356,7 @@ def compile_program(
         "stages": {},
     }
     uncompiled = crag.deepcopy()
+    clock.lap("setup")  # the LM, the store, ingestion
 
     with dspy.track_usage() as tracker, dspy.context(lm=lm):
         if "grader" in stages:
@@ -359,6 +374,7 @@ def compile_program(
                 seed=seed,
                 progress=progress,
             )
+            clock.lap("grader")
         if "strips" in stages:
             spp = crag.sentences_per_strip
             train = interleave_balanced(strip_examples(domain, "train", spp), "keep", seed)
@@ -376,6 +392,7 @@ def compile_program(
                     seed=seed,
                     progress=progress,
                 )
+            clock.lap("strip filter")
         without_generation = None
         if set(GENERATORS) & set(stages):
             before_generation = crag.deepcopy()
@@ -386,6 +403,7 @@ def compile_program(
             if any(bootstrapped.values()):
                 without_generation = before_generation
                 report["stages"]["generation"]["kept"] = "with demos (not checked on val: --trials 0)"
+            clock.lap("rewriter/answerer bootstrap")
 
         if trials > 0:  # --trials 0 keeps the current thresholds and skips the route precomputation
             report["thresholds"] = _tune(
@@ -402,6 +420,7 @@ def compile_program(
             )
             if "generation" in report["thresholds"]:
                 report["stages"]["generation"].update(report["thresholds"].pop("generation"))
+            clock.lap("thresholds")
         elif without_generation is not None:
             log.warning("--trials 0: the rewriter/answerer demos ship without a check on QA val")
         if evaluate_test:
@@ -423,10 +442,12 @@ def compile_program(
                 ),
             ]
             report["test"] = [{**asdict(r), "usage": r.usage.model_dump()} for r in results]
+            clock.lap("test")
 
     report["lm_usage"] = usage_from_tracker(tracker).model_dump()
     report["thresholds_used"] = crag.thresholds.dump_state()
     report["seconds"] = time.perf_counter() - started
+    report["stage_seconds"] = clock.seconds
     metadata = {
         "domain": domain.name,
         "domain_dir": str(domain.root.resolve()),

@@ -98,6 +98,9 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
         f"({report['lm_usage']['prompt_tokens']} prompt tokens, {report['lm_usage']['cached_prompt_tokens']} cached).",
         "",
     ]
+    if report.get("stage_seconds"):  # reports written before stage times were recorded have none
+        times = ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in report["stage_seconds"].items())
+        lines += [f"Wall time by stage: {times}.", ""]
     for stage in ("grader", "strip_filter"):
         if stage in report["stages"]:
             s = report["stages"][stage]

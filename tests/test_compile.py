@@ -115,6 +115,11 @@ def test_compile_writes_program_report_and_plot(compiled):
     for suffix in (".report.md", ".report.json", ".landscape.png", ".optuna.log"):
         assert out.with_suffix(suffix).is_file(), suffix
     assert {r["name"] for r in report["test"]} == {"CRAG (compiled)", "CRAG (uncompiled)", "plain RAG"}
+    # Where the time went, stage by stage, adding up to the whole run.
+    stages = report["stage_seconds"]
+    assert list(stages) == ["setup", "grader", "strip filter", "thresholds", "test"]
+    assert sum(stages.values()) == pytest.approx(report["seconds"], abs=0.5)
+    assert "Wall time by stage: setup " in out.with_suffix(".report.md").read_text()
 
 
 def test_threshold_trials_make_zero_lm_calls(compiled):
