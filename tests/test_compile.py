@@ -230,14 +230,6 @@ def test_precompute_answers_each_distinct_context_once():
 
 
 def test_a_compiled_judge_that_is_worse_on_val_is_not_shipped(tmp_path):
-    from fakes import ListRetriever, ListWebSearch
-
-    from crag_dspy import CRAG
-    from crag_dspy.domain import load_domain
-    from optimize.compile import _compile_judge
-    from optimize.datasets import relevance_examples
-
-    domain = load_domain(make_domain(tmp_path / "tiny"))
     holder = {}
 
     def demos_make_it_say_yes(system, user):
@@ -246,24 +238,7 @@ def test_a_compiled_judge_that_is_worse_on_val_is_not_shipped(tmp_path):
         return script(system, user)
 
     holder["lm"] = lm = ScriptedLM(demos_make_it_say_yes)
-    crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm)
-    train = relevance_examples(domain.relevance, "train")
-    val = relevance_examples(domain.relevance, "val")
-    import dspy
-
-    with dspy.context(lm=lm):
-        result = _compile_judge(
-            crag,
-            "grader",
-            train,
-            val,
-            "relevant",
-            optimizer="labeled",
-            demos=2,
-            calibration_pairs=8,
-            seed=0,
-            progress=False,
-        )
+    crag, _, result, _ = compile_tiny_grader(tmp_path, lm, optimizer="labeled", demos=2)
     few_shot = result["candidates"]["few-shot"]
     assert few_shot["demos"] == 2 and few_shot["val"]["accuracy"] < result["before"]["accuracy"] == 1.0
     # All-yes scores cannot be calibrated: the compile says so instead of inventing a map.
@@ -272,9 +247,9 @@ def test_a_compiled_judge_that_is_worse_on_val_is_not_shipped(tmp_path):
     assert result["after"] == result["candidates"]["zero-shot"]["val"]
 
 
-def compile_tiny_grader(tmp_path, judge_script, demos=0):
-    """``_compile_judge`` on the tiny domain's grader (no optimizer, 8 calibration pairs) with a
-    scripted LM; returns the CRAG, the LM, the result and the val examples."""
+def compile_tiny_grader(tmp_path, lm, demos=0, optimizer="none"):
+    """``_compile_judge`` on the tiny domain's grader (8 calibration pairs) with a scripted LM;
+    returns the CRAG, the LM, the result and the val examples."""
     import dspy
     from fakes import ListRetriever, ListWebSearch
 
@@ -284,7 +259,6 @@ def compile_tiny_grader(tmp_path, judge_script, demos=0):
     from optimize.datasets import relevance_examples
 
     domain = load_domain(make_domain(tmp_path / "tiny"))
-    lm = ScriptedLM(judge_script)
     crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm)
     train = relevance_examples(domain.relevance, "train")
     val = relevance_examples(domain.relevance, "val")
@@ -296,7 +270,7 @@ def compile_tiny_grader(tmp_path, judge_script, demos=0):
             train,
             val,
             "relevant",
-            optimizer="none",
+            optimizer=optimizer,
             demos=demos,
             calibration_pairs=8,
             seed=0,
@@ -315,7 +289,7 @@ def test_a_calibration_that_does_not_transfer_to_val_is_not_shipped(tmp_path):
             return 0.99 if p == 0.9 else 0.97
         return p
 
-    crag, _, result, _ = compile_tiny_grader(tmp_path, drifting, demos=4)
+    crag, _, result, _ = compile_tiny_grader(tmp_path, ScriptedLM(drifting), demos=4)
     # --optimizer none compiles no demos
     assert list(result["candidates"]) == ["zero-shot", "zero-shot + evidence"]
     for candidate in result["candidates"].values():
@@ -334,7 +308,7 @@ def test_calibration_fixes_a_biased_judge_and_is_saved(tmp_path):
         p = script(system, user)
         return 0.95 if p == 0.9 else 0.8 if p == 0.1 else p
 
-    crag, _, result, _ = compile_tiny_grader(tmp_path, biased)
+    crag, _, result, _ = compile_tiny_grader(tmp_path, ScriptedLM(biased))
     assert result["before"]["accuracy"] == 0.5 and result["after"]["accuracy"] == 1.0
     assert result["kept"] == "zero-shot" and result["calibration"]["fitted"] is True
     assert result["calibration"]["pairs"] == 8
@@ -360,7 +334,7 @@ def test_evidence_calibration_ships_when_the_lm_alone_cannot_separate_the_labels
             return 0.7 if p == 0.9 else 0.3 if p == 0.1 else p
         return 0.45 if p == 0.9 else 0.55
 
-    crag, lm, result, val = compile_tiny_grader(tmp_path, overlapping)
+    crag, lm, result, val = compile_tiny_grader(tmp_path, ScriptedLM(overlapping))
     candidates = result["candidates"]
     assert result["before"]["accuracy"] == 0.5
     assert candidates["zero-shot"]["val"]["accuracy"] < 1.0
