@@ -8,12 +8,13 @@ and prints accuracy / precision / recall / AUC, seconds per call and generated t
 
     python benchmarks/grader_formats.py --split val [--limit N] [--variants label chat] [--lm embedded]
         [--embedded-model qwen2.5-coder-0.5b-instruct] [--instructions FILE] [--grade-sentences N]
-        [--program runs/default/program.json]
+        [--term-weight W] [--program runs/default/program.json]
 
 ``--instructions`` replaces the grader's instruction (the signature's docstring) with a file's text, to
 compare wordings on the same pairs; ``--embedded-model`` grades with the other embedded model;
 ``--grade-sentences N`` shows the grader each passage's title and its N sentences most similar to the
-question (CRAG's default is 1; 0, the default here, shows whole passages). ``--program`` grades with a
+question (CRAG's default is 1; 0, the default here, shows whole passages), chosen with the question's
+words weighted by ``--term-weight`` (crag_dspy/focus.py; 0 ranks by similarity alone). ``--program`` grades with a
 compiled program's grader (its demos, instructions, calibration and sentence focus) and prints, from the
 same LM answers, the uncompiled reading (the model's own P(yes)) next to the compiled score.
 """
@@ -31,7 +32,7 @@ from tqdm.auto import tqdm
 
 from crag_dspy.domain import load_domain
 from crag_dspy.embeddings import Embedder
-from crag_dspy.focus import SentenceFocus
+from crag_dspy.focus import DEFAULT_TERM_WEIGHT, SentenceFocus
 from crag_dspy.judging import BinaryJudge
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.program import read_program
@@ -96,6 +97,13 @@ def main() -> None:
         help="show the title and this many most question-similar sentences (0: whole passages)",
     )
     parser.add_argument(
+        "--term-weight",
+        type=float,
+        default=None,
+        help="weight of the question's words in choosing those sentences "
+        f"(default {DEFAULT_TERM_WEIGHT:g}; with --program, the program's)",
+    )
+    parser.add_argument(
         "--program", type=Path, help="grade with this compiled program's grader (state and sentence focus)"
     )
     parser.add_argument("--out", type=Path)
@@ -128,15 +136,19 @@ def main() -> None:
         "grade_sentences": args.grade_sentences,
         "variants": [],
     }
-    judge_state, grade_sentences = None, args.grade_sentences
+    judge_state, grade_sentences, term_weight = None, args.grade_sentences, DEFAULT_TERM_WEIGHT
     if args.program:
         program = read_program(args.program)
         state = program["state"]
         judge_state = {name: state[f"grader.{name}"] for name in ("predict", "calibration")}
         signature = GradeDocument.with_instructions(state["grader.predict"]["signature"]["instructions"])
         grade_sentences = program["config"].get("grade_sentences", 0)
+        term_weight = program["config"].get("grade_term_weight", 0.0)
         results.update(program=str(args.program), grade_sentences=grade_sentences)
-    view = SentenceFocus(grade_sentences, embedder) if grade_sentences else None
+    if args.term_weight is not None:
+        term_weight = args.term_weight
+    results["grade_term_weight"] = term_weight
+    view = SentenceFocus(grade_sentences, embedder, term_weight) if grade_sentences else None
     lm = build_lm(settings, cache=False)  # measure real calls, not cache hits
     for variant in args.variants:
         results["variants"].append(run_variant(variant, pairs, lm, signature, view, judge_state))

@@ -108,6 +108,7 @@ def assemble(
         upper=settings.upper,
         strip_threshold=settings.strip_threshold,
         grade_sentences=settings.grade_sentences,
+        grade_term_weight=settings.grade_term_weight,
         embedder=backends.embedder,
         max_strips=settings.max_strips,
         sentences_per_strip=backends.domain.config.sentences_per_strip,

@@ -14,7 +14,7 @@ from signatures import AnswerFromContext, FilterStrip, GradeDocument, RewriteQue
 from .answer_form import attach_unit
 from .embeddings import Embedder
 from .faults import LMUnavailableError, RetrievalError, classify_lm_error, describe_error
-from .focus import SentenceFocus, check_grade_sentences
+from .focus import DEFAULT_TERM_WEIGHT, SentenceFocus, check_grade_sentences, check_term_weight
 from .generation import check_text_adapter, text_config, text_format
 from .judging import BinaryJudge, Judgement
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
@@ -83,8 +83,10 @@ class CRAG(dspy.Module):
         web_results: results requested from web search.
         judge_adapter: how grader and strip filter ask ("label": one word + logprobs; "chat": DSPy's ChatAdapter).
         text_adapter: how rewriter and answerer reply ("text": the bare value; "chat": DSPy's ChatAdapter).
-        grade_sentences: the grader reads a passage's title and this many of its sentences most similar
-            to the question (:mod:`~crag_dspy.focus`); 0 reads whole passages.
+        grade_sentences: the grader reads a passage's title and this many of its sentences that best
+            match the question (:mod:`~crag_dspy.focus`); 0 reads whole passages.
+        grade_term_weight: how much the question's words (those the title lacks) count, next to embedding
+            similarity, in choosing those sentences (0: similarity alone).
         embedder: sentence embeddings for ``grade_sentences`` (default: the bundled MiniLM, loaded on
             first use).
         max_question_chars: longer questions are refused with :class:`~crag_dspy.validation.QuestionError`.
@@ -114,6 +116,7 @@ class CRAG(dspy.Module):
         judge_adapter: str = "label",
         text_adapter: str = "text",
         grade_sentences: int = 1,
+        grade_term_weight: float = DEFAULT_TERM_WEIGHT,
         embedder: Embedder | None = None,
         use_logprobs: bool = True,
         retries: int = 2,
@@ -140,6 +143,7 @@ class CRAG(dspy.Module):
         self.strip_filter = BinaryJudge(
             FilterStrip, adapter=judge_adapter, use_logprobs=use_logprobs, retries=retries
         )
+        self._grade_term_weight = check_term_weight(grade_term_weight)
         self.grade_sentences = grade_sentences
         self.rewriter = dspy.Predict(RewriteQuery)
         self.answerer = dspy.Predict(AnswerFromContext)
@@ -155,7 +159,19 @@ class CRAG(dspy.Module):
         sentences = check_grade_sentences(sentences)
         if sentences and self.embedder is None:
             self.embedder = Embedder()  # lazy: the model loads on the first passage that needs it
-        self.grader.view = SentenceFocus(sentences, self.embedder) if sentences else None
+        self.grader.view = (
+            SentenceFocus(sentences, self.embedder, self._grade_term_weight) if sentences else None
+        )
+
+    @property
+    def grade_term_weight(self) -> float:
+        """How much the question's words count, next to similarity, in choosing the sentences graded."""
+        return self._grade_term_weight
+
+    @grade_term_weight.setter
+    def grade_term_weight(self, weight: float) -> None:
+        self._grade_term_weight = check_term_weight(weight)
+        self.grade_sentences = self.grade_sentences  # rebuild the view with the new weight
 
     def __deepcopy__(self, memo: dict) -> CRAG:
         # Optimizers copy programs often; stores, clients and the LM are shared infrastructure, not state.
@@ -206,7 +222,7 @@ class CRAG(dspy.Module):
         with run.stage("retrieve"):
             try:
                 passages = self._untrusted(self.retriever.retrieve(question, self.k), sanitize_passage, run)
-            except Exception as exc:  # noqa: BLE001 - any store failure becomes one typed error
+            except Exception as exc:
                 message = f"retriever {run.trace.retriever} failed: {describe_error(exc)}"
                 run.error(message)
                 raise RetrievalError(run.trace.errors[-1], run.trace) from exc
@@ -248,21 +264,27 @@ class CRAG(dspy.Module):
         """Decompose, filter and recompose the retrieved passages into internal knowledge.
 
         Passages graded below ``strip_threshold`` are dropped whole (their strips would be judged on
-        the same evidence); the result depends on the grades but not on the action thresholds, so one
+        the same evidence), except the best-graded one: its grade decided whether retrieval was
+        CORRECT or AMBIGUOUS, and tuned thresholds may put ``upper`` below ``strip_threshold``, so
+        without it a CORRECT route could answer from nothing. The strip filter judges that passage's
+        strips itself. The result depends on the grades but not on the action thresholds, so one
         refinement per question serves every (lower, upper) during tuning.
         """
         strips: list[Strip] = []
         reuse: dict[Strip, float | None] = {}
+        graded = [i for i, score in enumerate(scores) if score is not None]
+        best = max(graded, key=lambda i: scores[i], default=None)  # ties: the higher-ranked passage
         with run.stage("refine_internal"):
-            for passage, score in zip(passages, scores):
-                if score is not None and score < self.strip_threshold:
+            for i, (passage, score) in enumerate(zip(passages, scores)):
+                below = score is not None and score < self.strip_threshold
+                if below and i != best:
                     continue
                 pieces = decompose(passage.text, self.sentences_per_strip)
-                for i, text in enumerate(pieces):
+                for j, text in enumerate(pieces):
                     strips.append(
-                        Strip(text, "internal", passage.doc_id, passage.title, passage.rank, i, passage.url)
+                        Strip(text, "internal", passage.doc_id, passage.title, passage.rank, j, passage.url)
                     )
-                    if len(pieces) == 1:
+                    if len(pieces) == 1 and not below:
                         # The grader already judged this passage whole: asking again would be the same question.
                         reuse[strips[-1]] = score
             kept, run.trace.internal_strips = self._filter(question, strips, reuse, run)

@@ -6,14 +6,14 @@ No pickle, ever: the file is plain JSON that :func:`load_program` applies to a f
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import dspy
 
 from . import __version__
-from .focus import check_grade_sentences
+from .focus import check_grade_sentences, check_term_weight
 from .generation import check_text_adapter
 from .module import CRAG
 
@@ -45,6 +45,7 @@ def program_config(crag: CRAG) -> dict[str, Any]:
         "judge_adapter": crag.grader.adapter_name,
         "text_adapter": crag.text_adapter,
         "grade_sentences": crag.grade_sentences,
+        "grade_term_weight": crag.grade_term_weight,
         "answer_units": crag.answer_units,
     }
 
@@ -62,7 +63,7 @@ def save_program(crag: CRAG, path: Path | str, metadata: dict[str, Any]) -> Path
         "format_version": PROGRAM_FORMAT_VERSION,
         "crag_dspy_version": __version__,
         "dspy_version": dspy.__version__,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
         "config": program_config(crag),
         "metadata": metadata,
         "state": state,
@@ -135,6 +136,14 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
         raise ProgramError(
             f"program config has an invalid grade_sentences {grade_sentences!r}: {exc}"
         ) from exc
+    # Programs from before the question's words counted chose the graded sentences by similarity alone.
+    grade_term_weight = config.get("grade_term_weight", 0.0)
+    try:
+        check_term_weight(grade_term_weight)
+    except ValueError as exc:
+        raise ProgramError(
+            f"program config has an invalid grade_term_weight {grade_term_weight!r}: {exc}"
+        ) from exc
     answer_units = config.get("answer_units", False)
     if not isinstance(answer_units, bool):
         raise ProgramError(
@@ -156,7 +165,7 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     try:
         # dspy's load_state does a trial run on a copy first, so a bad state leaves `crag` untouched.
         crag.load_state({name: state[name] for name in expected})
-    except Exception as exc:  # noqa: BLE001 - any malformed state is one clear error
+    except Exception as exc:
         raise ProgramError(
             f"program state does not fit this CRAG module: {type(exc).__name__}: {exc}"
         ) from exc
@@ -166,6 +175,7 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     # The format the program was compiled and measured with; programs from before the text adapter
     # existed answered through DSPy's ChatAdapter.
     crag.text_adapter = text_adapter
+    crag.grade_term_weight = grade_term_weight
     crag.grade_sentences = grade_sentences
     # Programs from before units were attached were measured with the LM's bare replies.
     crag.answer_units = answer_units

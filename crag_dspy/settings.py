@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .focus import DEFAULT_TERM_WEIGHT
 from .validation import DEFAULT_MAX_QUESTION_CHARS
 
 __all__ = ["DEFAULT_DATA_DIR", "Settings", "default_cache_dir"]
@@ -84,8 +85,15 @@ class Settings(BaseSettings):
     grade_sentences: int = Field(
         1,
         ge=0,
-        description="The grader reads a passage's title and this many of its sentences most similar to "
+        description="The grader reads a passage's title and this many of its sentences that best match "
         "the question (0: whole passages).",
+    )
+    grade_term_weight: float = Field(
+        DEFAULT_TERM_WEIGHT,
+        ge=0.0,
+        allow_inf_nan=False,
+        description="How much the question's words count, next to embedding similarity, in choosing "
+        "the sentences the grader reads (0: similarity alone).",
     )
     answer_units: bool = Field(
         True, description='A bare-number answer gets the unit its context states ("260" -> "260 velds").'

@@ -65,6 +65,25 @@ def test_correct_uses_internal_only_and_reuses_one_strip_grades():
     assert [round(d.score, 2) for d in pred.trace.documents] == [0.9, 0.05]
 
 
+@pytest.mark.parametrize("strip_score", [0.9, 0.05])
+def test_the_best_graded_passage_reaches_the_strip_filter_even_below_its_threshold(strip_score):
+    # Tuned thresholds can put `upper` below `strip_threshold`: the passage that made the route CORRECT
+    # must not be dropped whole, or CRAG answers from nothing. The strip filter judges it itself.
+    script = make_script({"0 to 25": 0.45, "canteen": 0.2}, {"0 to 25": strip_score})
+    pred, lm = run([("kb-1", BAD), ("kb-2", GOOD), ("kb-3", LONG)], script, lower=0.1, upper=0.4)
+    assert pred.action == Action.CORRECT.value
+    strips = {s.doc_id: s for s in pred.trace.internal_strips}
+    assert set(strips) == {"kb-2"}  # the other passages graded below the cut are still dropped whole
+    assert strips["kb-2"].score_source == "strip_filter" and strips["kb-2"].kept == (strip_score >= 0.5)
+    filtered = [field(u, "strip") for s, u in lm.calls if "You judge short knowledge strips" in s]
+    assert filtered == [GOOD]
+    if strip_score >= 0.5:
+        (context,) = answer_contexts(lm)
+        assert "0 to 25 mg/L" in context and "canteen" not in context
+    else:  # the strip filter disagreed with the grader: nothing to answer from, and no LM call for it
+        assert answer_contexts(lm) == [] and pred.answer == "I don't know"
+
+
 def test_incorrect_rewrites_searches_and_uses_web_only():
     web = ListWebSearch([WEB])
     script = make_script({}, {"90 days": 0.95}, answer="every 90 days")

@@ -6,8 +6,16 @@ import pytest
 from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 
 from crag_dspy import CRAG
-from crag_dspy.focus import SentenceFocus, focus_document, top_sentences
+from crag_dspy.focus import (
+    DEFAULT_TERM_WEIGHT,
+    SentenceFocus,
+    check_term_weight,
+    focus_document,
+    sentence_scores,
+    top_sentences,
+)
 from crag_dspy.program import ProgramError, apply_program, save_program
+from crag_dspy.settings import Settings
 
 QUESTION = "What is the hotel cap of Travel Policy v4?"
 PASSAGE = (
@@ -65,6 +73,72 @@ def test_short_passages_and_untitled_text_are_handled_without_surprises():
     assert calls == []  # nothing to choose: no embedding computed
     untitled = "Receipts are kept. The hotel cap is 180 velds. Parking is free."
     assert focus_document(untitled, QUESTION, axis_embed, 1) == "The hotel cap is 180 velds."
+
+
+SURCHARGE_Q = "How much is the surcharge per unit for expedited service at Dunmore?"
+SURCHARGE_DOC = (
+    "Dunmore Repair and Calibration Centre: Turnaround Times\n"
+    "Expedited service cuts turnaround to 3 working days for a surcharge of 180 velds per unit. "
+    "Expedited jobs must be booked before the unit ships, and Dunmore accepts at most 25 expedited units."
+)
+
+
+def entity_embed(texts):
+    """What MiniLM did on the default domain: the sentence repeating the question's entities ranks first."""
+    return [[1.0, 0.0] if i == 0 or "Dunmore accepts" in t else [0.6, 0.8] for i, t in enumerate(texts)]
+
+
+@pytest.mark.parametrize(
+    ("title", "sentences", "similarities", "weight", "expected"),
+    [
+        # wanted = question words the title lacks: {hotel, cap}; "travel", "policy", "v4" are in the title
+        ("Travel Policy v4", ["hotel cap 180", "Travel Policy v4 hotel"], [0.2, 0.5], 1.0, [1.2, 1.0]),
+        ("Travel Policy v4", ["hotel cap 180", "Travel Policy v4 hotel"], [0.2, 0.5], 0.5, [0.7, 0.75]),
+        ("Travel Policy v4", ["hotel cap 180", "Travel Policy v4 hotel"], [0.2, 0.5], 0.0, [0.2, 0.5]),
+        # the title holds every word: all of them are wanted again
+        ("The hotel cap of Travel Policy v4", ["hotel cap", "nothing"], [0.1, 0.1], 1.0, [0.1 + 2 / 5, 0.1]),
+        (
+            "",
+            ["HOTEL Cap!", "cap"],
+            [0.0, 0.0],
+            1.0,
+            [0.4, 0.2],
+        ),  # no title: 2 and 1 of all five words, case folded
+        ("Travel Policy v4", [], [], 1.0, []),
+    ],
+)
+def test_sentence_scores_add_the_share_of_the_questions_words_the_title_lacks(
+    title, sentences, similarities, weight, expected
+):
+    scores = sentence_scores(QUESTION, title, sentences, similarities, weight)
+    assert scores == pytest.approx(expected)
+
+
+def test_sentence_scores_of_a_question_without_content_words_are_the_similarities():
+    assert sentence_scores("What is it?", "Title", ["a b", "c"], [0.3, 0.1], 1.0) == [0.3, 0.1]
+
+
+def test_the_questions_words_pick_the_sentence_holding_what_is_asked():
+    by_terms = focus_document(SURCHARGE_DOC, SURCHARGE_Q, entity_embed, 1)  # the default weight
+    assert by_terms.endswith("for a surcharge of 180 velds per unit.")
+    by_similarity = focus_document(SURCHARGE_DOC, SURCHARGE_Q, entity_embed, 1, term_weight=0.0)
+    assert by_similarity.endswith("at most 25 expedited units.")
+
+
+@pytest.mark.parametrize("weight", [-0.1, float("nan"), float("inf"), True, "1", None])
+def test_term_weight_must_be_a_finite_number_at_least_zero(weight):
+    with pytest.raises(ValueError, match="term_weight must be a finite number >= 0"):
+        check_term_weight(weight)
+    with pytest.raises(ValueError, match="term_weight must be a finite number >= 0"):
+        CRAG(ListRetriever([]), ListWebSearch(), grade_term_weight=weight)
+
+
+def test_the_term_weight_is_part_of_the_views_key_and_settings():
+    embedder = type("E", (), {"name": "e"})()
+    assert SentenceFocus(1, embedder, 0.0).key != SentenceFocus(1, embedder, 1.0).key
+    assert Settings().grade_term_weight == DEFAULT_TERM_WEIGHT
+    with pytest.raises(ValueError, match="grade_term_weight"):
+        Settings(grade_term_weight=-1)
 
 
 def test_sentence_focus_validates_its_size():
@@ -143,3 +217,26 @@ def test_the_focus_travels_with_the_program(tmp_path):
     with pytest.raises(ProgramError, match="invalid grade_sentences 'two'"):
         apply_program(fresh, doc)
     assert fresh.grade_sentences == 1  # refused before anything changed
+
+
+def test_the_term_weight_travels_with_the_program(tmp_path):
+    crag = CRAG(ListRetriever([]), ListWebSearch(), lm=ScriptedLM(grading_script), grade_term_weight=0.25)
+    assert crag.grader.view.term_weight == 0.25
+    doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
+    assert doc["config"]["grade_term_weight"] == 0.25
+    loaded = apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc)
+    assert loaded.grade_term_weight == 0.25 and loaded.grader.view.term_weight == 0.25
+    # A program compiled before the question's words counted chose sentences by similarity alone.
+    del doc["config"]["grade_term_weight"]
+    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).grader.view.term_weight == 0.0
+    doc["config"]["grade_term_weight"] = "high"
+    fresh = CRAG(ListRetriever([]), ListWebSearch())
+    with pytest.raises(ProgramError, match="invalid grade_term_weight 'high'"):
+        apply_program(fresh, doc)
+    assert fresh.grade_term_weight == DEFAULT_TERM_WEIGHT  # refused before anything changed
+    # Whole passages keep the weight for when sentences are chosen again.
+    crag.grade_sentences = 0
+    crag.grade_term_weight = 2.0
+    assert crag.grader.view is None
+    crag.grade_sentences = 1
+    assert crag.grader.view.term_weight == 2.0
