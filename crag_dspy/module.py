@@ -222,7 +222,7 @@ class CRAG(dspy.Module):
         with run.stage("retrieve"):
             try:
                 passages = self._untrusted(self.retriever.retrieve(question, self.k), sanitize_passage, run)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any store failure becomes one typed error
                 message = f"retriever {run.trace.retriever} failed: {describe_error(exc)}"
                 run.error(message)
                 raise RetrievalError(run.trace.errors[-1], run.trace) from exc

@@ -165,7 +165,7 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     try:
         # dspy's load_state does a trial run on a copy first, so a bad state leaves `crag` untouched.
         crag.load_state({name: state[name] for name in expected})
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any malformed state is one clear error
         raise ProgramError(
             f"program state does not fit this CRAG module: {type(exc).__name__}: {exc}"
         ) from exc
