@@ -81,11 +81,12 @@ def sentence_scores(
     ]
 
 
-def top_sentences(similarities: Sequence[float], n: int) -> list[int]:
-    """Indices of the ``n`` most similar sentences, in reading order (equal similarity: earlier first)."""
+def top_sentences(scores: Sequence[float], n: int) -> list[int]:
+    """Indices of the ``n`` best-scoring sentences (:func:`sentence_scores`), in reading order (equal
+    scores: earlier first)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    ranked = sorted(range(len(similarities)), key=lambda i: (-similarities[i], i))
+    ranked = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
     return sorted(ranked[:n])
 
 

@@ -6,6 +6,7 @@ No pickle, ever: the file is plain JSON that :func:`load_program` applies to a f
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,17 @@ def check_domain(document: dict[str, Any], domain: str, path: Path | str) -> Non
         )
 
 
+def _checked(config: dict[str, Any], key: str, default: Any, check: Callable[[Any], Any]) -> Any:
+    """``config[key]`` (``default`` for programs saved before the key existed), validated by ``check``,
+    which raises ValueError for a bad value."""
+    value = config.get(key, default)
+    try:
+        check(value)
+    except ValueError as exc:
+        raise ProgramError(f"program config has an invalid {key} {value!r}: {exc}") from exc
+    return value
+
+
 def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     """Apply a validated program's state and config to ``crag`` (raises ProgramError, leaves it untouched)."""
     config = document["config"]
@@ -129,21 +141,9 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     except ValueError as exc:
         raise ProgramError(f"program uses an {exc}") from exc
     # Programs from before the grader's sentence focus existed graded whole passages.
-    grade_sentences = config.get("grade_sentences", 0)
-    try:
-        check_grade_sentences(grade_sentences)
-    except ValueError as exc:
-        raise ProgramError(
-            f"program config has an invalid grade_sentences {grade_sentences!r}: {exc}"
-        ) from exc
+    grade_sentences = _checked(config, "grade_sentences", 0, check_grade_sentences)
     # Programs from before the question's words counted chose the graded sentences by similarity alone.
-    grade_term_weight = config.get("grade_term_weight", 0.0)
-    try:
-        check_term_weight(grade_term_weight)
-    except ValueError as exc:
-        raise ProgramError(
-            f"program config has an invalid grade_term_weight {grade_term_weight!r}: {exc}"
-        ) from exc
+    grade_term_weight = _checked(config, "grade_term_weight", 0.0, check_term_weight)
     answer_units = config.get("answer_units", False)
     if not isinstance(answer_units, bool):
         raise ProgramError(
