@@ -11,7 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .faults import CRAGRunError
-from .lm.weights import EMBEDDED_MODELS
+from .lm.weights import EMBEDDED_MODELS, WeightsError
 from .redaction import configure_logging, redact
 
 __all__ = [
@@ -99,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_lm_arguments(ask)
     add_program_arguments(ask)
     ask.add_argument("--json", action="store_true", help="print the full trace as JSON")
+
+    engine = sub.add_parser(
+        "engine",
+        help="show the CPU features the embedded llama.cpp engine was built for",
+        description="Show the embedded llama.cpp engine's version and CPU features, and the command that "
+        "rebuilds it for this CPU when that would evaluate prompts faster (docs/performance.md).",
+    )
+    engine.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     return parser
 
 
@@ -218,12 +226,23 @@ def _ask(args: argparse.Namespace) -> int:
     return 0
 
 
+def _engine(args: argparse.Namespace) -> int:
+    from .lm.engine import describe_engine
+
+    build = describe_engine()
+    if build is None:
+        raise WeightsError("The embedded LLM needs the llama.cpp engine: pip install 'crag-dspy[local]'")
+    print(f"xllamacpp {build.version or '(unknown version)'}: {', '.join(build.features)}")
+    print(build.hint or "built for every speed-relevant feature this CPU has (or the CPU's are unknown)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Exit codes: 0 answered, 2 bad input or setup (one line on stderr), 1 a backend failed mid-question."""
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)
     try:
-        return {"ingest": _ingest, "ask": _ask}[args.command](args)
+        return {"ingest": _ingest, "ask": _ask, "engine": _engine}[args.command](args)
     except user_error_types() as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2

@@ -27,6 +27,7 @@ from crag_dspy.domain import Domain, QAPair
 from crag_dspy.faults import CRAGRunError
 from crag_dspy.judging import BinaryJudge, Judgement
 from crag_dspy.lm import build_lm, lm_identity
+from crag_dspy.lm.engine import describe_engine
 from crag_dspy.module import CRAG
 from crag_dspy.program import save_program
 from crag_dspy.redaction import configure_logging, redact
@@ -355,6 +356,12 @@ def compile_program(
         "seed": seed,
         "stages": {},
     }
+    if settings.lm == "embedded":
+        engine = describe_engine()
+        if engine is not None:
+            report["engine"] = engine.as_dict()
+            if engine.hint:
+                log.warning("%s", engine.hint)
     uncompiled = crag.deepcopy()
     clock.lap("setup")  # the LM, the store, ingestion
 

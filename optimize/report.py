@@ -101,6 +101,14 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
     if report.get("stage_seconds"):  # reports written before stage times were recorded have none
         times = ", ".join(f"{stage} {seconds:.0f} s" for stage, seconds in report["stage_seconds"].items())
         lines += [f"Wall time by stage: {times}.", ""]
+    engine = report.get("engine")
+    if engine:  # embedded LM only: the engine's build says how fast those seconds could be
+        lines += [
+            f"Engine: xllamacpp {engine['version'] or '(unknown version)'}, CPU features {', '.join(engine['features'])}."
+        ]
+        if engine.get("hint"):
+            lines += [f"Note: {engine['hint']}"]
+        lines += [""]
     for stage in ("grader", "strip_filter"):
         if stage in report["stages"]:
             s = report["stages"][stage]

@@ -6,7 +6,7 @@ from crag_dspy.cli import build_parser, main
 
 
 def test_help_everywhere(capsys):
-    for argv in (["--help"], ["ask", "--help"], ["ingest", "--help"]):
+    for argv in (["--help"], ["ask", "--help"], ["ingest", "--help"], ["engine", "--help"]):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 0
