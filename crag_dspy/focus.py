@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .embeddings import Embedder
-from .evidence import content_terms
+from .evidence import content_terms, terms_beyond_title
 from .strips import split_sentences
 
 __all__ = [
@@ -71,8 +71,7 @@ def sentence_scores(
     """Each sentence's similarity to the question plus ``term_weight`` times the share of the question's
     content words missing from ``title`` that the sentence holds (all of them when the title holds every
     one: then the sentence must repeat them)."""
-    wanted = content_terms(question)
-    wanted = (wanted - content_terms(title)) or wanted
+    wanted = terms_beyond_title(question, title)
     if not wanted or not term_weight:
         return [float(similarity) for similarity in similarities]
     return [

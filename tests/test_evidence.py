@@ -7,7 +7,9 @@ from crag_dspy.evidence import (
     content_terms,
     evidence_features,
     number_coverage,
+    sentence_coverage,
     term_coverage,
+    terms_beyond_title,
 )
 
 
@@ -65,5 +67,52 @@ def test_number_coverage(question, text, expected):
 def test_evidence_features_name_every_feature_in_range():
     features = evidence_features("Price of the AquaProbe 220?", "The AquaProbe 200 price")
     assert set(features) == set(EVIDENCE_FEATURES)
-    assert features == {"term_coverage": pytest.approx(2 / 3), "number_coverage": 0.0}
+    assert features == {
+        "term_coverage": pytest.approx(2 / 3),
+        "number_coverage": 0.0,
+        "sentence_coverage": pytest.approx(2 / 3),
+    }
     assert all(0.0 <= v <= 1.0 for v in features.values())
+
+
+def test_terms_beyond_title():
+    question = "How much is the surcharge for expedited service at Dunmore?"
+    assert terms_beyond_title(question, "Dunmore Repair Centre: Turnaround") == {
+        "surcharge",
+        "expedited",
+        "service",
+    }
+    # A title holding every term leaves them all to the sentences.
+    assert terms_beyond_title("Dunmore surcharge?", "Dunmore surcharge table") == {"dunmore", "surcharge"}
+    assert terms_beyond_title("How much?", "Anything") == set()
+
+
+SURCHARGE = "How much is the surcharge per unit for expedited service at Dunmore?"
+TURNAROUND = "Dunmore Repair Centre: Turnaround Times\n"
+
+
+@pytest.mark.parametrize(
+    ("question", "text", "expected"),
+    [
+        # The answer sentence holds every term the title lacks (surcharge, per, unit, expedited, service).
+        (
+            SURCHARGE,
+            TURNAROUND
+            + "Standard repairs take 10 days. Expedited service costs a surcharge of 180 velds per unit.",
+            1.0,
+        ),
+        # The same words spread over two sentences: whole-text coverage is full, no one sentence is.
+        (
+            SURCHARGE,
+            TURNAROUND + "Expedited service must be booked early. A surcharge applies per unit shipped.",
+            3 / 5,
+        ),
+        # A strip has no title line: every question term must come from one sentence.
+        ("Dunmore surcharge?", "The surcharge is 180 velds. Dunmore is in Velland.", 1 / 2),
+        (SURCHARGE, TURNAROUND, 0.0),  # a title and no sentence
+        ("What is it?", "Title\nAnything at all.", 1.0),  # nothing asked for, nothing missed
+    ],
+)
+def test_sentence_coverage(question, text, expected):
+    assert sentence_coverage(question, text) == pytest.approx(expected)
+    assert 0.0 <= sentence_coverage(question, text) <= term_coverage(question, text) or not text.strip()
