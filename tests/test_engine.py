@@ -73,7 +73,7 @@ def test_native_build_command_pins_the_installed_version_and_builds_offline():
     command = native_build_command("2026.10.11549")
     assert '"xllamacpp==2026.10.11549"' in command
     assert "--no-binary xllamacpp" in command
-    # Both fetch sources from GitHub at build time, which offline machines cannot reach.
+    # Both clone sources at build time, which offline machines cannot reach.
     assert "-DLLAMA_LLGUIDANCE=OFF" in command and "-DLLAMA_BUILD_BORINGSSL=OFF" in command
     assert '"xllamacpp"' in native_build_command(None)
 

@@ -4,7 +4,8 @@ The xllamacpp wheel on PyPI is built for AVX2 so that it runs on any x86-64 mach
 On a CPU with AVX-512 (VNNI) the same engine built for the machine itself evaluates prompts faster
 (measured ~1.3x on the project's 2-core machine, ``docs/performance.md``), and prompt evaluation is
 where a compile spends its time. Nothing is rebuilt behind the user's back (it takes a compiler and
-~10 minutes); the compile report records the engine's build and gives the command when it would help.
+~8 minutes on 2 cores); the compile report records the engine's build and gives the command when it
+would help.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def native_build_command(version: str | None) -> str:
     """The pip command that rebuilds the installed xllamacpp for this machine's CPU.
 
     A source build of xllamacpp targets the building CPU (``GGML_NATIVE``). LLGuidance and BoringSSL are
-    switched off because their builds fetch sources from GitHub, which offline machines cannot reach,
-    and the embedded model needs neither (no grammars, loopback HTTP only).
+    switched off because their builds clone sources (github.com, boringssl.googlesource.com), which
+    offline machines cannot reach, and the embedded model needs neither (no grammars, loopback HTTP).
     """
     pin = f"xllamacpp=={version}" if version else "xllamacpp"
     return (
