@@ -343,6 +343,8 @@ def compile_program(
     """Compile the domain of ``settings`` and write the program JSON and report; returns the report."""
     started = time.perf_counter()
     clock = _StageClock()
+    # The engine's build is recorded only when this compile runs the embedded model itself.
+    runs_embedded = lm is None and settings.lm == "embedded"
     lm = lm or build_lm(settings)
     crag, backends = assemble(settings, lm, progress)
     domain = backends.domain
@@ -356,7 +358,7 @@ def compile_program(
         "seed": seed,
         "stages": {},
     }
-    if settings.lm == "embedded":
+    if runs_embedded:
         engine = describe_engine()
         if engine is not None:
             report["engine"] = engine.as_dict()

@@ -120,6 +120,8 @@ def test_compile_writes_program_report_and_plot(compiled):
     assert list(stages) == ["setup", "grader", "strip filter", "thresholds", "test"]
     assert sum(stages.values()) == pytest.approx(report["seconds"], abs=0.5)
     assert "Wall time by stage: setup " in out.with_suffix(".report.md").read_text()
+    # The scripted LM is not the embedded engine: no engine build is claimed for this run.
+    assert "engine" not in report and "Engine:" not in out.with_suffix(".report.md").read_text()
 
 
 def test_threshold_trials_make_zero_lm_calls(compiled):
