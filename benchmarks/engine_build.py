@@ -29,8 +29,7 @@ HERE = Path(__file__).resolve().parent
 def measure_here(model: str) -> dict:
     """This process's engine: its build and its speeds."""
     import httpx
-    import xllamacpp
-    from engine_settings import _port, measure
+    from engine_settings import measure, start_engine
 
     from crag_dspy.lm.engine import describe_engine
     from crag_dspy.lm.weights import EMBEDDED_MODELS, ensure_weights
@@ -40,13 +39,8 @@ def measure_here(model: str) -> dict:
     text = (DEFAULT_DATA_DIR / "default" / "corpus.jsonl").read_text()[:6000]
     row = measure(path, text, {})
 
-    params = xllamacpp.CommonParams()
-    params.model.path = str(path)
-    params.n_ctx = 2048
-    params.cpuparams.n_threads = params.cpuparams_batch.n_threads = 2
-    params.verbosity = -1
-    params.port = _port()
-    server = xllamacpp.Server(params)  # noqa: F841 - keeps the engine alive while we measure
+    # Its own server, with the prompt cache on: the timed call then evaluates no prompt, only generates.
+    server, port = start_engine(path, {}, n_ctx=2048)  # noqa: RUF059 - kept alive while we measure
     body = {
         "model": "m",
         "messages": [{"role": "user", "content": "Count from 1 to 200, separated by commas."}],
@@ -55,7 +49,7 @@ def measure_here(model: str) -> dict:
         "ignore_eos": True,
     }
     with httpx.Client(timeout=300) as client:
-        url = f"http://127.0.0.1:{params.port}/v1/chat/completions"
+        url = f"http://127.0.0.1:{port}/v1/chat/completions"
         client.post(url, json={**body, "max_tokens": 1})  # warm-up: the prompt is cached from here on
         started = time.perf_counter()
         generated = client.post(url, json=body).json()["usage"]["completion_tokens"]

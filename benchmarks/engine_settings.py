@@ -36,23 +36,28 @@ def _port() -> int:
         return sock.getsockname()[1]
 
 
-def measure(model_path: Path, text: str, setting: dict) -> dict:
+def start_engine(model_path: Path, setting: dict, *, n_ctx: int = 8192) -> tuple[object, int]:
+    """A 2-thread llama.cpp server for ``model_path`` with ``setting`` applied (dotted CommonParams
+    names); returns the server (keep it referenced while measuring) and its loopback port."""
     import xllamacpp
 
     params = xllamacpp.CommonParams()
     params.model.path = str(model_path)
-    params.n_ctx = 8192
+    params.n_ctx = n_ctx
     params.cpuparams.n_threads = params.cpuparams_batch.n_threads = 2
     params.verbosity = -1
     params.port = _port()
-    params.cache_prompt = False
     for dotted, value in setting.items():
         target = params
         *path, name = dotted.split(".")
         for part in path:
             target = getattr(target, part)
         setattr(target, name, value)
-    server = xllamacpp.Server(params)  # noqa: F841 - keeps the engine alive while we measure
+    return xllamacpp.Server(params), params.port
+
+
+def measure(model_path: Path, text: str, setting: dict) -> dict:
+    server, port = start_engine(model_path, {"cache_prompt": False, **setting})  # noqa: RUF059 - kept alive
     client = httpx.Client(timeout=300)
 
     def call(start: int, chars: int) -> int:
@@ -66,7 +71,7 @@ def measure(model_path: Path, text: str, setting: dict) -> dict:
             "temperature": 0,
             "cache_prompt": False,
         }
-        return client.post(f"http://127.0.0.1:{params.port}/v1/chat/completions", json=body).json()["usage"][
+        return client.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body).json()["usage"][
             "prompt_tokens"
         ]
 

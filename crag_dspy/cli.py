@@ -227,11 +227,12 @@ def _ask(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace) -> int:
+    from .lm.embedded import MISSING_ENGINE
     from .lm.engine import describe_engine
 
     build = describe_engine()
     if build is None:
-        raise WeightsError("The embedded LLM needs the llama.cpp engine: pip install 'crag-dspy[local]'")
+        raise WeightsError(MISSING_ENGINE)
     print(f"xllamacpp {build.version or '(unknown version)'}: {', '.join(build.features)}")
     print(build.hint or "built for every speed-relevant feature this CPU has (or the CPU's are unknown)")
     return 0

@@ -39,6 +39,8 @@ class EmbeddedServer:
         self._server = None
 
 
+MISSING_ENGINE = "The embedded LLM needs the llama.cpp engine: pip install 'crag-dspy[local]'"
+
 _lock = threading.Lock()
 _servers: dict[tuple, EmbeddedServer] = {}
 
@@ -66,9 +68,7 @@ def start_embedded_server(
         try:
             import xllamacpp
         except ImportError as exc:  # pragma: no cover - depends on the install
-            raise WeightsError(
-                "The embedded LLM needs the llama.cpp engine: pip install 'crag-dspy[local]'"
-            ) from exc
+            raise WeightsError(MISSING_ENGINE) from exc
         path = ensure_weights(EMBEDDED_MODELS[model_name], cache_dir)
         params = xllamacpp.CommonParams()
         params.model.path = str(path)
