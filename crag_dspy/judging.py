@@ -108,11 +108,14 @@ class BinaryJudge(dspy.Module):
             return inputs, describe_error(exc)
 
     def evidence(self, inputs: dict[str, Any], *, weighed_only: bool = True) -> dict[str, float] | None:
-        """The lexical evidence of ``inputs`` (the question and the whole judged text); None when the
-        calibration weighs none, unless ``weighed_only`` is False (how a calibration is fitted)."""
+        """The lexical evidence of ``inputs`` (the question and the whole judged text) that the
+        calibration weighs, None when it weighs none; with ``weighed_only`` False, the features a new
+        calibration is fitted on (:data:`~crag_dspy.evidence.FITTED_FEATURES`)."""
         if weighed_only and not self.calibration.uses_evidence:
             return None
         question, text = (str(inputs[name]) for name in list(self.predict.signature.input_fields)[:2])
+        if weighed_only:
+            return evidence_features(question, text, self.calibration.weights)
         return evidence_features(question, text)
 
     def rescore(self, judgement: Judgement, inputs: dict[str, Any]) -> float | None:

@@ -174,7 +174,7 @@ def test_judge_reads_evidence_from_the_whole_inputs_not_the_view_and_rescores_al
     with dspy.context(lm=lm):
         j = judge(**inputs).judgement
     assert j.shown == {"document": "an excerpt"}
-    assert j.evidence == {"term_coverage": 1.0, "number_coverage": 1.0, "sentence_coverage": 1.0}
+    assert j.evidence == {"term_coverage": 1.0}  # what the calibration weighs, nothing more
     assert j.score == pytest.approx(1 / (1 + math.exp(-2.0)), abs=1e-6)
     assert judge.rescore(j, inputs) == pytest.approx(j.score)
     judge.calibration = Calibration()

@@ -347,7 +347,7 @@ def test_evidence_calibration_ships_when_the_lm_alone_cannot_separate_the_labels
     # The grader now reports the evidence it weighed for each judgement.
     with dspy.context(lm=lm):
         judgement = crag.grader(question=val[0].question, document=val[0].document).judgement
-    assert judgement.evidence == {"term_coverage": 1.0, "number_coverage": 1.0, "sentence_coverage": 1.0}
+    assert judgement.evidence == {"term_coverage": 1.0, "digit_term_coverage": 1.0, "sentence_coverage": 1.0}
 
 
 def test_routes_fingerprint_changes_with_anything_a_trial_scores():

@@ -106,18 +106,11 @@ def test_trace_shows_the_evidence_a_compiled_grader_and_strip_filter_weighed():
     crag.strip_filter.calibration = Calibration(1.0, 0.0, {"number_coverage": 1.0})
     pred = crag(question="How often must WQ-17 sensors be recalibrated, in days?")
     (document,) = pred.trace.documents
-    assert document.evidence == {
-        "term_coverage": 0.0,
-        "number_coverage": 0.0,
-        "sentence_coverage": 0.0,
-    }  # the canteen passage
+    # Each judge records the evidence its calibration weighs.
+    assert document.evidence == {"term_coverage": 0.0}  # the canteen passage
     (strip,) = pred.trace.external_strips
     assert strip.score_source == "strip_filter"
-    assert strip.evidence == {
-        "term_coverage": pytest.approx(0.5),
-        "number_coverage": 1.0,
-        "sentence_coverage": pytest.approx(0.5),
-    }
+    assert strip.evidence == {"number_coverage": 1.0}
     uncompiled = CRAG(ListRetriever([("kb-1", BAD)]), ListWebSearch([WEB]), lm=ScriptedLM(script))
     trace = uncompiled(question="How often must WQ-17 sensors be recalibrated, in days?").trace
     assert trace.documents[0].evidence is None and trace.external_strips[0].evidence is None

@@ -4,7 +4,9 @@ import pytest
 
 from crag_dspy.evidence import (
     EVIDENCE_FEATURES,
+    FITTED_FEATURES,
     content_terms,
+    digit_term_coverage,
     evidence_features,
     number_coverage,
     sentence_coverage,
@@ -64,15 +66,43 @@ def test_number_coverage(question, text, expected):
     assert number_coverage(question, text) == pytest.approx(expected)
 
 
-def test_evidence_features_name_every_feature_in_range():
+@pytest.mark.parametrize(
+    ("question", "text", "expected"),
+    [
+        # A model code is a term with a digit: the neighbouring model's passage misses it.
+        ("Current firmware of the TideLog 5X?", "TideLog 5 firmware 3.6.0 is current.", 0.0),
+        ("Current firmware of the TideLog 5X?", "The TideLog 5X runs firmware 4.1.", 1.0),
+        ("Is the TideLog 5 rated IP66?", "The TideLog 5 enclosure is rated IP67.", 0.5),
+        ("Price of the AquaProbe 220 in 2024?", "AquaProbe 200 price list 2024", 0.5),  # numbers as before
+        ("Who founded Tarnell Sensors?", "Tarnell Sensors, founded in 1998", 1.0),  # nothing with a digit asked
+    ],
+)
+def test_digit_term_coverage(question, text, expected):
+    assert digit_term_coverage(question, text) == pytest.approx(expected)
+
+
+def test_number_coverage_ignores_codes_which_digit_term_coverage_counts():
+    question, text = "Current firmware of the TideLog 5X?", "TideLog 5 firmware 3.6.0 is current."
+    assert number_coverage(question, text) == 1.0 and digit_term_coverage(question, text) == 0.0
+
+
+def test_evidence_features_default_to_the_fitted_ones_in_range():
     features = evidence_features("Price of the AquaProbe 220?", "The AquaProbe 200 price")
-    assert set(features) == set(EVIDENCE_FEATURES)
+    assert set(features) == set(FITTED_FEATURES) and set(FITTED_FEATURES) <= set(EVIDENCE_FEATURES)
     assert features == {
         "term_coverage": pytest.approx(2 / 3),
-        "number_coverage": 0.0,
+        "digit_term_coverage": 0.0,
         "sentence_coverage": pytest.approx(2 / 3),
     }
     assert all(0.0 <= v <= 1.0 for v in features.values())
+
+
+def test_evidence_features_compute_named_features_only():
+    # An older program's calibration names number_coverage: it still gets it, and nothing else.
+    features = evidence_features("TideLog 5X firmware?", "TideLog 5 firmware", ["number_coverage"])
+    assert features == {"number_coverage": 1.0}
+    with pytest.raises(KeyError):
+        evidence_features("q", "t", ["length"])
 
 
 def test_terms_beyond_title():

@@ -1,0 +1,100 @@
+"""Both judges of a compiled program on a whole labelled split, next to the uncompiled program's.
+
+The compile measures its judges on samples of the val split (``--judge-val-limit``, 80 examples by
+default) to keep a cold compile short; this runs the compiled grader and strip filter and the
+uncompiled program's (zero-shot, the model's own P(yes) >= 0.5) on every relevance pair and strip of
+a split, and prints accuracy, precision, recall and ROC AUC. When the program's judges kept the
+uncompiled prompt (no demos, the same instruction and excerpt), both read the same LM answers, so the
+uncompiled side costs no LM calls (DSPy cache).
+
+    python benchmarks/judges_val.py --program runs/default/program.json [--split val] [--out FILE]
+
+The domain is the program's own (``--domain-dir`` for one outside ``data/``); ``--lm`` as in the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import dspy
+
+from crag_dspy.domain import Domain, load_domain
+from crag_dspy.lm import build_lm
+from crag_dspy.module import CRAG
+from crag_dspy.program import apply_program, read_program
+from crag_dspy.settings import Settings
+from optimize.datasets import relevance_examples, strip_examples
+from optimize.evaluation import evaluate_judge
+from optimize.metrics import BinaryReport
+
+
+class _NoBackend:
+    """Judges never retrieve or search: any call here is a bug in this benchmark."""
+
+    def retrieve(self, query: str, k: int):
+        raise RuntimeError("judges_val.py does not retrieve")
+
+    def search(self, query: str, max_results: int):
+        raise RuntimeError("judges_val.py does not search the web")
+
+
+def judges_on_split(
+    document: dict[str, Any], domain: Domain, lm: dspy.BaseLM, split: str = "val", *, progress: bool = True
+) -> dict[str, dict[str, BinaryReport]]:
+    """``{judge: {"uncompiled": report, "compiled": report}}`` for the grader and the strip filter of
+    the program ``document`` (as read by :func:`~crag_dspy.program.read_program`) on ``split``."""
+    compiled = apply_program(CRAG(_NoBackend(), _NoBackend(), lm=lm), document)
+    uncompiled = CRAG(_NoBackend(), _NoBackend(), lm=lm)
+    examples = {
+        "grader": (relevance_examples(domain.relevance, split), "relevant"),
+        "strip_filter": (strip_examples(domain, split, compiled.sentences_per_strip), "keep"),
+    }
+    results: dict[str, dict[str, BinaryReport]] = {}
+    with dspy.context(lm=lm):
+        for judge, (exs, label) in examples.items():
+            for name, crag in (("uncompiled", uncompiled), ("compiled", compiled)):
+                results.setdefault(judge, {})[name] = evaluate_judge(
+                    getattr(crag, judge), exs, label, desc=f"{judge} ({name})", progress=progress
+                )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--program", type=Path, required=True, help="a compiled program JSON")
+    parser.add_argument("--split", default="val")
+    parser.add_argument(
+        "--domain-dir", type=Path, help="the program's domain directory (default: data/<its domain>)"
+    )
+    parser.add_argument("--lm", help="LM as in the CLI (default: the embedded model)")
+    parser.add_argument("--out", type=Path, help="also write the results as JSON")
+    args = parser.parse_args(argv)
+
+    document = read_program(args.program)
+    overrides = {"lm": args.lm} if args.lm else {}
+    settings = Settings(domain=document["metadata"]["domain"], domain_dir=args.domain_dir, **overrides)
+    domain = load_domain(settings.resolved_domain_dir)
+    results = judges_on_split(document, domain, build_lm(settings, cache=True), args.split)
+    print(f"{args.program} on the {args.split} split of domain `{domain.name}`")
+    print(
+        f"{'judge':<14} {'program':<11} {'n':>4} {'accuracy':>9} {'precision':>10} {'recall':>7} {'ROC AUC':>8} failed"
+    )
+    for judge, reports in results.items():
+        for name, report in reports.items():
+            auc = "-" if report.roc_auc is None else f"{report.roc_auc:.3f}"
+            print(
+                f"{judge:<14} {name:<11} {report.n:>4} {report.accuracy:>9.1%} {report.precision:>10.1%} "
+                f"{report.recall:>7.1%} {auc:>8} {report.unknown:>6}"
+            )
+    if args.out:
+        payload = {"program": str(args.program), "split": args.split}
+        payload |= {j: {n: r.as_dict() for n, r in reports.items()} for j, reports in results.items()}
+        args.out.write_text(json.dumps(payload, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
