@@ -74,7 +74,8 @@ def test_number_coverage(question, text, expected):
         ("Current firmware of the TideLog 5X?", "The TideLog 5X runs firmware 4.1.", 1.0),
         ("Is the TideLog 5 rated IP66?", "The TideLog 5 enclosure is rated IP67.", 0.5),
         ("Price of the AquaProbe 220 in 2024?", "AquaProbe 200 price list 2024", 0.5),  # numbers as before
-        ("Who founded Tarnell Sensors?", "Tarnell Sensors, founded in 1998", 1.0),  # nothing with a digit asked
+        # Nothing with a digit asked, nothing missed.
+        ("Who founded Tarnell Sensors?", "Tarnell Sensors, founded in 1998", 1.0),
     ],
 )
 def test_digit_term_coverage(question, text, expected):

@@ -42,4 +42,3 @@ def test_compiled_judges_are_scored_next_to_the_uncompiled_ones_on_every_example
     assert strips["compiled"].accuracy == strips["uncompiled"].accuracy
     # One judgement per example and side, nothing else (no retrieval, web search or answer).
     assert len(lm.calls) == 2 * (4 + strips["compiled"].n)
-
