@@ -2,8 +2,8 @@
 
 The compile measures its judges on samples of the val split (``--judge-val-limit``, 80 examples by
 default) to keep a cold compile short; this runs the compiled grader and strip filter and the
-uncompiled program's (zero-shot, the model's own P(yes) >= 0.5) on every relevance pair and strip of
-a split, and prints accuracy, precision, recall and ROC AUC. When the program's judges kept the
+uncompiled ones (the program's configuration, zero-shot, the model's own P(yes) >= 0.5) on every
+relevance pair and strip of a split, and prints accuracy, precision, recall and ROC AUC. When the program's judges kept the
 uncompiled prompt (no demos, the same instruction and excerpt), both read the same LM answers, so the
 uncompiled side costs no LM calls (DSPy cache).
 
@@ -47,7 +47,10 @@ def judges_on_split(
     """``{judge: {"uncompiled": report, "compiled": report}}`` for the grader and the strip filter of
     the program ``document`` (as read by :func:`~crag_dspy.program.read_program`) on ``split``."""
     compiled = apply_program(CRAG(_NoBackend(), _NoBackend(), lm=lm), document)
-    uncompiled = CRAG(_NoBackend(), _NoBackend(), lm=lm)
+    # The program's configuration (excerpt length, adapters) with a fresh module's state: what the
+    # compile measured as "uncompiled" before fitting anything.
+    fresh = CRAG(_NoBackend(), _NoBackend(), lm=lm)
+    uncompiled = apply_program(fresh, {**document, "state": fresh.dump_state(json_mode=True)})
     examples = {
         "grader": (relevance_examples(domain.relevance, split), "relevant"),
         "strip_filter": (strip_examples(domain, split, compiled.sentences_per_strip), "keep"),

@@ -1,6 +1,7 @@
 """benchmarks/judges_val.py: a compiled program's judges next to the uncompiled program's on a whole split."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 from fakes import ListRetriever, ListWebSearch, ScriptedLM
@@ -21,24 +22,36 @@ def load_benchmark():
     return module
 
 
+LONG = "Alpha sheet\nThe alpha office is open daily. The alpha code is A1. It was issued in 2024."
+
+
 def test_compiled_judges_are_scored_next_to_the_uncompiled_ones_on_every_example(tmp_path):
-    domain = load_domain(make_domain(tmp_path / "tiny"))
+    root = make_domain(tmp_path / "tiny")
+    # A passage of several sentences, so that how much of it the grader is shown is visible.
+    pair = {"question": "What is the alpha code?", "passage": LONG, "label": 1, "split": "val"}
+    with (root / "relevance.jsonl").open("a") as f:
+        f.write(json.dumps(pair) + "\n")
+    domain = load_domain(root)
     # The model cannot tell the tiny domain's passages apart (P(yes) 0.5 for all); only a calibration
     # that weighs the question's words can.
     lm = ScriptedLM(lambda system, user: 0.5)
     crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm)
     crag.grader.calibration = Calibration(1.0, -3.0, {"term_coverage": 4.0})
+    crag.grade_sentences = 0  # a non-default configuration, which both sides must share
     path = save_program(crag, tmp_path / "program.json", {"domain": "tiny"})
 
     results = load_benchmark().judges_on_split(read_program(path), domain, lm, "val", progress=False)
 
     grader = results["grader"]
-    assert grader["uncompiled"].n == grader["compiled"].n == 4  # every val pair of the tiny domain
-    assert grader["uncompiled"].accuracy == 0.5 and grader["uncompiled"].recall == 1.0  # all "yes"
+    assert grader["uncompiled"].n == grader["compiled"].n == 5  # every val pair of the domain
+    assert grader["uncompiled"].accuracy == 0.6 and grader["uncompiled"].recall == 1.0  # all "yes"
     assert grader["compiled"].accuracy == 1.0
     # The strip filter was not compiled: both sides read the model's own P(yes).
     strips = results["strip_filter"]
     assert strips["compiled"].n == strips["uncompiled"].n > 0
     assert strips["compiled"].accuracy == strips["uncompiled"].accuracy
     # One judgement per example and side, nothing else (no retrieval, web search or answer).
-    assert len(lm.calls) == 2 * (4 + strips["compiled"].n)
+    assert len(lm.calls) == 2 * (5 + strips["compiled"].n)
+    # Both sides graded with the program's configuration (whole passages), not the default excerpt.
+    shown_long = [u for _, u in lm.calls if "document:" in u and "The alpha office is open daily." in u]
+    assert len(shown_long) == 2 and all("It was issued in 2024." in user for user in shown_long)
