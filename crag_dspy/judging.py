@@ -18,7 +18,7 @@ import dspy
 
 from .adapters import ADAPTERS, LabelAdapter
 from .calibration import Calibration
-from .evidence import evidence_features
+from .evidence import FITTED_FEATURES, evidence_features
 from .faults import classify_lm_error, describe_error
 from .scoring import clamp_score, yes_probability
 
@@ -114,9 +114,9 @@ class BinaryJudge(dspy.Module):
         if weighed_only and not self.calibration.uses_evidence:
             return None
         question, text = (str(inputs[name]) for name in list(self.predict.signature.input_fields)[:2])
-        if weighed_only:
-            return evidence_features(question, text, self.calibration.weights)
-        return evidence_features(question, text)
+        return evidence_features(
+            question, text, self.calibration.weights if weighed_only else FITTED_FEATURES
+        )
 
     def rescore(self, judgement: Judgement, inputs: dict[str, Any]) -> float | None:
         """``judgement``'s score under this judge's current calibration, without asking the LM again
