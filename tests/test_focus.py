@@ -146,6 +146,42 @@ def test_sentence_focus_validates_its_size():
         SentenceFocus(0)
 
 
+class CountingEmbedder:
+    """``axis_embed`` per text (the question, which starts with "What", between the axes), counting
+    every text it is asked to embed."""
+
+    name = "counting"
+
+    def __init__(self):
+        self.embedded: list[str] = []
+
+    def encode(self, texts):
+        self.embedded.extend(texts)
+        return [axis_embed(["?", text])[0 if text.startswith("What") else 1] for text in texts]
+
+
+def test_the_focus_embeds_each_question_and_sentence_once_and_chooses_as_without_reuse():
+    other = "Travel Policy v4\nParking is free for visitors. The hotel cap is 180 velds. Soup is on Fridays."
+    embedder = CountingEmbedder()
+    focus = SentenceFocus(1, embedder)
+    for document in (PASSAGE, other, PASSAGE.replace("seven", "ten")):
+        shown = focus({"question": QUESTION, "document": document})["document"]
+        assert shown == focus_document(document, QUESTION, CountingEmbedder().encode, 1)
+    # 3 passages, 4 + 3 + 4 sentences, 4 of them shared, and the question: 8 distinct texts.
+    assert len(embedder.embedded) == len(set(embedder.embedded)) == 8
+
+
+def test_the_focus_keeps_a_bounded_number_of_vectors(monkeypatch):
+    monkeypatch.setattr(SentenceFocus, "VECTORS_KEPT", 3)
+    embedder = CountingEmbedder()
+    focus = SentenceFocus(1, embedder)
+    focus({"question": QUESTION, "document": PASSAGE})  # the question and 4 sentences, 3 kept
+    assert len(focus._vectors) == 3
+    focus._focus.cache_clear()
+    focus({"question": QUESTION, "document": PASSAGE})
+    assert len(embedder.embedded) > 5  # what was dropped is embedded again, not wrong
+
+
 def grading_script(system, user):
     if "You judge search results" in system:
         return 0.9 if "hotel cap" in field(user, "document") else 0.05
