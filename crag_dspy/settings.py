@@ -48,6 +48,11 @@ class Settings(BaseSettings):
         "qwen2.5-coder-1.5b-instruct",
         description="Which embedded GGUF model to serve; the 0.5B is ~2.5x faster.",
     )
+    embedded_engine: Literal["auto", "ik_llama", "xllamacpp"] = Field(
+        "auto",
+        description="llama.cpp engine of the embedded model: ik_llama (ik-llama-cpp-python, ~2x faster "
+        "prompt evaluation on CPUs), xllamacpp, or auto (ik_llama when installed).",
+    )
     embedded_threads: int = Field(
         default_factory=lambda: os.cpu_count() or 2, ge=1, description="CPU threads."
     )

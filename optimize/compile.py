@@ -359,7 +359,7 @@ def compile_program(
         "stages": {},
     }
     if runs_embedded:
-        engine = describe_engine()
+        engine = describe_engine(engine=settings.embedded_engine)
         if engine is not None:
             report["engine"] = engine.as_dict()
             if engine.hint:

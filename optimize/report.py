@@ -93,9 +93,9 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
     lines = [
         f"# Compile report: domain `{report['domain']}`",
         "",
-        f"LM `{report['lm']}`, optimizer `{report['optimizer']}`, seed {report['seed']}, "
+        (f"LM `{report['lm']}`, optimizer `{report['optimizer']}`, seed {report['seed']}, "
         f"{report['seconds']:.0f} s, {report['lm_usage']['calls']} LM calls "
-        f"({report['lm_usage']['prompt_tokens']} prompt tokens, {report['lm_usage']['cached_prompt_tokens']} cached).",
+        f"({report['lm_usage']['prompt_tokens']} prompt tokens, {report['lm_usage']['cached_prompt_tokens']} cached)."),
         "",
     ]
     if report.get("stage_seconds"):  # reports written before stage times were recorded have none
@@ -104,7 +104,7 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
     engine = report.get("engine")
     if engine:  # embedded LM only: the engine's build says how fast those seconds could be
         lines += [
-            f"Engine: xllamacpp {engine['version'] or '(unknown version)'}, CPU features {', '.join(engine['features'])}."
+            f"Engine: {engine.get('name', 'xllamacpp')} {engine['version'] or '(unknown version)'}, CPU features {', '.join(engine['features'])}."
         ]
         if engine.get("hint"):
             lines += [f"Note: {engine['hint']}"]

@@ -83,15 +83,31 @@ def test_describe_engine_compares_the_installed_engine_with_the_cpu(tmp_path):
     features = engine_features(xllamacpp.get_system_info())
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text(EPYC)
-    build = describe_engine(cpuinfo)
-    assert set(build.features) == features
+    build = describe_engine(cpuinfo, engine="xllamacpp")
+    assert build.name == "xllamacpp" and set(build.features) == features
     expected = (
         unused_cpu_features(features, cpu_flags(EPYC))
         if platform.machine().lower() in {"x86_64", "amd64"}
         else []
     )
     assert list(build.unused) == expected
-    assert describe_engine(tmp_path / "missing").unused == ()  # no /proc/cpuinfo: nothing suggested
+    assert (
+        describe_engine(tmp_path / "missing", engine="xllamacpp").unused == ()
+    )  # no /proc/cpuinfo: nothing suggested
+
+
+def test_the_ik_llama_engine_needs_no_rebuild(tmp_path):
+    pytest.importorskip("ik_llama_cpp")
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(EPYC)
+    build = describe_engine(cpuinfo, engine="ik_llama")
+    assert build.name == "ik_llama" and build.version
+    if platform.machine().lower() in {"x86_64", "amd64"}:
+        assert "AVX2" in build.features
+    assert build.unused == () and build.hint is None
+    assert describe_engine(cpuinfo).name == "ik_llama"  # auto prefers it
+    # A hint is only ever about rebuilding xllamacpp.
+    assert EngineBuild("0.1.5", ("AVX2",), ("AVX512_VNNI",), "ik_llama").hint is None
 
 
 def test_report_shows_the_engine_and_its_hint(tmp_path):
@@ -118,26 +134,24 @@ def test_cli_engine_prints_the_build(capsys):
     xllamacpp = pytest.importorskip("xllamacpp")
     from crag_dspy.cli import main
 
-    assert main(["engine"]) == 0
+    assert main(["engine", "--embedded-engine", "xllamacpp"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("xllamacpp ")
     assert "AVX2" in out or not {"AVX2"} & engine_features(xllamacpp.get_system_info())
-    build = describe_engine()
+    build = describe_engine(engine="xllamacpp")
     assert (build.hint or "built for every speed-relevant feature") in out
+    if describe_engine(engine="auto").name == "ik_llama":
+        assert main(["engine"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("ik_llama ") and "no rebuild needed" in out
 
 
 def test_cli_engine_without_the_engine_is_a_clear_error(monkeypatch, capsys):
-    import builtins
-
     from crag_dspy.cli import main
+    from crag_dspy.lm import embedded
 
-    real_import = builtins.__import__
-
-    def no_engine(name, *args, **kwargs):
-        if name == "xllamacpp":
-            raise ImportError("No module named 'xllamacpp'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_engine)
+    monkeypatch.setattr(embedded, "find_spec", lambda name: None)  # neither engine installed
     assert main(["engine"]) == 2
     assert "pip install 'crag-dspy[local]'" in capsys.readouterr().err
+    assert main(["engine", "--embedded-engine", "ik_llama"]) == 2
+    assert "pip install ik-llama-cpp-python" in capsys.readouterr().err

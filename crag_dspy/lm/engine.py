@@ -5,7 +5,8 @@ On a CPU with AVX-512 (VNNI) the same engine built for the machine itself evalua
 (measured ~1.3x on the project's 2-core machine, ``docs/performance.md``), and prompt evaluation is
 where a compile spends its time. Nothing is rebuilt behind the user's back (it takes a compiler and
 ~8 minutes on 2 cores); the compile report records the engine's build and gives the command when it
-would help.
+would help. The ik_llama engine (the default when installed) needs no rebuild: its AVX2 wheel
+already evaluates prompts faster than either xllamacpp build there.
 """
 
 from __future__ import annotations
@@ -76,11 +77,12 @@ class EngineBuild:
     version: str | None
     features: tuple[str, ...]
     unused: tuple[str, ...]
+    name: str = "xllamacpp"
 
     @property
     def hint(self) -> str | None:
         """One line for users whose CPU the engine underuses; None when there is nothing to gain."""
-        if not self.unused:
+        if not self.unused or self.name != "xllamacpp":
             return None
         return (
             f"the llama.cpp engine was built without {', '.join(self.unused)}, which this CPU has; "
@@ -92,20 +94,39 @@ class EngineBuild:
         return {**asdict(self), "hint": self.hint}
 
 
-def describe_engine(cpuinfo_path: Path = Path("/proc/cpuinfo")) -> EngineBuild | None:
-    """The installed engine's build, or None when xllamacpp is not installed.
+def _ik_llama_system_info() -> str:
+    import ctypes
+
+    from ik_llama_cpp import _ctypes_api
+
+    info = _ctypes_api._lib.llama_print_system_info
+    info.argtypes, info.restype = [], ctypes.c_char_p
+    return info().decode("utf-8", errors="replace")
+
+
+def describe_engine(cpuinfo_path: Path = Path("/proc/cpuinfo"), engine: str = "auto") -> EngineBuild | None:
+    """The build of the engine that ``engine`` ("auto", "ik_llama", "xllamacpp") selects, or None when
+    it is not installed.
 
     Off Linux (no ``/proc/cpuinfo``) or off x86 the CPU's flags are unknown and nothing is reported as
     unused: a hint must never send a user to a 10-minute build on a guess.
     """
+    from .embedded import resolve_engine
+    from .weights import WeightsError
+
     try:
-        import xllamacpp
-    except ImportError:
+        name = resolve_engine(engine)
+    except WeightsError:
         return None
+    package = "ik-llama-cpp-python" if name == "ik_llama" else "xllamacpp"
     try:
-        version = metadata.version("xllamacpp")
+        version = metadata.version(package)
     except metadata.PackageNotFoundError:  # e.g. imported from a source tree
         version = None
+    if name == "ik_llama":
+        return EngineBuild(version, tuple(sorted(engine_features(_ik_llama_system_info()))), (), name)
+    import xllamacpp
+
     features = engine_features(xllamacpp.get_system_info())
     x86 = platform.machine().lower() in {"x86_64", "amd64"}
     try:

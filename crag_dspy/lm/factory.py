@@ -47,12 +47,13 @@ def lm_identity(settings: Settings) -> str:
 def build_lm(settings: Settings, **overrides) -> dspy.LM:
     """Return a ``dspy.LM`` for ``settings.lm``; starts the embedded server when needed.
 
-    The embedded model is addressed as ``openai/<model name>`` so that DSPy's cache key names the exact
-    model (the port, being an ``api_base``, is left out of the key and may change between runs).
+    The embedded model is addressed as ``openai/<model name>`` (``+ik_llama`` appended when that engine
+    serves it) so that DSPy's cache key names the exact model and engine (the port, being an
+    ``api_base``, is left out of the key and may change between runs).
     """
-    kwargs = dict(
-        temperature=0.0, max_tokens=512, num_retries=settings.lm_retries, timeout=settings.lm_timeout_s
-    )
+    kwargs = {
+        "temperature": 0.0, "max_tokens": 512, "num_retries": settings.lm_retries, "timeout": settings.lm_timeout_s
+    }
     kwargs.update(overrides)
     if settings.lm == "embedded":
         server = start_embedded_server(
@@ -60,8 +61,9 @@ def build_lm(settings: Settings, **overrides) -> dspy.LM:
             settings.cache_dir,
             n_threads=settings.embedded_threads,
             n_ctx=settings.embedded_ctx,
+            engine=settings.embedded_engine,
         )
-        return dspy.LM(f"openai/{server.model_name}", api_base=server.api_base, api_key="embedded", **kwargs)
+        return dspy.LM(f"openai/{server.served_name}", api_base=server.api_base, api_key="embedded", **kwargs)
 
     import os
 

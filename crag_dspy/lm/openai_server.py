@@ -1,0 +1,183 @@
+"""A loopback OpenAI-compatible ``/v1/chat/completions`` endpoint over an in-process engine.
+
+The embedded model is reached like any hosted OpenAI-compatible server (``dspy.LM`` via LiteLLM), so
+both share one code path, log-probabilities and usage included. Only what that path uses is
+implemented: non-streaming chat completions with ``max_tokens``, ``temperature``, ``seed``, ``stop``,
+``logprobs`` and ``top_logprobs``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+from .ik_engine import Completion, ContextOverflow
+
+__all__ = ["ChatEngine", "OpenAIServer", "completion_response", "parse_request"]
+
+log = logging.getLogger(__name__)
+
+# llama.cpp's server defaults, so that a request without them behaves as it did there.
+DEFAULT_TEMPERATURE = 0.8
+DEFAULT_MAX_TOKENS = 512
+
+
+class ChatEngine(Protocol):
+    def chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        max_tokens: int,
+        temperature: float = 0.0,
+        top_logprobs: int | None = None,
+        stop: list[str] = ...,
+        seed: int | None = None,
+    ) -> Completion: ...
+
+
+class BadRequest(ValueError):
+    """The request cannot be served as sent (HTTP 400)."""
+
+
+def parse_request(body: dict[str, Any]) -> dict[str, Any]:
+    """The engine arguments of an OpenAI chat-completion request body."""
+    if body.get("stream"):
+        raise BadRequest("streaming is not supported by the embedded engine")
+    if body.get("n", 1) != 1:
+        raise BadRequest("only n=1 is supported")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS
+    stop = body.get("stop") or []
+    stop = [stop] if isinstance(stop, str) else list(stop)
+    top = body.get("top_logprobs")
+    try:
+        if int(max_tokens) < 1:
+            raise BadRequest("max_tokens must be at least 1")
+        return {
+            "messages": messages,
+            "max_tokens": int(max_tokens),
+            "temperature": float(body.get("temperature", DEFAULT_TEMPERATURE)),
+            "top_logprobs": (int(top) if top is not None else 1) if body.get("logprobs") else None,
+            "stop": [str(s) for s in stop],
+            "seed": int(body["seed"]) if body.get("seed") is not None else None,
+        }
+    except (TypeError, ValueError) as exc:
+        raise BadRequest(f"bad request parameter: {exc}") from exc
+
+
+def _logprob(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8"))}
+
+
+def completion_response(completion: Completion, model: str) -> dict[str, Any]:
+    """An OpenAI ``chat.completion`` object for ``completion``."""
+    logprobs = None
+    if completion.logprobs is not None:
+        logprobs = {
+            "content": [
+                {**_logprob(e.token, e.logprob), "top_logprobs": [_logprob(t, lp) for t, lp in e.top]}
+                for e in completion.logprobs
+            ]
+        }
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": completion.text},
+                "finish_reason": completion.finish_reason,
+                "logprobs": logprobs,
+            }
+        ],
+        "usage": {
+            "prompt_tokens": completion.prompt_tokens,
+            "completion_tokens": completion.completion_tokens,
+            "total_tokens": completion.prompt_tokens + completion.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": completion.cached_tokens},
+        },
+    }
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: LiteLLM's client reuses its connection
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("embedded server: " + format, *args)
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode("utf-8")
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _error(self, status: HTTPStatus, message: str) -> None:
+        kind = "invalid_request_error" if status < 500 else "server_error"
+        self._send(status, {"error": {"message": message, "type": kind, "code": status.value}})
+
+    def do_GET(self) -> None:
+        if self.path in ("/health", "/v1/health"):
+            self._send(HTTPStatus.OK, {"status": "ok"})
+        elif self.path == "/v1/models":
+            self._send(
+                HTTPStatus.OK, {"object": "list", "data": [{"id": self.server.model, "object": "model"}]}
+            )
+        else:
+            self._error(HTTPStatus.NOT_FOUND, f"no such endpoint: GET {self.path}")
+
+    def do_POST(self) -> None:
+        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
+            self._error(HTTPStatus.NOT_FOUND, f"no such endpoint: POST {self.path}")
+            return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"null")
+            if not isinstance(body, dict):
+                raise BadRequest("the request body must be a JSON object")
+            completion = self.server.engine.chat(**parse_request(body))
+        except (BadRequest, json.JSONDecodeError) as exc:
+            self._error(HTTPStatus.BAD_REQUEST, str(exc))
+            return
+        except (ValueError, ContextOverflow) as exc:  # bad messages, a prompt longer than the context
+            self._error(HTTPStatus.BAD_REQUEST, str(exc))
+            return
+        except Exception as exc:  # noqa: BLE001 - the client gets the reason, the server keeps serving
+            log.exception("embedded engine failed")
+            self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
+            return
+        self._send(HTTPStatus.OK, completion_response(completion, self.server.model))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, engine: ChatEngine, model: str):
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.engine, self.model = engine, model
+
+
+class OpenAIServer:
+    """Serves ``engine`` on a free loopback port from a daemon thread until :meth:`close`."""
+
+    def __init__(self, engine: ChatEngine, model: str):
+        self._server = _Server(engine, model)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="embedded-lm", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,171 @@
+"""The ik_llama engine on the real embedded model (slow): its prompt cache changes nothing but speed,
+its log-probabilities are a distribution, and it agrees with llama.cpp's own server."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from crag_dspy.lm.weights import EMBEDDED_MODELS, ensure_weights
+from crag_dspy.settings import Settings
+
+pytest.importorskip("ik_llama_cpp")
+pytestmark = pytest.mark.slow
+
+MODEL = "qwen2.5-coder-1.5b-instruct"
+SYSTEM = (
+    "You judge search results. Answer yes if the document contains the information the question asks for. "
+    "Reply with exactly one word: yes or no."
+)
+DOCUMENTS = [
+    "AquaProbe 220 Product Page\nThe list price of the AquaProbe 220 is 1,240 velds per sensor.",
+    "TideLog 5X Product Page\nThe TideLog 5X logger weighs 1.1 kg and is rated IP68.",
+    "AquaProbe 200 Product Page (Legacy)\nThe AquaProbe 200 was sold for 990 velds until 2023.",
+]
+
+
+def judge(document: str) -> list[dict]:
+    return [
+        {"role": "system", "content": SYSTEM},
+        {
+            "role": "user",
+            "content": f"question: What is the list price of the AquaProbe 220?\n\ndocument:\n<<<\n{document}\n>>>",
+        },
+    ]
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    return ensure_weights(EMBEDDED_MODELS[MODEL], Settings().cache_dir)
+
+
+@pytest.fixture(scope="module")
+def engine(model_path):
+    from crag_dspy.lm.ik_engine import IkEngine
+
+    engine = IkEngine(model_path, n_threads=2, n_ctx=2048, slots=3)
+    yield engine
+    engine.close()
+
+
+def yes(completion) -> float:
+    top = dict(completion.logprobs[0].top)
+    return math.exp(top.get("yes", -math.inf)) / (
+        math.exp(top.get("yes", -math.inf)) + math.exp(top.get("no", -math.inf))
+    )
+
+
+def test_reused_prefixes_give_the_same_judgements_as_fresh_evaluation(engine):
+    fresh = []
+    for document in DOCUMENTS:
+        engine._forget(None)  # nothing cached: every prompt evaluated from its first token
+        fresh.append(engine.chat(judge(document), max_tokens=1, temperature=0, top_logprobs=5))
+    engine._forget(None)
+    cached = [engine.chat(judge(d), max_tokens=1, temperature=0, top_logprobs=5) for d in DOCUMENTS]
+    assert cached[0].cached_tokens == 0 and all(c.cached_tokens == 0 for c in fresh)
+    shared = cached[1].cached_tokens
+    assert 40 < shared < cached[1].prompt_tokens - 10  # instructions + question, not the document
+    assert cached[2].cached_tokens == shared
+    for a, b in zip(fresh, cached):
+        assert a.text == b.text
+        assert yes(a) == pytest.approx(yes(b), abs=0.02)  # batch splits round differently, barely
+    assert yes(cached[0]) > 0.5 > yes(cached[1])
+
+
+def test_logprobs_are_a_sorted_distribution_over_the_vocabulary(engine):
+    completion = engine.chat(judge(DOCUMENTS[0]), max_tokens=1, temperature=0, top_logprobs=10)
+    (entry,) = completion.logprobs
+    values = [lp for _, lp in entry.top]
+    assert values == sorted(values, reverse=True) and len(values) == 10
+    assert entry.token == entry.top[0][0] and entry.logprob == values[0]  # greedy took the most likely
+    assert 0.9 < sum(math.exp(v) for v in values) <= 1.0 + 1e-9
+
+
+def test_another_prompt_family_does_not_evict_the_first(engine):
+    engine._forget(None)
+    engine.chat(judge(DOCUMENTS[0]), max_tokens=1, temperature=0)
+    other = [
+        {"role": "system", "content": "Answer with a short phrase."},
+        {"role": "user", "content": "Name a colour."},
+    ]
+    text = engine.chat(other, max_tokens=8, temperature=0)
+    assert text.completion_tokens >= 1 and text.text.strip()
+    again = engine.chat(judge(DOCUMENTS[1]), max_tokens=1, temperature=0)
+    assert again.cached_tokens > 40
+
+
+def test_generation_stops_at_the_end_of_turn_or_a_stop_string(engine):
+    messages = [{"role": "user", "content": "Reply with exactly: red, green, blue"}]
+    done = engine.chat(messages, max_tokens=40, temperature=0)
+    assert done.finish_reason == "stop" and "green" in done.text
+    cut = engine.chat(messages, max_tokens=40, temperature=0, stop=[","])
+    assert cut.finish_reason == "stop" and "," not in cut.text and cut.text.strip()
+    short = engine.chat(messages, max_tokens=1, temperature=0)
+    assert short.finish_reason == "length" and short.completion_tokens == 1
+
+
+def test_sampling_is_seeded(engine):
+    messages = [{"role": "user", "content": "Write one word about the sea."}]
+    a = engine.chat(messages, max_tokens=6, temperature=0.9, seed=3)
+    b = engine.chat(messages, max_tokens=6, temperature=0.9, seed=3)
+    assert a.text == b.text
+
+
+def test_a_prompt_longer_than_the_context_is_refused_and_the_engine_goes_on(engine):
+    from crag_dspy.lm.ik_engine import ContextOverflow
+
+    with pytest.raises(ContextOverflow, match="exceeds the context"):
+        engine.chat([{"role": "user", "content": "word " * 3000}], max_tokens=1)
+    assert engine.chat(judge(DOCUMENTS[0]), max_tokens=1, temperature=0).text.strip().lower() == "yes"
+
+
+def test_traffic_beyond_the_cache_evicts_and_stays_correct(model_path, engine):
+    from crag_dspy.lm.ik_engine import IkEngine
+
+    small = IkEngine(model_path, n_threads=2, n_ctx=400, slots=2)
+    try:
+        for i in range(6):  # three families of ~150-token prompts in 400 cells: evictions on most calls
+            system = f"{SYSTEM} Rule set {i % 3}: " + " ".join(["be strict"] * 20)
+            messages = [{"role": "system", "content": system}, judge(DOCUMENTS[i % 2])[1]]
+            got = small.chat(messages, max_tokens=1, temperature=0, top_logprobs=5)
+            assert small.cache.used_cells() <= small.cache.capacity
+            engine._forget(None)
+            expected = engine.chat(messages, max_tokens=1, temperature=0, top_logprobs=5)
+            assert got.text == expected.text and yes(got) == pytest.approx(yes(expected), abs=0.02)
+    finally:
+        small.close()
+
+
+def test_the_engines_agree_on_judgements(model_path):
+    """ik_llama.cpp's kernels round differently from llama.cpp's: P(yes) moves in the second digit."""
+    pytest.importorskip("xllamacpp")
+    import dspy
+
+    from crag_dspy.judging import BinaryJudge
+    from crag_dspy.lm.embedded import start_embedded_server
+    from signatures import GradeDocument
+
+    grader = BinaryJudge(GradeDocument)
+    scores = {}
+    for name in ("ik_llama", "xllamacpp"):
+        server = start_embedded_server(MODEL, Settings().cache_dir, n_threads=2, n_ctx=2048, engine=name)
+        lm = dspy.LM(
+            f"openai/{server.served_name}",
+            api_base=server.api_base,
+            api_key="x",
+            temperature=0.0,
+            max_tokens=512,
+            num_retries=0,
+            cache=False,
+        )
+        with dspy.context(lm=lm):
+            judgements = [
+                grader(question="What is the list price of the AquaProbe 220?", document=d).judgement
+                for d in DOCUMENTS
+            ]
+        assert all(j.score_source == "logprobs" for j in judgements)
+        scores[name] = [j.raw_score for j in judgements]
+    for a, b in zip(scores["ik_llama"], scores["xllamacpp"]):
+        assert a == pytest.approx(b, abs=0.1)
+        assert (a >= 0.5) == (b >= 0.5)
