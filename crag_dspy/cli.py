@@ -55,7 +55,7 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--embedded-engine",
         choices=["auto", "ik_llama", "xllamacpp"],
-        help="llama.cpp engine of the embedded model (auto: ik_llama when installed, ~2x faster on CPUs)",
+        help="llama.cpp engine of the embedded model (auto: ik_llama when installed, ~1.5x faster on CPUs)",
     )
 
 

@@ -50,7 +50,7 @@ class Settings(BaseSettings):
     )
     embedded_engine: Literal["auto", "ik_llama", "xllamacpp"] = Field(
         "auto",
-        description="llama.cpp engine of the embedded model: ik_llama (ik-llama-cpp-python, ~2x faster "
+        description="llama.cpp engine of the embedded model: ik_llama (ik-llama-cpp-python, ~1.5x faster "
         "prompt evaluation on CPUs), xllamacpp, or auto (ik_llama when installed).",
     )
     embedded_threads: int = Field(

@@ -5,7 +5,7 @@ embedded model and any hosted OpenAI-compatible server share one code path (``ds
 including token log-probabilities and a prompt-prefix KV cache. Two engines can serve it:
 
 - ``ik_llama`` (``ik-llama-cpp-python``): the ik_llama.cpp fork, whose CPU kernels evaluate prompts
-  ~2x faster on the project's machine (``docs/performance.md``); served by
+  1.5-1.7x faster per call on the project's machine (``docs/performance.md``); served by
   :mod:`crag_dspy.lm.openai_server` over :class:`~crag_dspy.lm.ik_engine.IkEngine`;
 - ``xllamacpp``: upstream llama.cpp with its own server.
 
@@ -26,11 +26,12 @@ from typing import Literal
 
 from .weights import EMBEDDED_MODELS, WeightsError, ensure_weights
 
-__all__ = ["ENGINES", "EmbeddedServer", "resolve_engine", "start_embedded_server"]
+__all__ = ["ENGINES", "PACKAGES", "EmbeddedServer", "resolve_engine", "start_embedded_server"]
 
 Engine = Literal["ik_llama", "xllamacpp"]
 ENGINES: tuple[Engine, ...] = ("ik_llama", "xllamacpp")
 _MODULES: dict[Engine, str] = {"ik_llama": "ik_llama_cpp", "xllamacpp": "xllamacpp"}
+PACKAGES: dict[Engine, str] = {"ik_llama": "ik-llama-cpp-python", "xllamacpp": "xllamacpp"}
 # Prompts the ik_llama engine keeps in its KV cache at once: one per prompt family and some spare.
 _IK_SLOTS = 8
 
@@ -80,8 +81,7 @@ def resolve_engine(choice: str) -> Engine:
     if choice not in ENGINES:
         raise WeightsError(f"Unknown embedded engine {choice!r}; choose auto, {' or '.join(ENGINES)}.")
     if find_spec(_MODULES[choice]) is None:
-        package = "ik-llama-cpp-python" if choice == "ik_llama" else "xllamacpp"
-        raise WeightsError(f"The embedded engine {choice!r} is not installed: pip install {package}")
+        raise WeightsError(f"The embedded engine {choice!r} is not installed: pip install {PACKAGES[choice]}")
     return choice
 
 

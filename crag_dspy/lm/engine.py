@@ -111,16 +111,15 @@ def describe_engine(cpuinfo_path: Path = Path("/proc/cpuinfo"), engine: str = "a
     Off Linux (no ``/proc/cpuinfo``) or off x86 the CPU's flags are unknown and nothing is reported as
     unused: a hint must never send a user to a 10-minute build on a guess.
     """
-    from .embedded import resolve_engine
+    from .embedded import PACKAGES, resolve_engine
     from .weights import WeightsError
 
     try:
         name = resolve_engine(engine)
     except WeightsError:
         return None
-    package = "ik-llama-cpp-python" if name == "ik_llama" else "xllamacpp"
     try:
-        version = metadata.version(package)
+        version = metadata.version(PACKAGES[name])
     except metadata.PackageNotFoundError:  # e.g. imported from a source tree
         version = None
     if name == "ik_llama":

@@ -52,7 +52,10 @@ def build_lm(settings: Settings, **overrides) -> dspy.LM:
     ``api_base``, is left out of the key and may change between runs).
     """
     kwargs = {
-        "temperature": 0.0, "max_tokens": 512, "num_retries": settings.lm_retries, "timeout": settings.lm_timeout_s
+        "temperature": 0.0,
+        "max_tokens": 512,
+        "num_retries": settings.lm_retries,
+        "timeout": settings.lm_timeout_s,
     }
     kwargs.update(overrides)
     if settings.lm == "embedded":

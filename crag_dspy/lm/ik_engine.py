@@ -3,7 +3,7 @@ kept across calls in several sequences.
 
 ik_llama.cpp is a fork of llama.cpp with its own CPU matrix kernels; its PyPI wheel
 (``ik-llama-cpp-python``, AVX2, no compiler needed) evaluates the embedded Qwen2.5-Coder-1.5B's
-prompts ~1.7x faster than the xllamacpp wheel on the project's 2-core machine once its tensors are
+prompts 1.5-1.8x faster than the xllamacpp wheel on the project's 2-core machine once its tensors are
 repacked at load time (``docs/performance.md``), and prompt evaluation is where CRAG and a compile
 spend their time. Its Python package offers only low-level bindings (no server, no prompt cache, no
 log-probabilities), so this module adds what :mod:`crag_dspy.lm.embedded` needs from an engine:
