@@ -1,6 +1,6 @@
 """The two embedded engines (ik_llama, xllamacpp) on the same CRAG work, one run, as ratios.
 
-Each engine is started the way the app starts it (``start_embedded_server``: its prompt cache on,
+Each engine is started the way the app starts it (``build_lm``: its prompt cache on,
 reached through ``dspy.LM``, DSPy's cache off) and does the same work: the grader on whole questions
 of the default domain's relevance val split (the excerpt the grader reads, each question's pairs in
 a row, as CRAG grades them), the strip filter on val strips, and plain-RAG answers (five whole
@@ -22,32 +22,15 @@ import dspy
 
 from crag_dspy.app import assemble
 from crag_dspy.baselines import PlainRAG
-from crag_dspy.lm.embedded import ENGINES, start_embedded_server
+from crag_dspy.lm import build_lm
+from crag_dspy.lm.embedded import ENGINES
 from crag_dspy.settings import Settings
+from optimize.compile import _question
 from optimize.datasets import qa_split, relevance_examples, spread, strip_examples
 
 
-def _question(example: dspy.Example) -> str:
-    return example.question
-
-
-def run(engine: str, crag, backends, settings: Settings, work: dict) -> dict:
-    server = start_embedded_server(
-        settings.embedded_model,
-        settings.cache_dir,
-        n_threads=settings.embedded_threads,
-        n_ctx=settings.embedded_ctx,
-        engine=engine,
-    )
-    lm = dspy.LM(
-        f"openai/{server.served_name}",
-        api_base=server.api_base,
-        api_key="x",
-        temperature=0.0,
-        max_tokens=512,
-        num_retries=0,
-        cache=False,
-    )
+def run(engine: str, crag, settings: Settings, work: dict) -> dict:
+    lm = build_lm(settings.model_copy(update={"embedded_engine": engine}), num_retries=0, cache=False)
     plain = PlainRAG(crag.retriever, lm=lm, k=crag.k)
     out: dict = {"engine": engine}
     with dspy.context(lm=lm):
@@ -62,7 +45,6 @@ def run(engine: str, crag, backends, settings: Settings, work: dict) -> dict:
         started = time.perf_counter()
         out["answers"] = [plain(question=q.question).answer for q in work["questions"]]
         out["plain_rag_s_per_question"] = (time.perf_counter() - started) / len(work["questions"])
-    server.close()
     return out
 
 
@@ -86,7 +68,7 @@ def main() -> None:
     }
     for e in work["grader"]:  # the grader's excerpt (MiniLM) once, outside the timed part
         crag.grader.shown_inputs(e.inputs())
-    runs = {engine: run(engine, crag, backends, settings, work) for engine in ENGINES}
+    runs = {engine: run(engine, crag, settings, work) for engine in ENGINES}
     ik, xl = runs["ik_llama"], runs["xllamacpp"]
     summary = {}
     for key in ("grader_s_per_call", "strip_filter_s_per_call", "plain_rag_s_per_question"):

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .faults import CRAGRunError
+from .lm.embedded import ENGINE_CHOICES
 from .lm.weights import EMBEDDED_MODELS, WeightsError
 from .redaction import configure_logging, redact
 
@@ -54,7 +55,7 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--embedded-engine",
-        choices=["auto", "ik_llama", "xllamacpp"],
+        choices=ENGINE_CHOICES,
         help="llama.cpp engine of the embedded model (auto: ik_llama when installed, ~1.5x faster on CPUs)",
     )
 
@@ -111,9 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Show the embedded llama.cpp engine's version and CPU features, and the command that "
         "rebuilds it for this CPU when that would evaluate prompts faster (docs/performance.md).",
     )
-    engine.add_argument(
-        "--embedded-engine", choices=["auto", "ik_llama", "xllamacpp"], help="which engine to describe"
-    )
+    engine.add_argument("--embedded-engine", choices=ENGINE_CHOICES, help="which engine to describe")
     engine.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     return parser
 

@@ -143,22 +143,14 @@ def test_the_engines_agree_on_judgements(model_path):
     import dspy
 
     from crag_dspy.judging import BinaryJudge
-    from crag_dspy.lm.embedded import start_embedded_server
+    from crag_dspy.lm import build_lm
     from signatures import GradeDocument
 
     grader = BinaryJudge(GradeDocument)
     scores = {}
     for name in ("ik_llama", "xllamacpp"):
-        server = start_embedded_server(MODEL, Settings().cache_dir, n_threads=2, n_ctx=2048, engine=name)
-        lm = dspy.LM(
-            f"openai/{server.served_name}",
-            api_base=server.api_base,
-            api_key="x",
-            temperature=0.0,
-            max_tokens=512,
-            num_retries=0,
-            cache=False,
-        )
+        settings = Settings(embedded_engine=name, embedded_threads=2, embedded_ctx=2048)
+        lm = build_lm(settings, num_retries=0, cache=False)
         with dspy.context(lm=lm):
             judgements = [
                 grader(question="What is the list price of the AquaProbe 220?", document=d).judgement

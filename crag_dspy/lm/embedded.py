@@ -26,10 +26,18 @@ from typing import Literal
 
 from .weights import EMBEDDED_MODELS, WeightsError, ensure_weights
 
-__all__ = ["ENGINES", "PACKAGES", "EmbeddedServer", "resolve_engine", "start_embedded_server"]
+__all__ = [
+    "ENGINES",
+    "ENGINE_CHOICES",
+    "PACKAGES",
+    "EmbeddedServer",
+    "resolve_engine",
+    "start_embedded_server",
+]
 
 Engine = Literal["ik_llama", "xllamacpp"]
 ENGINES: tuple[Engine, ...] = ("ik_llama", "xllamacpp")
+ENGINE_CHOICES: tuple[str, ...] = ("auto", *ENGINES)  # what a user may ask for
 _MODULES: dict[Engine, str] = {"ik_llama": "ik_llama_cpp", "xllamacpp": "xllamacpp"}
 PACKAGES: dict[Engine, str] = {"ik_llama": "ik-llama-cpp-python", "xllamacpp": "xllamacpp"}
 # Prompts the ik_llama engine keeps in its KV cache at once: one per prompt family and some spare.

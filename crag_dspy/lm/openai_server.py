@@ -148,10 +148,10 @@ class _Handler(BaseHTTPRequestHandler):
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
             completion = self.server.engine.chat(**parse_request(body))
-        except (BadRequest, json.JSONDecodeError) as exc:
-            self._error(HTTPStatus.BAD_REQUEST, str(exc))
-            return
-        except (ValueError, ContextOverflow) as exc:  # bad messages, a prompt longer than the context
+        except (
+            ValueError,
+            ContextOverflow,
+        ) as exc:  # bad JSON or parameters, bad messages, too long a prompt
             self._error(HTTPStatus.BAD_REQUEST, str(exc))
             return
         except Exception as exc:  # noqa: BLE001 - the client gets the reason, the server keeps serving
