@@ -38,6 +38,7 @@ __all__ = [
     "check_grade_sentences",
     "check_term_weight",
     "focus_document",
+    "ranked_sentences",
     "sentence_scores",
     "top_sentences",
 ]
@@ -82,13 +83,18 @@ def sentence_scores(
     ]
 
 
+def ranked_sentences(scores: Sequence[float]) -> list[int]:
+    """Indices of sentences from the best-scoring (:func:`sentence_scores`) to the worst; equal scores:
+    earlier first."""
+    return sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+
+
 def top_sentences(scores: Sequence[float], n: int) -> list[int]:
     """Indices of the ``n`` best-scoring sentences (:func:`sentence_scores`), in reading order (equal
     scores: earlier first)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    ranked = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
-    return sorted(ranked[:n])
+    return sorted(ranked_sentences(scores)[:n])
 
 
 def focus_document(
