@@ -38,12 +38,11 @@ import dspy
 from crag_dspy.calibration import Calibration, fit_calibration
 from crag_dspy.domain import load_domain
 from crag_dspy.evidence import evidence_features
-from crag_dspy.focus import SentenceFocus, ranked_sentences, sentence_scores
+from crag_dspy.focus import SentenceFocus
 from crag_dspy.judging import BinaryJudge
 from crag_dspy.lm import build_lm
 from crag_dspy.module import CRAG
 from crag_dspy.settings import Settings
-from crag_dspy.strips import split_sentences
 from optimize.datasets import interleave_balanced, relevance_examples, spread
 from optimize.evaluation import judge_outcomes
 from optimize.metrics import binary_report
@@ -68,18 +67,7 @@ class RankedSentenceView:
 
     def sentence(self, question: str, document: str) -> str | None:
         """The passage's title and its ``rank``-th best sentence; None when it has no such sentence."""
-        title, newline, text = document.partition("\n")
-        if not newline:
-            title, text = "", document
-        sentences = split_sentences(text)
-        if len(sentences) <= self.rank:
-            return None
-        vectors = self.focus.embedder.encode([question, *sentences])
-        question_vector = vectors[0]
-        similarities = [sum(a * b for a, b in zip(v, question_vector, strict=True)) for v in vectors[1:]]
-        scores = sentence_scores(question, title, sentences, similarities, self.focus.term_weight)
-        chosen = sentences[ranked_sentences(scores)[self.rank]]
-        return f"{title}\n{chosen}" if title else chosen
+        return self.focus.ranked_excerpt(document, question, self.rank)
 
     def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
         shown = self.sentence(str(inputs["question"]), str(inputs["document"]))

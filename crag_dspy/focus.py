@@ -38,6 +38,7 @@ __all__ = [
     "check_grade_sentences",
     "check_term_weight",
     "focus_document",
+    "ranked_excerpt",
     "ranked_sentences",
     "sentence_scores",
     "top_sentences",
@@ -97,6 +98,24 @@ def top_sentences(scores: Sequence[float], n: int) -> list[int]:
     return sorted(ranked_sentences(scores)[:n])
 
 
+def _title_and_sentences(document: str) -> tuple[str, list[str]]:
+    title, newline, text = document.partition("\n")
+    if not newline:  # no title line: all of it is text
+        title, text = "", document
+    return title, split_sentences(text)
+
+
+def _scores(
+    question: str, title: str, sentences: list[str], embed: Callable[[list[str]], Any], term_weight: float
+) -> list[float]:
+    vectors = np.asarray(embed([question, *sentences]))
+    return sentence_scores(question, title, sentences, (vectors[1:] @ vectors[0]).tolist(), term_weight)
+
+
+def _titled(title: str, text: str) -> str:
+    return f"{title}\n{text}" if title else text
+
+
 def focus_document(
     document: str,
     question: str,
@@ -110,16 +129,28 @@ def focus_document(
 
     ``embed`` maps a list of texts to unit vectors, so cosine similarity is a dot product.
     """
-    title, newline, text = document.partition("\n")
-    if not newline:  # no title line: all of it is text
-        title, text = "", document
-    sentences = split_sentences(text)
+    title, sentences = _title_and_sentences(document)
     if len(sentences) <= n:
         return document
-    vectors = np.asarray(embed([question, *sentences]))
-    scores = sentence_scores(question, title, sentences, (vectors[1:] @ vectors[0]).tolist(), term_weight)
-    kept = " ".join(sentences[i] for i in top_sentences(scores, n))
-    return f"{title}\n{kept}" if title else kept
+    scores = _scores(question, title, sentences, embed, term_weight)
+    return _titled(title, " ".join(sentences[i] for i in top_sentences(scores, n)))
+
+
+def ranked_excerpt(
+    document: str,
+    question: str,
+    embed: Callable[[list[str]], Any],
+    rank: int,
+    term_weight: float = DEFAULT_TERM_WEIGHT,
+) -> str | None:
+    """``document`` cut to its title line and the sentence of its text ranked ``rank`` (0 = the best,
+    what :func:`focus_document` keeps for ``n=1``) by :func:`sentence_scores`; None when the text has
+    no sentence of that rank. ``embed`` as for :func:`focus_document`."""
+    title, sentences = _title_and_sentences(document)
+    if len(sentences) <= rank:
+        return None
+    scores = _scores(question, title, sentences, embed, term_weight)
+    return _titled(title, sentences[ranked_sentences(scores)[rank]])
 
 
 class SentenceFocus:
@@ -157,6 +188,10 @@ class SentenceFocus:
 
     def _compute(self, document: str, question: str) -> str:
         return focus_document(document, question, self._embed, self.sentences, self.term_weight)
+
+    def ranked_excerpt(self, document: str, question: str, rank: int) -> str | None:
+        """:func:`ranked_excerpt` with this view's embeddings (vectors shared with the focus)."""
+        return ranked_excerpt(document, question, self._embed, rank, self.term_weight)
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         """``texts``' unit vectors, each text embedded once per view (at most ``VECTORS_KEPT`` kept)."""

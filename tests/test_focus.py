@@ -11,6 +11,7 @@ from crag_dspy.focus import (
     SentenceFocus,
     check_term_weight,
     focus_document,
+    ranked_excerpt,
     sentence_scores,
     top_sentences,
 )
@@ -49,6 +50,18 @@ def axis_embed(texts):
 )
 def test_top_sentences(similarities, n, expected):
     assert top_sentences(similarities, n) == expected
+
+
+def test_ranked_excerpt_is_the_focus_at_rank_zero_and_none_past_the_last_sentence():
+    assert ranked_excerpt(PASSAGE, QUESTION, axis_embed, 0) == focus_document(
+        PASSAGE, QUESTION, axis_embed, 1
+    )
+    assert (
+        ranked_excerpt(PASSAGE, QUESTION, axis_embed, 0)
+        == "Travel Policy v4\nTravel Policy v4 sets the hotel cap at 180 velds."
+    )
+    assert ranked_excerpt(PASSAGE, QUESTION, axis_embed, 3) is not None
+    assert ranked_excerpt(PASSAGE, QUESTION, axis_embed, 4) is None
 
 
 def test_top_sentences_refuses_zero():
