@@ -41,10 +41,18 @@ def test_internal_question_is_answered_through_correct(crag, qa):
 
 
 def test_web_only_question_is_answered_through_incorrect_via_offline_web(crag, qa):
-    q = qa["qa-web-007"]  # an airport code: only the offline web knows it
+    # A river's length: only the offline web knows it. Chosen for its margins on the uncompiled program
+    # (best grade ~0.03 against lower 0.3; the answer's web strip ~0.67 against the strip threshold
+    # 0.5): an airport code whose strip scored 0.51 here fell under 0.5 on another CPU and failed CI.
+    q = qa["qa-web-009"]
     pred = crag(question=q.question)
     trace = pred.trace
     assert pred.action == "INCORRECT", trace.model_dump_json(indent=1)
     assert trace.web_backend == "offline" and trace.web_query and trace.web_results
     assert "[internal]" not in trace.context
-    assert answer_matches(pred.answer, q.answers), (pred.answer, q.answers, trace.web_query)
+    assert answer_matches(pred.answer, q.answers), (
+        pred.answer,
+        q.answers,
+        trace.web_query,
+        trace.external_strips,
+    )
