@@ -111,6 +111,7 @@ def assemble(
         grade_term_weight=settings.grade_term_weight,
         embedder=backends.embedder,
         max_strips=settings.max_strips,
+        fallback_web_strips=settings.fallback_web_strips,
         sentences_per_strip=backends.domain.config.sentences_per_strip,
         web_results=settings.web_results,
         use_logprobs=settings.use_logprobs,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from contextlib import nullcontext
+from dataclasses import dataclass, field
 from typing import Any
 
 import dspy
@@ -19,27 +20,43 @@ from .generation import check_text_adapter, text_config, text_format
 from .judging import BinaryJudge, Judgement
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
 from .routing import Action, decide_action, validate_thresholds
-from .strips import Strip, decompose, format_context, recompose, select_strips
+from .strips import Strip, check_fallback_web_strips, decompose, format_context, recompose, select_strips
 from .trace import CRAGTrace, DocumentGrade, StripRecord, TraceRecorder, WebRecord
 from .untrusted import sanitize_passage, sanitize_web_result
 from .validation import DEFAULT_MAX_QUESTION_CHARS, normalize_question
 
-__all__ = ["CRAG", "UNKNOWN_ANSWER", "Thresholds", "knowledge_for"]
+__all__ = ["CRAG", "UNKNOWN_ANSWER", "Thresholds", "WebKnowledge", "knowledge_for"]
 
 UNKNOWN_ANSWER = "I don't know"
 _SHARED = frozenset({"retriever", "web_search", "lm", "embedder"})
 
 
+@dataclass(frozen=True)
+class WebKnowledge:
+    """Refined web knowledge: ``strips`` reached the strip threshold; ``reserve`` holds the best of
+    the others, which an answer falls back to only when no other knowledge survived refinement."""
+
+    strips: list[Strip]
+    reserve: list[Strip] = field(default_factory=list)
+
+
 def knowledge_for(
-    action: Action, internal: list[Strip], external: list[Strip] | None
+    action: Action, internal: list[Strip], external: WebKnowledge | None
 ) -> tuple[list[Strip], list[Strip]]:
     """The (internal, external) strips an action answers from; ``external`` is None when web search
-    produced nothing, and then INCORRECT falls back to internal knowledge."""
-    if action is Action.CORRECT:
+    produced nothing, and then INCORRECT falls back to internal knowledge.
+
+    When nothing else survived refinement, the web's reserve strips are the context: the route
+    searched the web because internal knowledge looked wrong, and a small model's strip filter scores
+    the strip that answers close to its threshold. Next to surviving internal knowledge they are left
+    out: on the default domain they made the 1.5B model doubt answers it had.
+    """
+    if action is Action.CORRECT or external is None:
         return internal, []
-    if action is Action.INCORRECT:
-        return (internal, []) if external is None else ([], external)
-    return internal, external or []
+    inside = [] if action is Action.INCORRECT else internal
+    if inside or external.strips:
+        return inside, external.strips
+    return inside, external.reserve
 
 
 def _before_marker(value: object) -> str:
@@ -79,6 +96,9 @@ class CRAG(dspy.Module):
         lower, upper: action thresholds on the grader's P(relevant).
         strip_threshold: strips scoring below this are dropped.
         max_strips: most strips kept per source (paper: 5).
+        fallback_web_strips: when no knowledge reaches ``strip_threshold`` on a route that searched the
+            web, answer from this many of the best-scored web strips below it (:func:`knowledge_for`;
+            0: answer "I don't know").
         sentences_per_strip: decomposition window for passages longer than two sentences.
         web_results: results requested from web search.
         judge_adapter: how grader and strip filter ask ("label": one word + logprobs; "chat": DSPy's ChatAdapter).
@@ -111,6 +131,7 @@ class CRAG(dspy.Module):
         upper: float = 0.7,
         strip_threshold: float = 0.5,
         max_strips: int = 5,
+        fallback_web_strips: int = 1,
         sentences_per_strip: int = 3,
         web_results: int = 3,
         judge_adapter: str = "label",
@@ -129,6 +150,7 @@ class CRAG(dspy.Module):
         self.web_search = web_search
         self.lm = lm
         self.k, self.strip_threshold, self.max_strips = k, strip_threshold, max_strips
+        self.fallback_web_strips = check_fallback_web_strips(fallback_web_strips)
         self.sentences_per_strip, self.web_results, self.retries = sentences_per_strip, web_results, retries
         self.max_question_chars, self.answer_units = max_question_chars, answer_units
         if judge_adapter not in ("label", "chat"):
@@ -195,7 +217,10 @@ class CRAG(dspy.Module):
                 if action is Action.INCORRECT:
                     run.fallback("web search gave nothing; answered from internal knowledge instead")
                 internal = self.internal_knowledge(question, passages, scores, run)
-            self.generate(question, *knowledge_for(action, internal, external), run)
+            inside, outside = knowledge_for(action, internal, external)
+            if external is not None and outside and outside == external.reserve:
+                self._note_reserve_used(outside, run)
+            self.generate(question, inside, outside, run)
         return run.prediction()
 
     # -- stages (public so that threshold tuning can run each once and re-route offline) ------------
@@ -287,7 +312,7 @@ class CRAG(dspy.Module):
                     if len(pieces) == 1 and not below:
                         # The grader already judged this passage whole: asking again would be the same question.
                         reuse[strips[-1]] = score
-            kept, run.trace.internal_strips = self._filter(question, strips, reuse, run)
+            kept, _, run.trace.internal_strips = self._filter(question, strips, reuse, run)
         return kept
 
     def rewrite_query(self, question: str, run: TraceRecorder) -> str:
@@ -298,7 +323,7 @@ class CRAG(dspy.Module):
 
     def external_knowledge(
         self, question: str, run: TraceRecorder, *, query: str | None = None, select: bool = True
-    ) -> list[Strip] | None:
+    ) -> WebKnowledge | None:
         """Rewrite, search, decompose and filter web results; None when web search produced nothing.
 
         ``query`` searches with that query instead of rewriting the question, and ``select=False`` keeps
@@ -326,8 +351,10 @@ class CRAG(dspy.Module):
                 for rank, r in enumerate(results)
                 for i, text in enumerate(decompose(r.content, self.sentences_per_strip))
             ]
-            kept, trace.external_strips = self._filter(question, strips, {}, run, select=select)
-        return kept
+            kept, reserve, trace.external_strips = self._filter(
+                question, strips, {}, run, select=select, reserve=self.fallback_web_strips
+            )
+        return WebKnowledge(kept, reserve)
 
     def generate(
         self, question: str, internal: list[Strip], external: list[Strip], run: TraceRecorder
@@ -346,7 +373,10 @@ class CRAG(dspy.Module):
         run: TraceRecorder,
         *,
         select: bool = True,
-    ) -> tuple[list[Strip], list[StripRecord]]:
+        reserve: int = 0,
+    ) -> tuple[list[Strip], list[Strip], list[StripRecord]]:
+        """(kept strips, the best-scored strips below the threshold that make up ``reserve`` strips in
+        all, trace records)."""
         # (strip, score, where the score came from, lexical evidence the strip filter weighed)
         scored: list[tuple[Strip, float | None, str, dict[str, float] | None]] = []
         for strip in strips:
@@ -364,12 +394,13 @@ class CRAG(dspy.Module):
             self._count_lm_outcome(judgement, "strip_filter", run)
             origin = "strip_filter" if judgement.score is not None else "error"
             scored.append((strip, judgement.score, origin, judgement.evidence))
-        kept = recompose(
-            select_strips([(s, score) for s, score, _, _ in scored], self.strip_threshold, self.max_strips)
-            if select
-            else strips
-        )
+        pairs = [(s, score) for s, score, _, _ in scored]
+        kept = recompose(select_strips(pairs, self.strip_threshold, self.max_strips) if select else strips)
         kept_set = set(kept)
+        spare = (
+            select_strips(pairs, self.strip_threshold, self.max_strips, at_least=reserve) if select else []
+        )
+        spare = recompose(s for s in spare if s not in kept_set)
         records = [
             StripRecord(
                 source=s.source,
@@ -385,7 +416,18 @@ class CRAG(dspy.Module):
             )
             for s, score, origin, evidence in scored
         ]
-        return kept, records
+        return kept, spare, records
+
+    def _note_reserve_used(self, reserve: list[Strip], run: TraceRecorder) -> None:
+        used = {(s.doc_id, s.position) for s in reserve}
+        records = [r for r in run.trace.external_strips if (r.doc_id, r.position) in used]
+        for record in records:
+            record.kept = True
+        scores = ", ".join(f"{r.score:.2f}" for r in records if r.score is not None)
+        run.fallback(
+            f"no knowledge reached the strip threshold {self.strip_threshold}; answered from the "
+            f"best-scored web strips below it ({scores})"
+        )
 
     def _rewrite(self, question: str, run: TraceRecorder) -> str:
         pred = self._predict_with_retries(self.rewriter, "query rewrite", run, question=question)

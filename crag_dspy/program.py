@@ -17,6 +17,7 @@ from . import __version__
 from .focus import check_grade_sentences, check_term_weight
 from .generation import check_text_adapter
 from .module import CRAG
+from .strips import check_fallback_web_strips
 
 __all__ = [
     "PROGRAM_FORMAT",
@@ -48,6 +49,7 @@ def program_config(crag: CRAG) -> dict[str, Any]:
         "grade_sentences": crag.grade_sentences,
         "grade_term_weight": crag.grade_term_weight,
         "answer_units": crag.answer_units,
+        "fallback_web_strips": crag.fallback_web_strips,
     }
 
 
@@ -144,6 +146,8 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     grade_sentences = _checked(config, "grade_sentences", 0, check_grade_sentences)
     # Programs from before the question's words counted chose the graded sentences by similarity alone.
     grade_term_weight = _checked(config, "grade_term_weight", 0.0, check_term_weight)
+    # Programs from before the web's reserve strips existed answered "I don't know" instead.
+    fallback_web_strips = _checked(config, "fallback_web_strips", 0, check_fallback_web_strips)
     answer_units = config.get("answer_units", False)
     if not isinstance(answer_units, bool):
         raise ProgramError(
@@ -179,4 +183,5 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     crag.grade_sentences = grade_sentences
     # Programs from before units were attached were measured with the LM's bare replies.
     crag.answer_units = answer_units
+    crag.fallback_web_strips = fallback_web_strips
     return crag

@@ -104,6 +104,12 @@ class Settings(BaseSettings):
         True, description='A bare-number answer gets the unit its context states ("260" -> "260 velds").'
     )
     max_strips: int = Field(5, ge=1, description="Most knowledge strips kept per source (paper: top 5).")
+    fallback_web_strips: int = Field(
+        1,
+        ge=0,
+        description="When no knowledge reaches strip_threshold on a route that searched the web, answer "
+        'from this many of the best-scored web strips below it (0: answer "I don\'t know").',
+    )
     web_results: int = Field(3, ge=1, le=10, description="Web results requested per search.")
     web_timeout_s: float = Field(15.0, gt=0, description="Seconds before a web search is abandoned.")
     web_domains: list[str] = Field(

@@ -23,7 +23,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from crag_dspy.baselines import passage_strips
-from crag_dspy.module import CRAG, knowledge_for
+from crag_dspy.module import CRAG, WebKnowledge, knowledge_for
 from crag_dspy.protocols import Passage, Retriever, WebResult, WebSearch
 from crag_dspy.routing import Action
 from crag_dspy.strips import Strip, format_context
@@ -286,7 +286,7 @@ class CRAGPieces:
         self._grader = state_key(grader, c.k, c.retriever.name)
         self._internal = state_key(self._grader, strip_filter, refine)
         self._rewriter = state_key(c.rewriter.dump_state(), c.retries, c.text_adapter)
-        self._web = state_key(strip_filter, refine, c.web_results, c.web_search.name)
+        self._web = state_key(strip_filter, refine, c.fallback_web_strips, c.web_results, c.web_search.name)
         self._raw_web = state_key(c.sentences_per_strip, c.web_results, c.web_search.name)
         self._answerer = state_key(c.answerer.dump_state(), c.retries, c.text_adapter, c.answer_units)
         # Plain attributes on the working copy: the stages call them like the judges they wrap.
@@ -326,7 +326,7 @@ class CRAGPieces:
             return question
         return self._stage(("rewrite", question, self._rewriter), question, self.crag.rewrite_query)
 
-    def external(self, question: str, *, rewrite: bool = True, select: bool = True) -> list[Strip] | None:
+    def external(self, question: str, *, rewrite: bool = True, select: bool = True) -> WebKnowledge | None:
         """Selected (or with ``select=False`` all) web strips for the rewritten (or original) question;
         None when web search produced nothing."""
         query = self.web_query(question, rewrite=rewrite)

@@ -111,8 +111,8 @@ def run_variant(
     if variant.kind == "plain_rag":
         return Outcome(p.answer(question, passage_strips(p.retrieve(question)), []))
     if variant.kind == "rag_web":
-        web = p.external(question, rewrite=False, select=False) or []
-        return Outcome(p.answer(question, passage_strips(p.retrieve(question)), web))
+        web = p.external(question, rewrite=False, select=False)
+        return Outcome(p.answer(question, passage_strips(p.retrieve(question)), web.strips if web else []))
     _, scores = p.documents(question)
     action = ablated_action(scores, *p.thresholds, variant.remove)
     answer = p.route(question, action, refine=variant.refine, rewrite=variant.rewrite, select=variant.select)

@@ -97,6 +97,71 @@ def test_incorrect_rewrites_searches_and_uses_web_only():
     assert pred.trace.external_strips[0].kept and pred.trace.web_results[0].url == WEB.url
 
 
+WEB_TWO = [
+    WebResult("Fares", "https://fares.example", "A day ticket costs 9 velds."),
+    WebResult("WQ-17", "https://ihsc.example/wq17", "IHSC WQ-17 requires recalibration every 90 days."),
+]
+
+
+def test_when_no_strip_reaches_the_threshold_incorrect_answers_from_the_best_web_strip():
+    script = make_script({}, {"90 days": 0.41, "day ticket": 0.2}, answer="every 90 days")
+    pred, lm = run([("kb-1", BAD)], script, web=ListWebSearch(WEB_TWO))
+    assert pred.action == Action.INCORRECT.value
+    assert [(s.doc_id, s.kept, s.score) for s in pred.trace.external_strips] == [
+        ("https://fares.example", False, 0.2),
+        ("https://ihsc.example/wq17", True, 0.41),  # the trace says what the answer was built from
+    ]
+    (context,) = answer_contexts(lm)
+    assert context == "[web] (WQ-17) IHSC WQ-17 requires recalibration every 90 days."
+    assert pred.answer == "every 90 days"
+    assert pred.trace.fallbacks == [
+        "no knowledge reached the strip threshold 0.5; answered from the best-scored web strips below it (0.41)"
+    ]
+
+
+def test_ambiguous_uses_the_web_reserve_only_when_no_internal_knowledge_survived():
+    script = make_script({"0 to 25": 0.5}, {"90 days": 0.41, "0 to 25": 0.9})
+    pred, lm = run([("kb-1", GOOD)], script)
+    assert pred.action == Action.AMBIGUOUS.value
+    (context,) = answer_contexts(lm)
+    assert context.startswith("[internal]") and "[web]" not in context  # internal knowledge, no reserve
+    assert not pred.trace.fallbacks and not pred.trace.external_strips[0].kept
+
+    # graded below the strip threshold, so the strip filter judges it (and drops it)
+    script = make_script({"0 to 25": 0.45}, {"90 days": 0.41, "0 to 25": 0.1})
+    pred, lm = run([("kb-1", GOOD)], script)
+    assert pred.action == Action.AMBIGUOUS.value
+    (context,) = answer_contexts(lm)
+    assert context.startswith("[web] (WQ-17)") and "[internal]" not in context
+    assert any("best-scored web strips below it (0.41)" in f for f in pred.trace.fallbacks)
+
+
+def test_fallback_web_strips_zero_answers_unknown_when_nothing_reaches_the_threshold():
+    script = make_script({}, {"90 days": 0.41}, answer="every 90 days")
+    pred, lm = run([("kb-1", BAD)], script, fallback_web_strips=0)
+    assert pred.action == Action.INCORRECT.value and not pred.trace.external_strips[0].kept
+    assert answer_contexts(lm) == [] and pred.answer == "I don't know"
+    assert not any("strip threshold" in f for f in pred.trace.fallbacks)
+
+
+def test_the_web_reserve_never_holds_an_unjudged_strip():
+    def script(system, user):
+        if "You judge short knowledge strips" in system and "day ticket" in field(user, "strip"):
+            return "perhaps"  # never a yes/no: unknown
+        return make_script({}, {"90 days": 0.3}, answer="every 90 days")(system, user)
+
+    pred, lm = run([("kb-1", BAD)], script, web=ListWebSearch(WEB_TWO), fallback_web_strips=2, retries=0)
+    assert [s.kept for s in pred.trace.external_strips] == [False, True]
+    (context,) = answer_contexts(lm)
+    assert "day ticket" not in context and "90 days" in context
+    assert any("strip filter failed" in e for e in pred.trace.errors)
+
+
+def test_fallback_web_strips_is_validated():
+    with pytest.raises(ValueError, match="fallback_web_strips must be an integer >= 0, got -1"):
+        CRAG(ListRetriever([]), ListWebSearch(), fallback_web_strips=-1)
+
+
 def test_trace_shows_the_evidence_a_compiled_grader_and_strip_filter_weighed():
     from crag_dspy.calibration import Calibration
 
@@ -211,14 +276,23 @@ def test_deepcopy_shares_infrastructure_but_not_state():
 
 
 def test_knowledge_for_each_action():
-    from crag_dspy.module import knowledge_for
+    from crag_dspy.module import WebKnowledge, knowledge_for
 
-    internal, external = ["kb"], ["web"]
-    assert knowledge_for(Action.CORRECT, internal, external) == (internal, [])
-    assert knowledge_for(Action.INCORRECT, internal, external) == ([], external)
+    internal, web, reserve = ["kb"], ["web"], ["weak web"]
+    for external in (WebKnowledge(web), WebKnowledge(web, reserve)):
+        assert knowledge_for(Action.CORRECT, internal, external) == (internal, [])
+        assert knowledge_for(Action.INCORRECT, internal, external) == ([], web)
+        assert knowledge_for(Action.AMBIGUOUS, internal, external) == (internal, web)
+        assert knowledge_for(Action.AMBIGUOUS, [], external) == ([], web)
     assert knowledge_for(Action.INCORRECT, internal, None) == (internal, [])  # web gave nothing
-    assert knowledge_for(Action.AMBIGUOUS, internal, external) == (internal, external)
     assert knowledge_for(Action.AMBIGUOUS, internal, None) == (internal, [])
+    # Nothing reached the strip threshold: the reserve, but never next to internal knowledge.
+    weak = WebKnowledge([], reserve)
+    assert knowledge_for(Action.INCORRECT, internal, weak) == ([], reserve)
+    assert knowledge_for(Action.AMBIGUOUS, [], weak) == ([], reserve)
+    assert knowledge_for(Action.AMBIGUOUS, internal, weak) == (internal, [])
+    assert knowledge_for(Action.CORRECT, [], weak) == ([], [])
+    assert knowledge_for(Action.INCORRECT, internal, WebKnowledge([])) == ([], [])
 
 
 def test_completion_marker_run_into_the_answer_is_cut_off():

@@ -186,3 +186,19 @@ def test_answer_units_travel_with_the_program(tmp_path):
     with pytest.raises(ProgramError, match="invalid answer_units 'yes'"):
         apply_program(fresh, doc)
     assert fresh.answer_units is True  # refused before anything changed
+
+
+def test_fallback_web_strips_travels_with_the_program(tmp_path):
+    crag = compiled_crag()
+    crag.fallback_web_strips = 2
+    doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
+    assert doc["config"]["fallback_web_strips"] == 2
+    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).fallback_web_strips == 2
+    del doc["config"]["fallback_web_strips"]  # a program from before the web's reserve
+    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).fallback_web_strips == 0
+    for bad in (-1, 1.5, True, "1"):
+        doc["config"]["fallback_web_strips"] = bad
+        fresh = CRAG(ListRetriever([]), ListWebSearch())
+        with pytest.raises(ProgramError, match="invalid fallback_web_strips"):
+            apply_program(fresh, doc)
+        assert fresh.fallback_web_strips == 1  # refused before anything changed

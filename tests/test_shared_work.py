@@ -138,7 +138,7 @@ def test_stage_knobs_original_query_and_unselected_web_strips():
     crag = CRAG(ListRetriever([("kb-1", BAD)]), web, lm=lm, k=1)
     run = crag.new_run(Q)
     with crag.lm_scope(run.trace):
-        strips = crag.external_knowledge(Q, run, query=Q, select=False)
+        strips = crag.external_knowledge(Q, run, query=Q, select=False).strips
     assert web.queries == [Q]
     assert [s.doc_id for s in strips] == ["https://x.example", "https://c.example"]  # nothing dropped
     assert lm.calls == []  # no rewrite, no strip judged
