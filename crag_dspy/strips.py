@@ -111,8 +111,8 @@ def select_strips(
 ) -> list[Strip]:
     """Keep strips scoring >= threshold, at most ``max_strips`` of the highest (ties: earlier first).
 
-    When fewer than ``at_least`` reach the threshold, the highest-scoring others make up the number. Unknown scores (None) are never kept: a strip the
-    filter could not judge is not trusted as context.
+    When fewer than ``at_least`` reach the threshold, the highest-scoring others make up the number.
+    Unknown scores (None) are never kept: a strip the filter could not judge is not trusted as context.
     """
     known = [(s, score) for s, score in scored if score is not None]
     known.sort(key=lambda item: (-item[1], item[0].rank, item[0].position))
