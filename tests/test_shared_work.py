@@ -168,3 +168,20 @@ def test_passages_with_one_excerpt_share_a_judgement_unless_their_evidence_diffe
     assert len(lm.calls) == 3
     assert first.judgement.evidence["term_coverage"] > second.judgement.evidence["term_coverage"]
     assert first.score > second.score
+
+
+@pytest.mark.parametrize("reserve", [1, 0])
+def test_a_route_answers_from_the_web_reserve_exactly_as_forward_does(reserve):
+    # The web's only strip scores 0.1: below the strip threshold, so it is the reserve.
+    web = WebResult("Fares", "https://f.example", "A day ticket costs 9 velds.")
+    crag = CRAG(ListRetriever([("kb-1", BAD)]), ListWebSearch([web]), lm=ScriptedLM(script), k=1)
+    crag.fallback_web_strips = reserve
+    pred = crag(question=Q)
+    assert pred.action == Action.INCORRECT.value
+    assert pred.trace.context == ("[web] (Fares) A day ticket costs 9 velds." if reserve else "")
+
+    lm = ScriptedLM(script)
+    crag.lm = lm
+    assert CRAGPieces(crag, SharedWork()).route(Q, Action.INCORRECT) == pred.answer
+    contexts = [field(user, "context") for system, user in lm.calls if "Answer the question" in system]
+    assert contexts == ([pred.trace.context] if reserve else [])
