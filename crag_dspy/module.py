@@ -419,8 +419,9 @@ class CRAG(dspy.Module):
         return kept, spare, records
 
     def _note_reserve_used(self, reserve: list[Strip], run: TraceRecorder) -> None:
-        used = {(s.doc_id, s.position) for s in reserve}
-        records = [r for r in run.trace.external_strips if (r.doc_id, r.position) in used]
+        # A web page can come back as several results under one URL, each starting at position 0.
+        used = {(s.doc_id, s.position, s.text) for s in reserve}
+        records = [r for r in run.trace.external_strips if (r.doc_id, r.position, r.text) in used]
         for record in records:
             record.kept = True
         scores = ", ".join(f"{r.score:.2f}" for r in records if r.score is not None)

@@ -119,6 +119,19 @@ def test_when_no_strip_reaches_the_threshold_incorrect_answers_from_the_best_web
     ]
 
 
+def test_the_trace_marks_only_the_reserve_strip_kept_when_results_share_a_url():
+    page = "https://wiki.example/Kestrel"
+    web = ListWebSearch(
+        [WebResult("K", page, "The CEO is Iver Hask."), WebResult("K", page, "It was founded in 2009.")]
+    )
+    pred, lm = run(
+        [("kb-1", BAD)], make_script({}, {"Iver": 0.41, "founded": 0.39}, answer="Iver Hask"), web=web
+    )
+    assert [(s.position, s.kept) for s in pred.trace.external_strips] == [(0, True), (0, False)]
+    assert answer_contexts(lm) == ["[web] (K) The CEO is Iver Hask."]
+    assert pred.trace.fallbacks[-1].endswith("below it (0.41)")
+
+
 def test_ambiguous_uses_the_web_reserve_only_when_no_internal_knowledge_survived():
     script = make_script({"0 to 25": 0.5}, {"90 days": 0.41, "0 to 25": 0.9})
     pred, lm = run([("kb-1", GOOD)], script)
