@@ -3,8 +3,9 @@
 The grader reads a passage's title and the sentence(s) that best match the question
 (``crag_dspy.focus``). For every positive relevance pair whose passage holds a gold answer of its
 question (qa.jsonl / relevance_questions.jsonl) in its text, this counts how often the excerpt still
-holds it, for each ``--term-weights`` value (0 = embedding similarity alone). Passages short enough to
-be shown whole are left out: no choice is made for them.
+holds it, for each ``--term-weights`` value (0 = embedding similarity alone), with the question's words
+matched exactly and, for weights above 0, by their stems (columns "w=1 stems"; the default). Passages
+short enough to be shown whole are left out: no choice is made for them.
 
     python benchmarks/excerpt_recall.py [--domain-dir data/default] [--term-weights 0 0.5 1 2]
         [--grade-sentences 1] [--out FILE]
@@ -38,15 +39,16 @@ def excerpt_recall(domain_dir: Path, weights: list[float], sentences: int) -> di
             and contains_answer(p.passage.partition("\n")[2], aliases.get(p.question, []))
             and len(split_sentences(p.passage.partition("\n")[2])) > sentences
         ]
+        choices = [(weight, False) for weight in weights] + [(w, True) for w in weights if w > 0]
         shown = {
-            f"{weight:g}": sum(
+            f"{weight:g}" + (" stems" if stems else ""): sum(
                 contains_answer(
-                    focus_document(p.passage, p.question, embedder.encode, sentences, weight),
+                    focus_document(p.passage, p.question, embedder.encode, sentences, weight, stems),
                     aliases[p.question],
                 )
                 for p in pairs
             )
-            for weight in weights
+            for weight, stems in choices
         }
         results["splits"][split] = {"pairs": len(pairs), "answer_shown": shown}
     return results
@@ -63,10 +65,10 @@ def main() -> None:
     print(f"domain {results['domain']}: positive pairs whose excerpt shows a gold answer")
     print(
         f"{'split':<6} {'pairs':>5} "
-        + " ".join(f"{'w=' + w:>8}" for w in results["splits"]["val"]["answer_shown"])
+        + " ".join(f"{'w=' + w:>10}" for w in results["splits"]["val"]["answer_shown"])
     )
     for split, row in results["splits"].items():
-        counts = " ".join(f"{n / row['pairs']:8.1%}" for n in row["answer_shown"].values())
+        counts = " ".join(f"{n / row['pairs']:10.1%}" for n in row["answer_shown"].values())
         print(f"{split:<6} {row['pairs']:>5} {counts}")
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))

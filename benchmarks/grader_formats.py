@@ -136,7 +136,8 @@ def main() -> None:
         "grade_sentences": args.grade_sentences,
         "variants": [],
     }
-    judge_state, grade_sentences, term_weight = None, args.grade_sentences, DEFAULT_TERM_WEIGHT
+    judge_state, grade_sentences = None, args.grade_sentences
+    term_weight, term_stems = DEFAULT_TERM_WEIGHT, True
     if args.program:
         program = read_program(args.program)
         state = program["state"]
@@ -144,11 +145,12 @@ def main() -> None:
         signature = GradeDocument.with_instructions(state["grader.predict"]["signature"]["instructions"])
         grade_sentences = program["config"].get("grade_sentences", 0)
         term_weight = program["config"].get("grade_term_weight", 0.0)
+        term_stems = program["config"].get("grade_term_stems", False)
         results.update(program=str(args.program), grade_sentences=grade_sentences)
     if args.term_weight is not None:
         term_weight = args.term_weight
-    results["grade_term_weight"] = term_weight
-    view = SentenceFocus(grade_sentences, embedder, term_weight) if grade_sentences else None
+    results["grade_term_weight"], results["grade_term_stems"] = term_weight, term_stems
+    view = SentenceFocus(grade_sentences, embedder, term_weight, term_stems) if grade_sentences else None
     lm = build_lm(settings, cache=False)  # measure real calls, not cache hits
     for variant in args.variants:
         results["variants"].append(run_variant(variant, pairs, lm, signature, view, judge_state))

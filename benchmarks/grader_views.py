@@ -18,7 +18,8 @@ k it reports, on the val split:
 
     python benchmarks/grader_views.py [--views 3] [--fits 30] [--out FILE]
 
-The domain and LM are the CLI's (``--domain``, ``--lm``); answers come from the DSPy disk cache when
+The domain and LM are the CLI's (``--domain``, ``--lm``), and so is the sentence choice
+(``CRAG_GRADE_TERM_WEIGHT``, ``CRAG_GRADE_TERM_STEMS``); answers come from the DSPy disk cache when
 they are there. A judgement that failed makes its passage's score unknown (a wrong answer), and the
 number of failures is printed.
 """
@@ -209,7 +210,13 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(**overrides)
     domain = load_domain(settings.resolved_domain_dir)
     lm = build_lm(settings, cache=True)
-    grader = CRAG(_NoBackend(), _NoBackend(), lm=lm).grader
+    grader = CRAG(
+        _NoBackend(),
+        _NoBackend(),
+        lm=lm,
+        grade_term_weight=settings.grade_term_weight,
+        grade_term_stems=settings.grade_term_stems,
+    ).grader
     train = interleave_balanced(relevance_examples(domain.relevance, "train"), "relevant", args.seed)
     val = relevance_examples(domain.relevance, "val")
     in_sample = {id(e) for e in spread(val, lambda e: e.question, args.judge_val_limit)}
@@ -259,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
             "val_pairs": len(val),
             "sample_pairs": len(sample),
             "train_pairs": len(train),
+            "grade_term_weight": settings.grade_term_weight,
+            "grade_term_stems": settings.grade_term_stems,
             "failed": {"val": val_failed, "train": train_failed},
             "results": results,
         }

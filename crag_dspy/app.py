@@ -109,6 +109,7 @@ def assemble(
         strip_threshold=settings.strip_threshold,
         grade_sentences=settings.grade_sentences,
         grade_term_weight=settings.grade_term_weight,
+        grade_term_stems=settings.grade_term_stems,
         embedder=backends.embedder,
         max_strips=settings.max_strips,
         fallback_web_strips=settings.fallback_web_strips,

@@ -15,7 +15,13 @@ from signatures import AnswerFromContext, FilterStrip, GradeDocument, RewriteQue
 from .answer_form import attach_unit
 from .embeddings import Embedder
 from .faults import LMUnavailableError, RetrievalError, classify_lm_error, describe_error
-from .focus import DEFAULT_TERM_WEIGHT, SentenceFocus, check_grade_sentences, check_term_weight
+from .focus import (
+    DEFAULT_TERM_WEIGHT,
+    SentenceFocus,
+    check_grade_sentences,
+    check_term_stems,
+    check_term_weight,
+)
 from .generation import check_text_adapter, text_config, text_format
 from .judging import BinaryJudge, Judgement
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
@@ -107,6 +113,7 @@ class CRAG(dspy.Module):
             match the question (:mod:`~crag_dspy.focus`); 0 reads whole passages.
         grade_term_weight: how much the question's words (those the title lacks) count, next to embedding
             similarity, in choosing those sentences (0: similarity alone).
+        grade_term_stems: compare those words by their stems ("chairs" finds "chair").
         embedder: sentence embeddings for ``grade_sentences`` (default: the bundled MiniLM, loaded on
             first use).
         max_question_chars: longer questions are refused with :class:`~crag_dspy.validation.QuestionError`.
@@ -138,6 +145,7 @@ class CRAG(dspy.Module):
         text_adapter: str = "text",
         grade_sentences: int = 1,
         grade_term_weight: float = DEFAULT_TERM_WEIGHT,
+        grade_term_stems: bool = True,
         embedder: Embedder | None = None,
         use_logprobs: bool = True,
         retries: int = 2,
@@ -166,6 +174,7 @@ class CRAG(dspy.Module):
             FilterStrip, adapter=judge_adapter, use_logprobs=use_logprobs, retries=retries
         )
         self._grade_term_weight = check_term_weight(grade_term_weight)
+        self._grade_term_stems = check_term_stems(grade_term_stems)
         self.grade_sentences = grade_sentences
         self.rewriter = dspy.Predict(RewriteQuery)
         self.answerer = dspy.Predict(AnswerFromContext)
@@ -182,7 +191,9 @@ class CRAG(dspy.Module):
         if sentences and self.embedder is None:
             self.embedder = Embedder()  # lazy: the model loads on the first passage that needs it
         self.grader.view = (
-            SentenceFocus(sentences, self.embedder, self._grade_term_weight) if sentences else None
+            SentenceFocus(sentences, self.embedder, self._grade_term_weight, self._grade_term_stems)
+            if sentences
+            else None
         )
 
     @property
@@ -194,6 +205,16 @@ class CRAG(dspy.Module):
     def grade_term_weight(self, weight: float) -> None:
         self._grade_term_weight = check_term_weight(weight)
         self.grade_sentences = self.grade_sentences  # rebuild the view with the new weight
+
+    @property
+    def grade_term_stems(self) -> bool:
+        """Whether the question's words are compared by their stems in choosing the sentences graded."""
+        return self._grade_term_stems
+
+    @grade_term_stems.setter
+    def grade_term_stems(self, term_stems: bool) -> None:
+        self._grade_term_stems = check_term_stems(term_stems)
+        self.grade_sentences = self.grade_sentences  # rebuild the view
 
     def __deepcopy__(self, memo: dict) -> CRAG:
         # Optimizers copy programs often; stores, clients and the LM are shared infrastructure, not state.

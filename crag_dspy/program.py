@@ -14,7 +14,7 @@ from typing import Any
 import dspy
 
 from . import __version__
-from .focus import check_grade_sentences, check_term_weight
+from .focus import check_grade_sentences, check_term_stems, check_term_weight
 from .generation import check_text_adapter
 from .module import CRAG
 from .strips import check_fallback_web_strips
@@ -48,6 +48,7 @@ def program_config(crag: CRAG) -> dict[str, Any]:
         "text_adapter": crag.text_adapter,
         "grade_sentences": crag.grade_sentences,
         "grade_term_weight": crag.grade_term_weight,
+        "grade_term_stems": crag.grade_term_stems,
         "answer_units": crag.answer_units,
         "fallback_web_strips": crag.fallback_web_strips,
     }
@@ -146,6 +147,8 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     grade_sentences = _checked(config, "grade_sentences", 0, check_grade_sentences)
     # Programs from before the question's words counted chose the graded sentences by similarity alone.
     grade_term_weight = _checked(config, "grade_term_weight", 0.0, check_term_weight)
+    # Programs from before stems were compared matched the question's words exactly.
+    grade_term_stems = _checked(config, "grade_term_stems", False, check_term_stems)
     # Programs from before the web's reserve strips existed answered "I don't know" instead.
     fallback_web_strips = _checked(config, "fallback_web_strips", 0, check_fallback_web_strips)
     answer_units = config.get("answer_units", False)
@@ -180,6 +183,7 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     # existed answered through DSPy's ChatAdapter.
     crag.text_adapter = text_adapter
     crag.grade_term_weight = grade_term_weight
+    crag.grade_term_stems = grade_term_stems
     crag.grade_sentences = grade_sentences
     # Programs from before units were attached were measured with the LM's bare replies.
     crag.answer_units = answer_units

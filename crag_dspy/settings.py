@@ -100,6 +100,11 @@ class Settings(BaseSettings):
         description="How much the question's words count, next to embedding similarity, in choosing "
         "the sentences the grader reads (0: similarity alone).",
     )
+    grade_term_stems: bool = Field(
+        True,
+        description="Compare the question's words by their stems in choosing the sentences the grader "
+        'reads ("chairs" finds "chair").',
+    )
     answer_units: bool = Field(
         True, description='A bare-number answer gets the unit its context states ("260" -> "260 velds").'
     )

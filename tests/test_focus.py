@@ -9,6 +9,7 @@ from crag_dspy import CRAG
 from crag_dspy.focus import (
     DEFAULT_TERM_WEIGHT,
     SentenceFocus,
+    check_term_stems,
     check_term_weight,
     focus_document,
     ranked_excerpt,
@@ -136,6 +137,71 @@ def test_the_questions_words_pick_the_sentence_holding_what_is_asked():
     assert by_terms.endswith("for a surcharge of 180 velds per unit.")
     by_similarity = focus_document(SURCHARGE_DOC, SURCHARGE_Q, entity_embed, 1, term_weight=0.0)
     assert by_similarity.endswith("at most 25 expedited units.")
+
+
+CHAIR_Q = "Who chairs the Sarnland Water Authority?"
+CHAIR_DOC = (
+    "About the Sarnland Water Authority\n"
+    "The chair of the Sarnland Water Authority is Corin Maddox, who took office in 2020. "
+    "The Sarnland Water Authority has 15 board members. "
+    "The chief executive of the Sarnland Water Authority is Hedvig Norrland."
+)
+
+
+def executive_embed(texts):
+    """What MiniLM did on the default domain's val split: the chief executive's sentence ranked first."""
+    return [[1.0, 0.0] if i == 0 or "chief executive" in t else [0.8, 0.6] for i, t in enumerate(texts)]
+
+
+def test_the_questions_words_are_matched_by_their_stems():
+    # "chairs" is the one word the title lacks; only its stem is in the answer sentence.
+    by_stems = focus_document(CHAIR_DOC, CHAIR_Q, executive_embed, 1)  # the default
+    assert by_stems.endswith("who took office in 2020.")
+    exact = focus_document(CHAIR_DOC, CHAIR_Q, executive_embed, 1, term_stems=False)
+    assert exact.endswith("is Hedvig Norrland.")
+    sentences = ["The chair of it is Corin Maddox.", "The chief executive is Hedvig Norrland."]
+    title = "About the Sarnland Water Authority"
+    assert sentence_scores(CHAIR_Q, title, sentences, [0.8, 1.0], 1.0) == pytest.approx([1.8, 1.0])
+    assert sentence_scores(CHAIR_Q, title, sentences, [0.8, 1.0], 1.0, term_stems=False) == [0.8, 1.0]
+
+
+@pytest.mark.parametrize("value", [1, 0, "yes", None])
+def test_term_stems_must_be_true_or_false(value):
+    with pytest.raises(ValueError, match="term_stems must be true or false"):
+        check_term_stems(value)
+    with pytest.raises(ValueError, match="term_stems must be true or false"):
+        CRAG(ListRetriever([]), ListWebSearch(), grade_term_stems=value)
+
+
+def test_term_stems_are_part_of_the_views_key_and_settings():
+    embedder = type("E", (), {"name": "e"})()
+    assert SentenceFocus(1, embedder, 1.0, True).key != SentenceFocus(1, embedder, 1.0, False).key
+    assert Settings().grade_term_stems is True
+    assert Settings(grade_term_stems=False).grade_term_stems is False
+
+
+def test_term_stems_travel_with_the_program(tmp_path):
+    crag = CRAG(ListRetriever([]), ListWebSearch(), lm=ScriptedLM(grading_script), grade_term_stems=False)
+    assert crag.grader.view.term_stems is False
+    doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
+    assert doc["config"]["grade_term_stems"] is False
+    loaded = apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc)
+    assert loaded.grade_term_stems is False and loaded.grader.view.term_stems is False
+    # A program compiled before stems were compared matched the question's words exactly.
+    doc["config"]["grade_term_stems"] = True
+    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).grader.view.term_stems is True
+    del doc["config"]["grade_term_stems"]
+    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).grader.view.term_stems is False
+    doc["config"]["grade_term_stems"] = "yes"
+    fresh = CRAG(ListRetriever([]), ListWebSearch())
+    with pytest.raises(ProgramError, match="invalid grade_term_stems 'yes'"):
+        apply_program(fresh, doc)
+    assert fresh.grade_term_stems is True  # refused before anything changed
+    # Whole passages keep the choice for when sentences are chosen again.
+    fresh.grade_sentences = 0
+    fresh.grade_term_stems = False
+    fresh.grade_sentences = 1
+    assert fresh.grader.view.term_stems is False
 
 
 @pytest.mark.parametrize("weight", [-0.1, float("nan"), float("inf"), True, "1", None])
