@@ -37,7 +37,7 @@ from typing import Any
 import dspy
 
 from crag_dspy.calibration import Calibration, fit_calibration
-from crag_dspy.domain import load_domain
+from crag_dspy.domain import Domain, load_domain
 from crag_dspy.evidence import evidence_features
 from crag_dspy.focus import SentenceFocus
 from crag_dspy.judging import BinaryJudge
@@ -192,6 +192,29 @@ def measure(
     }
 
 
+def grader_and_pairs(
+    domain_name: str | None, lm_name: str | None, *, seed: int, judge_val_limit: int | None
+) -> tuple[Domain, dspy.BaseLM, BinaryJudge, list[dspy.Example], list[dspy.Example], list[int]]:
+    """The settings' domain (or ``domain_name``) and LM (or ``lm_name``, cached), the uncompiled grader
+    with the settings' sentence choice, the train pairs in the compile's order (seeded,
+    label-interleaved), the val pairs, and the indices in val of the compile's val sample."""
+    overrides = {k: v for k, v in (("domain", domain_name), ("lm", lm_name)) if v}
+    settings = Settings(**overrides)
+    domain = load_domain(settings.resolved_domain_dir)
+    lm = build_lm(settings, cache=True)
+    grader = CRAG(
+        _NoBackend(),
+        _NoBackend(),
+        lm=lm,
+        grade_term_weight=settings.grade_term_weight,
+        grade_term_stems=settings.grade_term_stems,
+    ).grader
+    train = interleave_balanced(relevance_examples(domain.relevance, "train"), "relevant", seed)
+    val = relevance_examples(domain.relevance, "val")
+    in_sample = {id(e) for e in spread(val, lambda e: e.question, judge_val_limit)}
+    return domain, lm, grader, train, val, [i for i, e in enumerate(val) if id(e) in in_sample]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--domain", default=None, help="a bundled domain (default: the settings')")
@@ -206,21 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.views < 1:
         parser.error("--views must be >= 1")
 
-    overrides = {k: v for k, v in (("domain", args.domain), ("lm", args.lm)) if v}
-    settings = Settings(**overrides)
-    domain = load_domain(settings.resolved_domain_dir)
-    lm = build_lm(settings, cache=True)
-    grader = CRAG(
-        _NoBackend(),
-        _NoBackend(),
-        lm=lm,
-        grade_term_weight=settings.grade_term_weight,
-        grade_term_stems=settings.grade_term_stems,
-    ).grader
-    train = interleave_balanced(relevance_examples(domain.relevance, "train"), "relevant", args.seed)
-    val = relevance_examples(domain.relevance, "val")
-    in_sample = {id(e) for e in spread(val, lambda e: e.question, args.judge_val_limit)}
-    sample = [i for i, e in enumerate(val) if id(e) in in_sample]
+    domain, lm, grader, train, val, sample = grader_and_pairs(
+        args.domain, args.lm, seed=args.seed, judge_val_limit=args.judge_val_limit
+    )
     with dspy.context(lm=lm):
         val_scores, val_failed = view_scores(grader, val, args.views)
         train_scores, train_failed = view_scores(grader, train, args.views)
@@ -266,8 +277,8 @@ def main(argv: list[str] | None = None) -> int:
             "val_pairs": len(val),
             "sample_pairs": len(sample),
             "train_pairs": len(train),
-            "grade_term_weight": settings.grade_term_weight,
-            "grade_term_stems": settings.grade_term_stems,
+            "grade_term_weight": grader.view.term_weight,
+            "grade_term_stems": grader.view.term_stems,
             "failed": {"val": val_failed, "train": train_failed},
             "results": results,
         }
