@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -43,6 +42,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 
+from crag_dspy.calibration import _logit  # the shipped calibration's clipping of P(yes) = 0 or 1
 from crag_dspy.evidence import FITTED_FEATURES, evidence_features
 from crag_dspy.judging import BinaryJudge
 from optimize.evaluation import judge_outcomes
@@ -64,11 +64,6 @@ CALIBRATORS: dict[str, Callable[[], Any]] = {
         n_estimators=100, max_depth=2, learning_rate=0.05, random_state=0
     ),
 }
-
-
-def _logit(p: float) -> float:
-    p = min(1.0 - 1e-6, max(1e-6, p))
-    return math.log(p / (1.0 - p))
 
 
 def signal_scores(
@@ -144,7 +139,7 @@ def measure(
     negatives = [i for i in known if not train_labels[i]]
     results: dict[str, dict[str, Any]] = {}
     for name, make in calibrators.items():
-        rng = random.Random(seed)
+        rng = random.Random(seed)  # every calibrator is fitted on the same draws: a paired comparison
         results[name] = {}
         for size in sizes:
             half = size // 2
@@ -238,10 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         f"grader: >= {target:.1%}"
     )
     compiled_report = binary_report(compiled, labels["val"])
+    compiled_cut = best_cut_accuracy(compiled, labels["val"])
     print(
         f"the compile's fit (first {args.calibration_pairs} train pairs, linear C=1): {compiled_report.accuracy:.1%} "
         f"(AUC {compiled_report.roc_auc:.3f}); best possible cut of its scores "
-        f"{best_cut_accuracy(compiled, labels['val']):.1%}"
+        f"{compiled_cut:.1%}"
     )
     columns = list(next(iter(results.values())))
     print(f"{'calibrator':<15} | " + " | ".join(f"{'train ' + c:>28}" for c in columns))
@@ -262,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             "target": target,
             "compile_fit": {
                 "whole": compiled_report.as_dict(),
-                "best_cut_accuracy": best_cut_accuracy(compiled, labels["val"]),
+                "best_cut_accuracy": compiled_cut,
             },
             "calibrators": results,
         }
