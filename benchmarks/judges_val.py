@@ -1,11 +1,12 @@
 """Both judges of a compiled program on a whole labelled split, next to the uncompiled program's.
 
 The compile measures its judges on samples of the val split (``--judge-val-limit``, 80 examples by
-default) to keep a cold compile short; this runs the compiled grader and strip filter and the
-uncompiled ones (the program's configuration, zero-shot, the model's own P(yes) >= 0.5) on every
-relevance pair and strip of a split, and prints accuracy, precision, recall and ROC AUC. When the program's judges kept the
-uncompiled prompt (no demos, the same instruction and excerpt), both read the same LM answers, so the
-uncompiled side costs no LM calls (DSPy cache).
+default) to keep a cold compile short; this runs the compiled grader (through the program's grade
+source: LLM judge, trained evaluator or both fused) and strip filter and the uncompiled ones (the
+program's configuration, zero-shot, the model's own P(yes) >= 0.5) on every relevance pair and strip
+of a split, and prints accuracy (Wilson 95% interval), precision, recall and ROC AUC (bootstrap over
+questions). When the program's judges kept the uncompiled prompt (no demos, the same instruction and
+excerpt), both read the same LM answers, so the uncompiled side costs no LM calls (DSPy cache).
 
     python benchmarks/judges_val.py --program runs/default/program.json [--split val] [--out FILE]
 
@@ -22,13 +23,14 @@ from typing import Any
 import dspy
 
 from crag_dspy.domain import Domain, load_domain
+from crag_dspy.embeddings import Embedder
 from crag_dspy.lm import build_lm
 from crag_dspy.module import CRAG
 from crag_dspy.program import apply_program, read_program
 from crag_dspy.settings import Settings
 from optimize.datasets import relevance_examples, strip_examples
-from optimize.evaluation import evaluate_judge
-from optimize.metrics import BinaryReport
+from optimize.evaluation import judge_scores
+from optimize.grade_source import measured, program_grades
 
 
 class _NoBackend:
@@ -42,11 +44,18 @@ class _NoBackend:
 
 
 def judges_on_split(
-    document: dict[str, Any], domain: Domain, lm: dspy.BaseLM, split: str = "val", *, progress: bool = True
-) -> dict[str, dict[str, BinaryReport]]:
-    """``{judge: {"uncompiled": report, "compiled": report}}`` for the grader and the strip filter of
-    the program ``document`` (as read by :func:`~crag_dspy.program.read_program`) on ``split``."""
-    compiled = apply_program(CRAG(_NoBackend(), _NoBackend(), lm=lm), document)
+    document: dict[str, Any],
+    domain: Domain,
+    lm: dspy.BaseLM,
+    split: str = "val",
+    *,
+    program_dir: Path | None = None,
+    progress: bool = True,
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{judge: {"uncompiled": metrics, "compiled": metrics}}`` for the grader and the strip filter of
+    the program ``document`` (as read by :func:`~crag_dspy.program.read_program`, from ``program_dir``)
+    on ``split``; metrics as :func:`optimize.grade_source.measured` gives them."""
+    compiled = apply_program(CRAG(_NoBackend(), _NoBackend(), lm=lm), document, program_dir)
     # The program's configuration (excerpt length, adapters) with a fresh module's state: what the
     # compile measured as "uncompiled" before fitting anything.
     fresh = CRAG(_NoBackend(), _NoBackend(), lm=lm)
@@ -55,13 +64,17 @@ def judges_on_split(
         "grader": (relevance_examples(domain.relevance, split), "relevant"),
         "strip_filter": (strip_examples(domain, split, compiled.sentences_per_strip), "keep"),
     }
-    results: dict[str, dict[str, BinaryReport]] = {}
+    results: dict[str, dict[str, dict[str, Any]]] = {}
+    embedder = Embedder()
     with dspy.context(lm=lm):
         for judge, (exs, label) in examples.items():
+            gold = [int(bool(e[label])) for e in exs]
             for name, crag in (("uncompiled", uncompiled), ("compiled", compiled)):
-                results.setdefault(judge, {})[name] = evaluate_judge(
-                    getattr(crag, judge), exs, label, desc=f"{judge} ({name})", progress=progress
-                )
+                if judge == "grader":
+                    scores = program_grades(crag, exs, embedder, progress=progress)
+                else:
+                    scores = judge_scores(crag.strip_filter, exs, desc=f"{judge} ({name})", progress=progress)
+                results.setdefault(judge, {})[name] = measured(scores, gold, [e.question for e in exs])
     return results
 
 
@@ -80,21 +93,29 @@ def main(argv: list[str] | None = None) -> int:
     overrides = {"lm": args.lm} if args.lm else {}
     settings = Settings(domain=document["metadata"]["domain"], domain_dir=args.domain_dir, **overrides)
     domain = load_domain(settings.resolved_domain_dir)
-    results = judges_on_split(document, domain, build_lm(settings, cache=True), args.split)
+    results = judges_on_split(
+        document, domain, build_lm(settings, cache=True), args.split, program_dir=args.program.parent
+    )
     print(f"{args.program} on the {args.split} split of domain `{domain.name}`")
+    grading = document["state"].get("grading", {}).get("mode", "llm")
+    print(f"grade source: {grading}; 95% intervals: Wilson (accuracy), bootstrap over questions (ROC AUC)")
     print(
-        f"{'judge':<14} {'program':<11} {'n':>4} {'accuracy':>9} {'precision':>10} {'recall':>7} {'ROC AUC':>8} failed"
+        f"{'judge':<14} {'program':<11} {'n':>4} {'accuracy [95% CI]':>24} {'precision':>10} {'recall':>7} {'ROC AUC [95% CI]':>26} failed"
     )
     for judge, reports in results.items():
-        for name, report in reports.items():
-            auc = "-" if report.roc_auc is None else f"{report.roc_auc:.3f}"
+        for name, r in reports.items():
+            low, high = r["accuracy_ci"]
+            acc = f"{r['accuracy']:.1%} [{low:.1%}, {high:.1%}]"
+            auc = "-" if r["roc_auc"] is None else f"{r['roc_auc']:.3f}"
+            if r["roc_auc_ci"]:
+                auc += f" [{r['roc_auc_ci'][0]:.3f}, {r['roc_auc_ci'][1]:.3f}]"
             print(
-                f"{judge:<14} {name:<11} {report.n:>4} {report.accuracy:>9.1%} {report.precision:>10.1%} "
-                f"{report.recall:>7.1%} {auc:>8} {report.unknown:>6}"
+                f"{judge:<14} {name:<11} {r['n']:>4} {acc:>24} {r['precision']:>10.1%} "
+                f"{r['recall']:>7.1%} {auc:>26} {r['unknown']:>6}"
             )
     if args.out:
-        payload = {"program": str(args.program), "split": args.split}
-        payload |= {j: {n: r.as_dict() for n, r in reports.items()} for j, reports in results.items()}
+        payload = {"program": str(args.program), "split": args.split, "grade_source": grading}
+        payload |= results
         args.out.write_text(json.dumps(payload, indent=2) + "\n")
     return 0
 

@@ -148,7 +148,7 @@ def load_program(
     if retriever is not None and web_search is not None:
         document = read_program(path)
         crag = CRAG(retriever, web_search, lm=lm or build_lm(settings or Settings()))
-        return apply_program(crag, document)
+        return apply_program(crag, document, Path(path).parent)
     return open_program(path, settings, domain_from_program=settings is None, lm=lm, progress=progress).crag
 
 
@@ -190,7 +190,7 @@ def open_program(
         settings = settings.model_copy(update=_program_domain(document))
     crag, backends = assemble(settings, lm, progress)
     check_domain(document, backends.domain.name, path)
-    return LoadedProgram(apply_program(crag, document), backends.domain.name, Path(path), document)
+    return LoadedProgram(apply_program(crag, document, Path(path).parent), backends.domain.name, Path(path), document)
 
 
 def _program_domain(document: dict[str, Any]) -> dict[str, Any]:

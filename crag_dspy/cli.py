@@ -145,13 +145,26 @@ def settings_from_args(args: argparse.Namespace, **extra: Any):
     return Settings(**overrides)
 
 
+_SOURCE_NAMES = {
+    "logprobs": "the LLM judge",
+    "label": "the LLM judge (labels)",
+    "evaluator": "the trained evaluator",
+    "fused": "LLM judge + evaluator, fused",
+}
+
+
+def _grade_sources(documents) -> str:
+    names = dict.fromkeys(_SOURCE_NAMES.get(d.score_source, d.score_source) for d in documents)
+    return ", ".join(names) or "nothing: no documents"
+
+
 def format_trace(trace) -> str:
     """A compact, human-readable account of one CRAG run."""
     lines = [
         f"answer: {trace.answer}"
         + (f"  (the LM replied {trace.lm_answer!r}; unit from the context)" if trace.lm_answer else ""),
         f"action: {trace.action}  (lower={trace.lower:.2f}, upper={trace.upper:.2f})",
-        "documents:",
+        f"documents (graded by {_grade_sources(trace.documents)}):",
     ]
     for d in trace.documents:
         score = "error" if d.score is None else f"{d.score:.2f}"

@@ -23,6 +23,7 @@ from .focus import (
     check_term_weight,
 )
 from .generation import check_text_adapter, text_config, text_format
+from .grading import Grading
 from .judging import BinaryJudge, Judgement
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
 from .routing import Action, decide_action, validate_thresholds
@@ -167,6 +168,8 @@ class CRAG(dspy.Module):
         self.embedder = embedder
 
         self.thresholds = Thresholds(lower, upper)
+        # The LLM judge, the trained evaluator or both fused (set by the compile, saved with the program).
+        self.grading = Grading()
         self.grader = BinaryJudge(
             GradeDocument, adapter=judge_adapter, use_logprobs=use_logprobs, retries=retries
         )
@@ -272,37 +275,58 @@ class CRAG(dspy.Module):
                 message = f"retriever {run.trace.retriever} failed: {describe_error(exc)}"
                 run.error(message)
                 raise RetrievalError(run.trace.errors[-1], run.trace) from exc
-        scores = []
         with run.stage("grade"):
-            for passage in passages:
-                judgement = self.grader(question=question, document=passage.display).judgement
-                scores.append(judgement.score)
-                run.trace.documents.append(
-                    DocumentGrade(
-                        id=passage.id,
-                        doc_id=passage.doc_id,
-                        title=passage.title,
-                        rank=passage.rank,
-                        similarity=round(passage.similarity, 4),
-                        score=judgement.score,
-                        score_source=judgement.score_source,
-                        attempts=judgement.attempts,
-                        error="; ".join(judgement.errors) or None,
-                        graded_text=(judgement.shown or {}).get("document"),
-                        evidence=judgement.evidence,
-                    )
-                )
-                if judgement.view_error:
-                    run.fallback(
-                        f"grader's sentence focus failed on {passage.doc_id} ({judgement.view_error}); "
-                        "graded the whole passage"
-                    )
-                if judgement.score is None:
-                    run.error(
-                        f"grader failed on {passage.doc_id} (treated as unknown): {judgement.errors[-1]}"
-                    )
-                self._count_lm_outcome(judgement, "grade", run)
+            # The trained evaluator scores all k passages in one batched pass, before any LLM call.
+            logits = self.grading.evaluator_logits(question, [p.display for p in passages])
+            scores = [
+                self._grade(question, passage, None if logits is None else logits[i], run)
+                for i, passage in enumerate(passages)
+            ]
         return passages, scores
+
+    def _grade(
+        self, question: str, passage: Passage, logit: float | None, run: TraceRecorder
+    ) -> float | None:
+        """One passage's grade from the grade source's signals, recorded in the trace."""
+        judgement = (
+            self.grader(question=question, document=passage.display).judgement
+            if self.grading.uses_llm
+            else None
+        )
+        graded = self.grading.combine(
+            judgement.score if judgement else None,
+            judgement.score_source if judgement else "evaluator",
+            logit,
+            passage.similarity,
+        )
+        run.trace.documents.append(
+            DocumentGrade(
+                id=passage.id,
+                doc_id=passage.doc_id,
+                title=passage.title,
+                rank=passage.rank,
+                similarity=round(passage.similarity, 4),
+                score=graded.score,
+                score_source=graded.source,
+                signals=graded.signals,
+                attempts=judgement.attempts if judgement else 0,
+                error=("; ".join(judgement.errors) or None) if judgement else None,
+                graded_text=(judgement.shown or {}).get("document") if judgement else None,
+                evidence=judgement.evidence if judgement else None,
+            )
+        )
+        if graded.note:
+            run.fallback(f"{passage.doc_id}: {graded.note}")
+        if judgement is not None:
+            if judgement.view_error:
+                run.fallback(
+                    f"grader's sentence focus failed on {passage.doc_id} ({judgement.view_error}); "
+                    "graded the whole passage"
+                )
+            if judgement.score is None:
+                run.error(f"grader failed on {passage.doc_id} (treated as unknown): {judgement.errors[-1]}")
+            self._count_lm_outcome(judgement, "grade", run)
+        return graded.score
 
     def internal_knowledge(
         self, question: str, passages: list[Passage], scores: list[float | None], run: TraceRecorder

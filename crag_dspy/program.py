@@ -14,6 +14,7 @@ from typing import Any
 import dspy
 
 from . import __version__
+from .evaluator import EvaluatorError, RelevanceEvaluator
 from .focus import check_grade_sentences, check_term_stems, check_term_weight
 from .generation import check_text_adapter
 from .module import CRAG
@@ -31,10 +32,12 @@ __all__ = [
 ]
 
 PROGRAM_FORMAT = "crag-dspy-program"
-# 2: judges carry a fitted calibration; 3: a calibration may weigh lexical evidence. Version 2
-# programs load unchanged (no evidence weights); older readers refuse version 3 instead of ignoring it.
-PROGRAM_FORMAT_VERSION = 3
-SUPPORTED_FORMAT_VERSIONS = (2, 3)
+# 2: judges carry a fitted calibration; 3: a calibration may weigh lexical evidence; 4: the grade
+# source (LLM judge, trained evaluator or fused) with the evaluator's weights folder. Versions 2 and 3
+# load as LLM-judge programs; older readers refuse version 4 instead of ignoring its evaluator.
+PROGRAM_FORMAT_VERSION = 4
+SUPPORTED_FORMAT_VERSIONS = (2, 3, 4)
+_LLM_GRADING = {"mode": "llm", "evaluator": None, "evaluator_score": None, "fused_score": None}
 _CONFIG_KEYS = ("k", "strip_threshold", "max_strips", "sentences_per_strip", "web_results")
 
 
@@ -54,9 +57,26 @@ def program_config(crag: CRAG) -> dict[str, Any]:
     }
 
 
+def evaluator_folder(path: Path) -> Path:
+    """Where the trained evaluator of the program at ``path`` keeps its weights: beside it."""
+    return path.with_name(f"{path.stem}.evaluator")
+
+
 def save_program(crag: CRAG, path: Path | str, metadata: dict[str, Any]) -> Path:
-    """Write ``crag``'s state (demos, instructions, thresholds), its config and ``metadata`` as one JSON."""
+    """Write ``crag``'s state (demos, instructions, thresholds), its config and ``metadata`` as one JSON;
+    a trained evaluator's weights go to a safetensors folder beside it (:func:`evaluator_folder`),
+    recorded in the JSON with each file's size and sha256."""
     path = Path(path)
+    grading = crag.grading
+    if grading.evaluator is not None:
+        folder = evaluator_folder(path)
+        files = grading.evaluator.save(folder)
+        grading.manifest = {
+            "path": folder.name,
+            "base_model": grading.evaluator.base_model,
+            "max_length": grading.evaluator.max_length,
+            "files": files,
+        }
     state = crag.dump_state(json_mode=True)
     for value in state.values():
         if isinstance(value, dict) and "lm" in value:
@@ -132,8 +152,12 @@ def _checked(config: dict[str, Any], key: str, default: Any, check: Callable[[An
     return value
 
 
-def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
-    """Apply a validated program's state and config to ``crag`` (raises ProgramError, leaves it untouched)."""
+def apply_program(crag: CRAG, document: dict[str, Any], program_dir: Path | str | None = None) -> CRAG:
+    """Apply a validated program's state and config to ``crag`` (raises ProgramError, leaves it untouched).
+
+    ``program_dir`` is the folder of the program file: a program with a trained evaluator finds its
+    weights there, and they are verified against the program's sha256s before anything is applied.
+    """
     config = document["config"]
     if config.get("judge_adapter", crag.grader.adapter_name) != crag.grader.adapter_name:
         raise ProgramError(
@@ -156,7 +180,10 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
         raise ProgramError(
             f"program config has an invalid answer_units {answer_units!r}: expected true or false"
         )
-    state = document["state"]
+    state = dict(document["state"])
+    if document.get("format_version", PROGRAM_FORMAT_VERSION) < 4:
+        state.setdefault("grading", _LLM_GRADING)  # programs before the evaluator graded with the LLM
+    evaluator = _load_evaluator(state.get("grading"), program_dir)
     expected = {name for name, _ in crag.named_parameters()}
     missing = expected - state.keys()
     if missing:
@@ -176,6 +203,7 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
         raise ProgramError(
             f"program state does not fit this CRAG module: {type(exc).__name__}: {exc}"
         ) from exc
+    crag.grading.evaluator = evaluator
     for key in _CONFIG_KEYS:
         if key in config:
             setattr(crag, key, config[key])
@@ -189,3 +217,24 @@ def apply_program(crag: CRAG, document: dict[str, Any]) -> CRAG:
     crag.answer_units = answer_units
     crag.fallback_web_strips = fallback_web_strips
     return crag
+
+
+def _load_evaluator(grading: Any, program_dir: Path | str | None) -> RelevanceEvaluator | None:
+    """The program's trained evaluator, verified and loaded, or None when it grades with the LLM alone."""
+    manifest = grading.get("evaluator") if isinstance(grading, dict) else None
+    if manifest is None:
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("path"), str):
+        raise ProgramError("program state has a malformed evaluator manifest (needs 'path' and 'files')")
+    if program_dir is None:
+        raise ProgramError(
+            "this program grades with a trained evaluator: load it from its file (load_program) so that "
+            "its weights folder can be found"
+        )
+    name = manifest["path"]
+    if Path(name).name != name or name in ("", ".", ".."):
+        raise ProgramError(f"program names an evaluator folder outside its own folder: {name!r}")
+    try:
+        return RelevanceEvaluator.load(Path(program_dir) / name, manifest.get("files") or {})
+    except EvaluatorError as exc:
+        raise ProgramError(f"program's trained evaluator is not usable: {exc}") from exc

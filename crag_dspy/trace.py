@@ -32,8 +32,14 @@ class DocumentGrade(BaseModel):
     rank: int
     similarity: float
     score: float | None = Field(description="P(relevant) in [0, 1]; None when the grader failed")
-    score_source: str = Field(description="'logprobs', 'label' (no logprobs from the LM) or 'error'")
-    attempts: int = 1
+    score_source: str = Field(
+        description="'logprobs' or 'label' (the LLM judge; 'label' when the LM gives no logprobs), "
+        "'evaluator' (the trained evaluator), 'fused' (both, with the similarity) or 'error'"
+    )
+    signals: dict[str, float] | None = Field(
+        None, description="what a trained evaluator's or fused grade was computed from (logits, similarity)"
+    )
+    attempts: int = Field(1, description="LLM judge attempts (0: graded without the LLM)")
     error: str | None = None
     graded_text: str | None = Field(
         None, description="what the grader read, when it was shown an excerpt of the passage"

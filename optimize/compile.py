@@ -24,6 +24,8 @@ from crag_dspy.baselines import PlainRAG
 from crag_dspy.calibration import Calibration, fit_calibration
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain, QAPair
+from crag_dspy.embeddings import bundled_model_path
+from crag_dspy.evaluator import TrainingConfig, check_encoder_folder
 from crag_dspy.faults import CRAGRunError
 from crag_dspy.judging import BinaryJudge, Judgement
 from crag_dspy.lm import build_lm, lm_identity
@@ -44,6 +46,7 @@ from .datasets import (
     strip_examples,
 )
 from .evaluation import evaluate_program, judge_outcomes
+from .grade_source import GRADER_CHOICES, JudgeScores, choose_grade_source, evaluator_on_strips
 from .metrics import answer_matches, binary_report
 from .report import plot_landscape, write_report
 from .teleprompters import OPTIMIZERS, compile_stage, judge_metric
@@ -129,6 +132,9 @@ def _compile_judge(
             if plan == "zero-shot"
             else judge_outcomes(judge, val, desc=f"{name} val ({plan})", progress=progress)
         )
+        if plan == "zero-shot":
+            uncompiled_scores = {"val": [j.score for j in on_val], "held_out": held_out}
+            uncompiled_scores["held_out_scores"] = [j.score for j in fit_on]
         for evidence in (False, True):
             calibration = _fit_calibration(judge, held_out, fit_on, label, evidence=evidence)
             scores = [judge.rescore(j, e.inputs()) for j, e in zip(on_val, val, strict=True)]
@@ -137,6 +143,11 @@ def _compile_judge(
                 "calibration": calibration,
                 "val": binary_report(scores, gold).as_dict(),
                 "state": judge.dump_state(),
+                "scores": {
+                    "val": scores,
+                    "held_out": held_out,
+                    "held_out_scores": [judge.rescore(j, e.inputs()) for j, e in zip(fit_on, held_out)],
+                },
             }
     # Ties go to the earlier (cheaper, zero-shot; then without evidence) candidate.
     best = max(candidates, key=lambda plan: candidates[plan]["val"]["accuracy"])
@@ -149,9 +160,18 @@ def _compile_judge(
             candidates[best]["val"]["accuracy"],
             before.accuracy,
         )
+    kept_scores = uncompiled_scores if kept == "uncompiled" else candidates[kept]["scores"]
     for candidate in candidates.values():
         candidate.pop("state")
+        candidate.pop("scores")
     return {
+        # For the grade-source stage (popped before the report is written): the shipped judge's scores.
+        "_scores": JudgeScores(
+            kept_scores["val"],
+            kept_scores["held_out"],
+            kept_scores["held_out_scores"],
+            uncompiled_scores["val"],
+        ),
         "train": len(train),
         "val": len(val),
         "demos": len(judge.predict.demos),
@@ -338,12 +358,17 @@ def compile_program(
     judge_val_limit: int | None = 80,
     test_limit: int | None = 24,
     evaluate_test: bool = True,
+    grader: str = "auto",
+    evaluator_base: Path | None = None,
+    evaluator_training: TrainingConfig | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
     """Compile the domain of ``settings`` and write the program JSON and report; returns the report."""
     started = time.perf_counter()
     clock = _StageClock()
     # The engine's build is recorded only when this compile runs the embedded model itself.
+    if "grader" in stages and grader != "llm":
+        check_encoder_folder(evaluator_base or bundled_model_path())  # before the LM starts
     runs_embedded = lm is None and settings.lm == "embedded"
     lm = lm or build_lm(settings)
     crag, backends = assemble(settings, lm, progress)
@@ -367,6 +392,7 @@ def compile_program(
     uncompiled = crag.deepcopy()
     clock.lap("setup")  # the LM, the store, ingestion
 
+    evaluator = None
     with dspy.track_usage() as tracker, dspy.context(lm=lm):
         if "grader" in stages:
             train = interleave_balanced(relevance_examples(domain.relevance, "train"), "relevant", seed)
@@ -384,6 +410,20 @@ def compile_program(
                 progress=progress,
             )
             clock.lap("grader")
+            report["stages"]["grade_source"] = choose_grade_source(
+                crag,
+                train,
+                val,
+                report["stages"]["grader"].pop("_scores"),
+                choice=grader,
+                base=evaluator_base or bundled_model_path(),
+                config=(evaluator_training or TrainingConfig()).model_copy(update={"seed": seed}),
+                embedder=backends.embedder,
+                cache_dir=settings.cache_dir / "evaluators",
+                progress=progress,
+            )
+            evaluator = report["stages"]["grade_source"].pop("_evaluator", None)
+            clock.lap("grade source")
         if "strips" in stages:
             spp = crag.sentences_per_strip
             train = interleave_balanced(strip_examples(domain, "train", spp), "keep", seed)
@@ -401,6 +441,9 @@ def compile_program(
                     seed=seed,
                     progress=progress,
                 )
+                report["stages"]["strip_filter"].pop("_scores")
+                if evaluator is not None:
+                    report["stages"]["strip_filter"]["grader_evaluator"] = evaluator_on_strips(evaluator, val)
             clock.lap("strip filter")
         without_generation = None
         if set(GENERATORS) & set(stages):
@@ -512,6 +555,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="Optuna sampler for the thresholds (sobol: thousands of trials/s; tpe: ~35x slower, can find "
         "optima narrower than the Sobol points' spacing; see BENCHMARKS.md)",
     )
+    parser.add_argument(
+        "--grader",
+        choices=GRADER_CHOICES,
+        default="auto",
+        help="where document grades come from: the LLM judge, a cross-encoder trained on the relevance "
+        "pairs (evaluator), or both fused with the retrieval similarity; auto ships the best on val, "
+        "never one below the uncompiled LLM judge (default: auto; docs/evaluator.md)",
+    )
+    parser.add_argument(
+        "--evaluator-base",
+        type=Path,
+        help="local BERT-style encoder folder the evaluator is fine-tuned from (default: the bundled "
+        "all-MiniLM-L6-v2)",
+    )
+    parser.add_argument(
+        "--evaluator-epochs", type=int, default=TrainingConfig().max_epochs, help="most evaluator epochs"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
     # Defaults keep a cold compile on a 2-core CPU near 20-30 minutes (docs/compile.md); 0 means "all".
@@ -562,6 +622,9 @@ def main(argv: list[str] | None = None) -> int:
             judge_val_limit=args.judge_val_limit or None,
             test_limit=args.test_limit or None,
             evaluate_test=not args.no_test_eval,
+            grader=args.grader,
+            evaluator_base=args.evaluator_base,
+            evaluator_training=TrainingConfig(max_epochs=args.evaluator_epochs),
         )
     except user_error_types() as exc:
         print(f"error: {exc}", file=sys.stderr)

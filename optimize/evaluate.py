@@ -227,7 +227,9 @@ def evaluate_domain(
     work = SharedWork()
     pieces = {"default": CRAGPieces(default_crag, work)}
     pieces["main"] = (
-        CRAGPieces(apply_program(default_crag.deepcopy(), document), work) if document else pieces["default"]
+        CRAGPieces(apply_program(default_crag.deepcopy(), document, Path(program).parent), work)
+        if document
+        else pieces["default"]
     )
     variants = table_variants(document is not None)
     no_retrieval = _no_retrieval(work, lm, default_crag.text_adapter)

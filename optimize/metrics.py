@@ -13,10 +13,12 @@ __all__ = [
     "BinaryReport",
     "answer_matches",
     "binary_report",
+    "bootstrap_auc_interval",
     "contains_answer",
     "is_answerable",
     "normalize_answer",
     "roc_auc",
+    "wilson_interval",
 ]
 
 UNKNOWN_ALIASES = ("i don't know", "i do not know")
@@ -118,3 +120,46 @@ def answer_matches(prediction: str | None, aliases: Sequence[str]) -> bool:
     if any(f" {u} " in pred for u in _UNKNOWN):  # an abstention, even a hedged one, is not an answer
         return any(normalize_answer(a) in _UNKNOWN for a in aliases)
     return contains_answer(prediction, aliases)
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """The Wilson score interval of a proportion (scipy's); (0, 1) for n == 0."""
+    if n == 0:
+        return 0.0, 1.0
+    from scipy.stats import binomtest
+
+    ci = binomtest(successes, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def bootstrap_auc_interval(
+    scores: Sequence[float | None],
+    labels: Sequence[int],
+    groups: Sequence[str],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 1000,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """A percentile bootstrap interval of ROC AUC, resampling whole ``groups`` (questions): pairs of
+    one question are not independent. Unknown scores are left out. None when AUC is undefined."""
+    import numpy as np
+    from sklearn.metrics import roc_auc_score
+
+    known = [(s, y, g) for s, y, g in zip(scores, labels, groups, strict=True) if s is not None]
+    if len({y for _, y, _ in known}) < 2:
+        return None
+    by_group: dict[str, list[int]] = {}
+    for i, (_, _, g) in enumerate(known):
+        by_group.setdefault(g, []).append(i)
+    members = list(by_group.values())
+    s = np.array([x for x, _, _ in known], dtype=float)
+    y = np.array([v for _, v, _ in known], dtype=int)
+    rng = np.random.default_rng(seed)
+    aucs = []
+    for _ in range(resamples):
+        idx = np.concatenate([members[j] for j in rng.integers(0, len(members), len(members))])
+        if 0 < y[idx].sum() < len(idx):
+            aucs.append(roc_auc_score(y[idx], s[idx]))
+    alpha = (1 - confidence) / 2
+    return float(np.quantile(aucs, alpha)), float(np.quantile(aucs, 1 - alpha))

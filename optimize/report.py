@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,45 @@ def _judge_row(name: str, demos: int, calibration: dict | None, m: dict) -> str:
     )
 
 
+def _interval(ci: Sequence[float] | None, pct: bool = True) -> str:
+    if ci is None:
+        return ""
+    low, high = ci
+    return f" [{100 * low:.1f}, {100 * high:.1f}]" if pct else f" [{low:.3f}, {high:.3f}]"
+
+
+def _grade_source_lines(g: dict[str, Any] | None) -> list[str]:
+    """The grade sources measured on the same val pairs, with 95% intervals, and which one shipped."""
+    if not g:
+        return []
+    lines = [
+        f"## grade source (shipped: {g['shipped']})",
+        "",
+        f"Why: {g['why']}.",
+        "",
+        "| val | accuracy [95% CI] | precision | recall | ROC AUC [95% CI] |",
+        "|---|---|---|---|---|",
+    ]
+    for name, m in g["candidates"].items():
+        auc = "-" if m["roc_auc"] is None else f"{m['roc_auc']:.3f}{_interval(m.get('roc_auc_ci'), pct=False)}"
+        lines.append(
+            f"| {name} | {_pct(m['accuracy'])}{_interval(m.get('accuracy_ci'))} | {_pct(m['precision'])} | "
+            f"{_pct(m['recall'])} | {auc} |"
+        )
+    t = g.get("training")
+    if t:
+        epochs = ", ".join(f"{e['epoch']}: {e['holdout_auc']:.3f}" for e in t["epochs"])
+        how = "reused from the cache" if t.get("cached") else f"{t['seconds']:.0f} s"
+        lines += [
+            "",
+            f"Evaluator: fine-tuned on {t['train_pairs']} train pairs, epoch chosen on {t['holdout_pairs']} "
+            f"pairs of held-out train questions (held-out AUC by epoch {epochs}; kept epoch {t['best_epoch']}); "
+            f"{how}. Intervals: Wilson for accuracy, bootstrap over questions for AUC.",
+        ]
+    lines.append("")
+    return lines
+
+
 def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
     """Write ``<prefix>.report.json`` and ``<prefix>.report.md``."""
     json_path = out_prefix.with_suffix(".report.json")
@@ -123,7 +163,14 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
                 lines.append(_judge_row(plan, candidate["demos"], candidate["calibration"], candidate["val"]))
             if s["kept"] == "uncompiled":
                 lines.append("\nNo compiled candidate beat the uncompiled judge on val, so it was kept.")
+            shared = s.get("grader_evaluator")
+            if shared and shared["roc_auc"] is not None:
+                lines.append(
+                    f"\nThe grader's trained evaluator ranks these {shared['n']} val strips at ROC AUC "
+                    f"{shared['roc_auc']:.3f}{_interval(shared['roc_auc_ci'], pct=False)} (one model for both judges?)."
+                )
             lines.append("")
+    lines += _grade_source_lines(report["stages"].get("grade_source"))
     g = report["stages"].get("generation")
     if g:
         demos = ", ".join(f"{name} {n}" for name, n in g["demos"].items())

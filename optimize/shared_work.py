@@ -283,7 +283,8 @@ class CRAGPieces:
 
         grader, strip_filter = judge(c.grader), judge(c.strip_filter)
         refine = (c.strip_threshold, c.max_strips, c.sentences_per_strip)
-        self._grader = state_key(grader, c.k, c.retriever.name)
+        evaluator = c.grading.evaluator.fingerprint if c.grading.evaluator is not None else None
+        self._grader = state_key(grader, c.grading.dump_state(), evaluator, c.k, c.retriever.name)
         self._internal = state_key(self._grader, strip_filter, refine)
         self._rewriter = state_key(c.rewriter.dump_state(), c.retries, c.text_adapter)
         self._web = state_key(strip_filter, refine, c.fallback_web_strips, c.web_results, c.web_search.name)

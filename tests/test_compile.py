@@ -18,6 +18,9 @@ KB = {"zeta": "Z100", "theta": "T200", "kappa": "K300", "sigma": "S400", "delta"
 WEB = {"omega": "W700", "gamma": "G800", "rho": "R900", "tau": "U010"}
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def make_domain(root: Path) -> Path:
     root.mkdir()
 
@@ -112,12 +115,17 @@ def test_compile_writes_program_report_and_plot(compiled):
     grader = report["stages"]["grader"]
     assert grader["kept"] == "few-shot" and grader["after"]["accuracy"] == 1.0
     assert grader["candidates"]["zero-shot"]["val"]["accuracy"] == grader["before"]["accuracy"] == 0.5
+    # The tiny domain has too few relevance pairs to train an evaluator: the LLM judge ships, and why.
+    source = report["stages"]["grade_source"]
+    assert source["shipped"] == "llm" and "too few labelled train pairs" in source["why"]
+    assert program["state"]["grading"]["mode"] == "llm"
+    assert "## grade source (shipped: llm)" in out.with_suffix(".report.md").read_text()
     for suffix in (".report.md", ".report.json", ".landscape.png", ".optuna.log"):
         assert out.with_suffix(suffix).is_file(), suffix
     assert {r["name"] for r in report["test"]} == {"CRAG (compiled)", "CRAG (uncompiled)", "plain RAG"}
     # Where the time went, stage by stage, adding up to the whole run.
     stages = report["stage_seconds"]
-    assert list(stages) == ["setup", "grader", "strip filter", "thresholds", "test"]
+    assert list(stages) == ["setup", "grader", "grade source", "strip filter", "thresholds", "test"]
     assert sum(stages.values()) == pytest.approx(report["seconds"], abs=0.5)
     assert "Wall time by stage: setup " in out.with_suffix(".report.md").read_text()
     # The scripted LM is not the embedded engine: no engine build is claimed for this run.
@@ -186,6 +194,8 @@ def test_tuning_is_pure_rerouting_and_resumable(tmp_path):
         (["--domain-dir", "/nonexistent"], "domain directory not found"),
         (["--stages", "grader,bogus"], "unknown stage"),
         (["--lm", "gpt-4o"], "not a LiteLLM model string"),
+        # Checked before the LM starts or anything is indexed: --lm would fail later if it got there.
+        (["--evaluator-base", str(ROOT / "data"), "--lm", "gpt-4o"], "not a transformers model folder"),
     ],
 )
 def test_bad_invocations_are_clear_errors(argv, message, capsys):

@@ -43,15 +43,15 @@ def test_compiled_judges_are_scored_next_to_the_uncompiled_ones_on_every_example
     results = load_benchmark().judges_on_split(read_program(path), domain, lm, "val", progress=False)
 
     grader = results["grader"]
-    assert grader["uncompiled"].n == grader["compiled"].n == 5  # every val pair of the domain
-    assert grader["uncompiled"].accuracy == 0.6 and grader["uncompiled"].recall == 1.0  # all "yes"
-    assert grader["compiled"].accuracy == 1.0
+    assert grader["uncompiled"]["n"] == grader["compiled"]["n"] == 5  # every val pair of the domain
+    assert grader["uncompiled"]["accuracy"] == 0.6 and grader["uncompiled"]["recall"] == 1.0  # all "yes"
+    assert grader["compiled"]["accuracy"] == 1.0
     # The strip filter was not compiled: both sides read the model's own P(yes).
     strips = results["strip_filter"]
-    assert strips["compiled"].n == strips["uncompiled"].n > 0
-    assert strips["compiled"].accuracy == strips["uncompiled"].accuracy
+    assert strips["compiled"]["n"] == strips["uncompiled"]["n"] > 0
+    assert strips["compiled"]["accuracy"] == strips["uncompiled"]["accuracy"]
     # One judgement per example and side, nothing else (no retrieval, web search or answer).
-    assert len(lm.calls) == 2 * (5 + strips["compiled"].n)
+    assert len(lm.calls) == 2 * (5 + strips["compiled"]["n"])
     # Both sides graded with the program's configuration (whole passages), not the default excerpt.
     shown_long = [u for _, u in lm.calls if "document:" in u and "The alpha office is open daily." in u]
     assert len(shown_long) == 2 and all("It was issued in 2024." in user for user in shown_long)

@@ -98,7 +98,7 @@ def _write(tmp_path, name, content):
         (
             "p.json",
             '{"format": "crag-dspy-program", "format_version": 99}',
-            "format version 99 is not supported by this crag-dspy \\(supports 2, 3\\)",
+            "format version 99 is not supported by this crag-dspy \\(supports 2, 3, 4\\)",
         ),
         (
             "p.json",
@@ -121,9 +121,13 @@ def test_format_2_programs_load_and_evidence_weights_round_trip(tmp_path):
     crag.grader.calibration.load_state({"slope": 1.3, "intercept": -6.1, "weights": {"term_coverage": 6.9}})
     path = save_program(crag, tmp_path / "p.json", {"domain": "default"})
     doc = read_program(path)
-    assert doc["format_version"] == PROGRAM_FORMAT_VERSION == 3
+    assert doc["format_version"] == PROGRAM_FORMAT_VERSION == 4
     loaded = apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc)
     assert loaded.grader.calibration.weights == {"term_coverage": 6.9}
+    # Format 2 and 3 programs have no grade source: they grade with the LLM judge.
+    doc["state"].pop("grading")
+    doc["format_version"] = 3
+    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).grading.mode == "llm"
     # A format-2 program: calibrations without evidence weights, read as such.
     doc["format_version"] = 2
     for name in ("grader.calibration", "strip_filter.calibration"):

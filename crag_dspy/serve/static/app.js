@@ -122,11 +122,15 @@ function drawDocuments(trace) {
           el("div", { class: failed ? "fill failed" : `fill ${band}`, style: failed ? {} : { width: pct(d.score) } }),
           thresholdLines(lower, upper),
         ),
-        el("span", { class: "score", title: failed ? d.error : `${d.score_source}, similarity ${fmt(d.similarity)}` }, failed ? "failed" : fmt(d.score)),
+        el("span", { class: "score", title: failed ? d.error : `${d.score_source}, similarity ${fmt(d.similarity)}` }, failed ? "failed" : fmt(d.score),
+          failed ? "" : el("small", { class: "source" }, ` ${SOURCES[d.score_source] || d.score_source}`)),
       );
     }),
   );
 }
+
+// Where a document's grade came from, as the page shows it next to the score.
+const SOURCES = { logprobs: "LLM", label: "LLM", evaluator: "evaluator", fused: "fused" };
 
 function stripItem(s) {
   const where = s.source === "web" ? safeLink(s.url, s.title || s.url) : `${s.title} [${s.doc_id}]`;

@@ -1,0 +1,354 @@
+"""The trained evaluator: training, determinism, weights files, the grade source's choice and CRAG's use
+of it. A tiny random encoder (conftest ``tiny_encoder``) keeps this fast; quality is measured on the real
+MiniLM by ``benchmarks/grader_quality.py``."""
+
+import json
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import dspy
+import pytest
+from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
+
+from crag_dspy import CRAG
+from crag_dspy.evaluator import (
+    EvaluatorError,
+    RelevanceEvaluator,
+    TrainingConfig,
+    train_evaluator,
+    verify_folder,
+    weights_manifest,
+)
+from crag_dspy.grading import Grading, LinearScore, fit_linear_score
+from crag_dspy.program import ProgramError, apply_program, read_program, save_program
+from optimize.grade_source import JudgeScores, choose_grade_source
+
+TESTS = Path(__file__).parent
+FAST = TrainingConfig(learning_rate=1e-3, max_epochs=3, max_length=32, batch_size=16, threads=1)
+WORDS = ["river", "mountain", "city", "lake", "forest", "bridge", "tower", "market", "harbor", "valley"]
+
+
+def keyword_pairs(n: int, seed: int) -> list[tuple[str, str, int]]:
+    """Pairs whose label is written in the passage ("yes"/"no"): learnable by a tiny model in seconds."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        word, label = rng.choice(WORDS), i % 2
+        out.append(
+            (f"what is the {word} {seed}-{i // 2}", f"the {word} answer {'yes' if label else 'no'}", label)
+        )
+    return out
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_encoder):
+    return train_evaluator(keyword_pairs(160, 1), keyword_pairs(40, 2), base=tiny_encoder, config=FAST)
+
+
+def test_training_learns_ranks_heldout_pairs_and_reports_epochs(trained):
+    evaluator, report = trained
+    test = keyword_pairs(40, 3)
+    logits = evaluator.logits([(q, p) for q, p, _ in test])
+    pos = [x for x, (*_, y) in zip(logits, test) if y]
+    neg = [x for x, (*_, y) in zip(logits, test) if not y]
+    assert min(pos) > max(neg)
+    assert report.train_pairs == 160 and report.holdout_pairs == 40
+    assert 1 <= report.best_epoch <= len(report.epochs) <= FAST.max_epochs
+    assert all(0 <= e["holdout_auc"] <= 1 for e in report.epochs)
+
+
+def test_training_is_seeded_and_deterministic(tiny_encoder, trained):
+    again, _ = train_evaluator(keyword_pairs(160, 1), keyword_pairs(40, 2), base=tiny_encoder, config=FAST)
+    pairs = [(q, p) for q, p, _ in keyword_pairs(10, 4)]
+    assert again.logits(pairs) == trained[0].logits(pairs)
+    assert again.fingerprint == trained[0].fingerprint
+
+
+def test_one_class_training_data_is_refused(tiny_encoder):
+    ones = [(q, p, 1) for q, p, _ in keyword_pairs(20, 1)]
+    with pytest.raises(EvaluatorError, match="positive and negative"):
+        train_evaluator(ones, keyword_pairs(10, 2), base=tiny_encoder, config=FAST)
+
+
+def test_a_decoder_folder_is_not_a_base_model(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2", "is_decoder": True}))
+    with pytest.raises(EvaluatorError, match="not a BERT-style encoder"):
+        RelevanceEvaluator.from_base(tmp_path)
+    with pytest.raises(EvaluatorError, match="no such model folder"):
+        RelevanceEvaluator.from_base(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(EvaluatorError, match="no config.json"):
+        RelevanceEvaluator.from_base(tmp_path / "empty")
+
+
+def test_weights_verify_and_tampering_names_the_file(tmp_path, trained):
+    folder = tmp_path / "w"
+    manifest = trained[0].save(folder)
+    assert "model.safetensors" in manifest and manifest == weights_manifest(folder)
+    verify_folder(folder, manifest)
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(EvaluatorError, match="model.safetensors: altered or foreign"):
+        RelevanceEvaluator.load(folder, manifest)
+
+
+def test_unlisted_pickle_or_missing_file_is_refused(tmp_path, trained):
+    folder = tmp_path / "w"
+    manifest = trained[0].save(folder)
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x04pickle")
+    with pytest.raises(EvaluatorError, match="pytorch_model.bin: a file the program does not list"):
+        verify_folder(folder, manifest)
+    (folder / "pytorch_model.bin").unlink()
+    (folder / "config.json").unlink()
+    with pytest.raises(EvaluatorError, match="config.json: missing"):
+        verify_folder(folder, manifest)
+
+
+def test_no_network_is_attempted(monkeypatch, tiny_encoder, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    evaluator, _ = train_evaluator(
+        keyword_pairs(32, 1),
+        keyword_pairs(8, 2),
+        base=tiny_encoder,
+        config=FAST.model_copy(update={"max_epochs": 1}),
+    )
+    manifest = evaluator.save(tmp_path / "w")
+    RelevanceEvaluator.load(tmp_path / "w", manifest).logits([("q", "p")])
+
+
+# -- the score maps ------------------------------------------------------------------------------
+def test_linear_score_fit_orders_and_validates():
+    rows = [{"evaluator": float(x)} for x in range(-5, 5)]
+    score = fit_linear_score(rows, [0] * 5 + [1] * 5)
+    assert score({"evaluator": 4.0}) > 0.5 > score({"evaluator": -5.0})
+    assert LinearScore.from_dict(score.as_dict()) == score
+    with pytest.raises(ValueError, match="2 positive and 2 negative"):
+        fit_linear_score(rows[:3], [0, 0, 1])
+    with pytest.raises(ValueError, match="signals"):
+        LinearScore({"colour": 1.0}, 0.0)
+    with pytest.raises(ValueError, match="were not given"):
+        score({"llm": 1.0})
+
+
+def test_grading_state_refuses_incomplete_modes_and_paths():
+    with pytest.raises(ValueError, match="needs a trained evaluator"):
+        Grading().load_state({"mode": "evaluator", "evaluator": None, "evaluator_score": None})
+    with pytest.raises(ValueError, match="unknown grade mode"):
+        Grading().use("oracle")
+    bad = {"path": "../elsewhere", "files": {}}
+    with pytest.raises(ValueError, match="a name beside the program file"):
+        Grading().load_state({"mode": "llm", "evaluator": bad})
+
+
+# -- choosing the grade source ---------------------------------------------------------------------
+class _Crag:
+    def __init__(self):
+        self.grading = Grading()
+
+
+def _examples(pairs):
+    return [
+        dspy.Example(question=q, document=p, relevant=bool(y)).with_inputs("question", "document")
+        for q, p, y in pairs
+    ]
+
+
+def _choose(tiny_encoder, embedder, llm_val, *, train_n=240, choice="auto", invert_val=False):
+    train = _examples(keyword_pairs(train_n, 1))
+    val = _examples([(q, p, 1 - y if invert_val else y) for q, p, y in keyword_pairs(40, 5)])
+    held_out = train[:40]
+    rng = random.Random(0)
+    llm = JudgeScores(
+        val=llm_val(val),
+        held_out=held_out,
+        held_out_scores=[
+            min(max(0.5 + (0.3 if e.relevant else -0.3) + rng.uniform(-0.4, 0.4), 0.01), 0.99)
+            for e in held_out
+        ],
+        uncompiled_val=llm_val(val),
+    )
+    crag = _Crag()
+    result = choose_grade_source(
+        crag,
+        train,
+        val,
+        llm,
+        choice=choice,
+        base=tiny_encoder,
+        config=FAST,
+        embedder=embedder,
+        progress=False,
+    )
+    return crag, result
+
+
+def test_evaluator_ships_when_it_beats_the_llm_on_val(tiny_encoder, embedder):
+    coin = random.Random(1)
+    crag, result = _choose(tiny_encoder, embedder, lambda val: [coin.random() for _ in val])
+    assert result["candidates"]["evaluator"]["accuracy"] == 1.0
+    assert result["shipped"] in ("evaluator", "fused") and crag.grading.mode == result["shipped"]
+    assert crag.grading.evaluator is not None
+    low, high = result["candidates"]["evaluator"]["accuracy_ci"]
+    assert low < 1.0 == high  # Wilson interval of 40/40
+
+
+def test_llm_is_kept_when_it_is_better_on_val(tiny_encoder, embedder):
+    # On val the passages' "yes"/"no" lie (labels inverted): the evaluator learned them from train and is
+    # wrong there, the LLM judge is right. The LLM judge must ship, and a forced evaluator is reported.
+    perfect = lambda val: [0.9 if e.relevant else 0.1 for e in val]
+    crag, result = _choose(tiny_encoder, embedder, perfect, invert_val=True)
+    assert result["candidates"]["evaluator"]["accuracy"] < 0.5 <= result["candidates"]["llm"]["accuracy"]
+    assert result["shipped"] == "llm" and crag.grading.mode == "llm" and crag.grading.evaluator is None
+    _, forced = _choose(tiny_encoder, embedder, perfect, invert_val=True, choice="evaluator")
+    assert forced["shipped"] == "evaluator" and "below the uncompiled LLM judge" in forced["why"]
+    _, asked = _choose(tiny_encoder, embedder, perfect, choice="llm")
+    assert asked["shipped"] == "llm" and "evaluator" not in asked["candidates"]
+
+
+def test_too_few_pairs_keep_the_llm_and_say_why(tiny_encoder, embedder):
+    _, result = _choose(tiny_encoder, embedder, lambda val: [0.5 for _ in val], train_n=60)
+    assert result["shipped"] == "llm" and "too few labelled train pairs" in result["why"]
+    with pytest.raises(ValueError, match="--grader evaluator: too few"):
+        _choose(tiny_encoder, embedder, lambda val: [0.5 for _ in val], train_n=60, choice="evaluator")
+
+
+# -- CRAG with an evaluator -----------------------------------------------------------------------
+def _evaluator_crag(evaluator, mode="evaluator", lm=None):
+    crag = CRAG(
+        ListRetriever([("kb-yes", "the river answer yes"), ("kb-no", "the river answer no")]),
+        ListWebSearch(),
+        lm=lm or ScriptedLM(_script),
+        grade_sentences=0,
+    )
+    fused = LinearScore({"llm": 0.5, "evaluator": 1.0, "similarity": 0.1}, 0.0) if mode == "fused" else None
+    crag.grading.use(mode, evaluator, LinearScore({"evaluator": 1.0}, 0.0), fused)
+    return crag
+
+
+def _script(system, user):
+    if "You judge search results" in system:
+        return 0.9 if "yes" in field(user, "document") else 0.1
+    if "You judge short knowledge strips" in system:
+        return 0.9
+    if "Answer the question" in system:
+        return {"answer": "yes"}
+    return {"query": "river"}
+
+
+def test_evaluator_grades_without_llm_calls_and_the_trace_says_so(trained):
+    lm = ScriptedLM(_script)
+    crag = _evaluator_crag(trained[0], lm=lm)
+    pred = crag(question="what is the river")
+    graders = [s for s, _ in lm.calls if "You judge search results" in s]
+    assert graders == []
+    docs = pred.trace.documents
+    assert [d.score_source for d in docs] == ["evaluator", "evaluator"]
+    assert docs[0].score > docs[1].score and docs[0].attempts == 0 and "evaluator" in docs[0].signals
+
+
+def test_fused_grade_falls_back_to_the_evaluator_when_the_llm_fails(trained):
+    def failing(system, user):
+        if "You judge search results" in system:
+            return "maybe"  # unparseable: the judge fails after its retries
+        return _script(system, user)
+
+    crag = _evaluator_crag(trained[0], "fused", ScriptedLM(failing))
+    pred = crag(question="what is the river")
+    assert {d.score_source for d in pred.trace.documents} == {"evaluator"}
+    assert any("graded by the trained evaluator alone" in f for f in pred.trace.fallbacks)
+    ok = _evaluator_crag(trained[0], "fused")(question="what is the river")
+    assert {d.score_source for d in ok.trace.documents} == {"fused"}
+    assert set(ok.trace.documents[0].signals) == {"llm", "evaluator", "similarity"}
+
+
+def test_program_with_evaluator_round_trips_across_processes(tmp_path, trained):
+    crag = _evaluator_crag(trained[0])
+    path = save_program(crag, tmp_path / "program.json", {"domain": "default"})
+    doc = json.loads(path.read_text())
+    manifest = doc["state"]["grading"]["evaluator"]
+    assert manifest["path"] == "program.evaluator" and "model.safetensors" in manifest["files"]
+    assert (tmp_path / "program.evaluator" / "model.safetensors").is_file()
+    here = [d.score for d in crag(question="what is the river").trace.documents]
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(TESTS)!r})
+from test_evaluator import _evaluator_crag
+from crag_dspy import CRAG
+from fakes import ListRetriever, ListWebSearch, ScriptedLM
+from test_evaluator import _script
+from crag_dspy.program import apply_program, read_program
+crag = CRAG(ListRetriever([("kb-yes", "the river answer yes"), ("kb-no", "the river answer no")]),
+            ListWebSearch(), lm=ScriptedLM(_script), grade_sentences=0)
+apply_program(crag, read_program({str(path)!r}), {str(tmp_path)!r})
+pred = crag(question="what is the river")
+print(json.dumps([[d.score for d in pred.trace.documents], pred.action]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    scores, action = json.loads(out.stdout.strip().splitlines()[-1])
+    assert scores == pytest.approx(here, abs=1e-6)
+    assert action == crag(question="what is the river").action
+
+
+def test_tampered_program_weights_are_refused_and_nothing_is_applied(tmp_path, trained):
+    path = save_program(_evaluator_crag(trained[0]), tmp_path / "program.json", {"domain": "default"})
+    weights = tmp_path / "program.evaluator" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8] + b"\x00" * 8)
+    target = CRAG(ListRetriever([]), ListWebSearch(), lower=0.11, upper=0.88, grade_sentences=0)
+    with pytest.raises(ProgramError, match="model.safetensors: altered or foreign"):
+        apply_program(target, read_program(path), tmp_path)
+    assert target.grading.mode == "llm" and target.thresholds.lower == 0.11
+    with pytest.raises(ProgramError, match="load it from its file"):
+        apply_program(target, read_program(path))
+
+
+def test_ask_output_names_the_grade_source(trained):
+    from crag_dspy.cli import format_trace
+
+    pred = _evaluator_crag(trained[0])(question="what is the river")
+    assert "documents (graded by the trained evaluator):" in format_trace(pred.trace)
+
+
+def test_the_benchmarks_grades_are_the_programs_grades(trained, embedder):
+    from optimize.grade_source import program_grades
+
+    lm = ScriptedLM(_script)
+    crag = _evaluator_crag(trained[0], lm=lm)
+    in_program = [d.score for d in crag(question="what is the river").trace.documents]
+    examples = _examples(
+        [("what is the river", "the river answer yes", 1), ("what is the river", "the river answer no", 0)]
+    )
+    calls = len(lm.calls)
+    # ListRetriever's passages are displayed with their doc id as title: grade the same text.
+    examples = [e.copy(document=f"kb-{'yes' if e.relevant else 'no'}\n{e.document}") for e in examples]
+    assert program_grades(crag, examples, embedder, progress=False) == pytest.approx(in_program, abs=1e-6)
+    assert len(lm.calls) == calls  # the evaluator grades without the LM
+
+
+POPQA = TESTS.parents[1] / "shared" / "data" / "popqa-dev"
+
+
+@pytest.mark.skipif(not POPQA.is_dir(), reason="../shared/data/popqa-dev is not present")
+def test_popqa_dev_pairs_train_an_evaluator_by_path(tiny_encoder):
+    """Real text in the domain format, read where it lies (never copied into the project)."""
+    from crag_dspy.domain import load_domain
+    from optimize.datasets import relevance_examples
+
+    domain = load_domain(POPQA)
+    train = relevance_examples(domain.relevance, "train")
+    assert len(train) >= 100 and 0 < sum(e.relevant for e in train) < len(train)
+    pairs = [(e.question, e.document, int(e.relevant)) for e in train[:48]]
+    evaluator, report = train_evaluator(
+        pairs[:32], pairs[32:], base=tiny_encoder, config=FAST.model_copy(update={"max_epochs": 1})
+    )
+    assert report.train_pairs == 32 and len(evaluator.logits([(q, p) for q, p, _ in pairs[:4]])) == 4
