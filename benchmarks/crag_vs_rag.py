@@ -3,6 +3,7 @@ prompt tokens per question, and their ratios; CRAG's time per stage; prompt-pref
 check that no identical LM request is made twice within one question.
 
     python benchmarks/crag_vs_rag.py [--n 12] [--split test] [--lm embedded] [--program PATH] [--text-adapter text|chat]
+        [--domain-dir DIR]
 
 Questions are taken evenly across kinds (kb / web / both / none); ``--program`` measures a compiled
 program (its thresholds and prompts) instead of the uncompiled defaults.
@@ -49,10 +50,14 @@ def main() -> None:
         choices=TEXT_ADAPTERS,
         help="answer/rewrite format for both systems (default: the program's, or 'text')",
     )
+    parser.add_argument(
+        "--domain-dir", type=Path, help="a domain outside data/ (default: the bundled default)"
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
 
-    settings = Settings(**({"lm": args.lm} if args.lm else {}))
+    overrides = {"lm": args.lm} if args.lm else {}
+    settings = Settings(**overrides, **({"domain_dir": args.domain_dir} if args.domain_dir else {}))
     backends = open_backends(settings)
     questions = qa_split(backends.domain, args.split, args.n)
     lm = build_lm(settings, cache=False)  # every call real: we are measuring the model, not the cache
@@ -120,6 +125,12 @@ def main() -> None:
     rag_total = sum(r["seconds"] for r in rows["rag"])
     summary["grading_vs_rag"] = stage_time.get("grade", 0.0) / rag_total if rag_total else None
     print(f"CRAG grading alone / plain RAG wall time: {summary['grading_vs_rag']:.2f}x")
+    summary["grade_seconds_per_question"] = stage_time.get("grade", 0.0) / len(questions)
+    sources = Counter(d.score_source for d in pred.trace.documents)
+    print(
+        f"grading {crag.k} passages: {summary['grade_seconds_per_question']:.3f} s per question "
+        f"(grade source {crag.grading.mode}; last question's scores from {dict(sources)})"
+    )
     print(
         "CRAG actions: "
         + ", ".join(f"{a} {n}" for a, n in Counter(r["action"] for r in rows["crag"]).items())

@@ -50,6 +50,7 @@ def judges_on_split(
     split: str = "val",
     *,
     program_dir: Path | None = None,
+    judges: tuple[str, ...] = ("grader", "strip_filter"),
     progress: bool = True,
 ) -> dict[str, dict[str, dict[str, Any]]]:
     """``{judge: {"uncompiled": metrics, "compiled": metrics}}`` for the grader and the strip filter of
@@ -64,6 +65,7 @@ def judges_on_split(
         "grader": (relevance_examples(domain.relevance, split), "relevant"),
         "strip_filter": (strip_examples(domain, split, compiled.sentences_per_strip), "keep"),
     }
+    examples = {judge: examples[judge] for judge in judges}
     results: dict[str, dict[str, dict[str, Any]]] = {}
     embedder = Embedder()
     with dspy.context(lm=lm):
@@ -86,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         "--domain-dir", type=Path, help="the program's domain directory (default: data/<its domain>)"
     )
     parser.add_argument("--lm", help="LM as in the CLI (default: the embedded model)")
+    parser.add_argument(
+        "--judges",
+        default="grader,strip_filter",
+        help="comma-separated: grader, strip_filter (default: both)",
+    )
     parser.add_argument("--out", type=Path, help="also write the results as JSON")
     args = parser.parse_args(argv)
 
@@ -94,7 +101,12 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(domain=document["metadata"]["domain"], domain_dir=args.domain_dir, **overrides)
     domain = load_domain(settings.resolved_domain_dir)
     results = judges_on_split(
-        document, domain, build_lm(settings, cache=True), args.split, program_dir=args.program.parent
+        document,
+        domain,
+        build_lm(settings, cache=True),
+        args.split,
+        program_dir=args.program.parent,
+        judges=tuple(j.strip() for j in args.judges.split(",") if j.strip()),
     )
     print(f"{args.program} on the {args.split} split of domain `{domain.name}`")
     grading = document["state"].get("grading", {}).get("mode", "llm")

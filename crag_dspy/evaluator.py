@@ -122,7 +122,7 @@ def check_encoder_folder(folder: Path) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _quiet_loading():
-    """transformers' loading progress bar and "newly initialized head" warning are noise here."""
+    """transformers' progress bars and its "newly initialized head" warning are noise here."""
     from transformers.utils import logging as hf_logging
 
     verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
@@ -246,8 +246,9 @@ class RelevanceEvaluator:
             if old.is_file():
                 old.unlink()
         self.model.config.crag_dspy = {"max_length": self.max_length, "base_model": self.base_model}
-        self.model.save_pretrained(folder, safe_serialization=True)
-        self.tokenizer.save_pretrained(folder)
+        with _quiet_loading():
+            self.model.save_pretrained(folder, safe_serialization=True)
+            self.tokenizer.save_pretrained(folder)
         return weights_manifest(folder)
 
     def _batch(self, questions: Sequence[str], passages: Sequence[str]):

@@ -27,6 +27,7 @@ from crag_dspy.app import assemble
 from crag_dspy.baselines import NoRetrieval
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain, QAPair, load_domain
+from crag_dspy.embeddings import Embedder
 from crag_dspy.faults import describe_error
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.program import apply_program, read_program
@@ -35,7 +36,7 @@ from crag_dspy.settings import Settings
 from crag_dspy.store import ingest_domain
 
 from .datasets import qa_split, relevance_examples
-from .evaluation import evaluate_judge
+from .grade_source import program_grades
 from .metrics import answer_matches, binary_report, contains_answer, is_answerable
 from .report import plot_accuracy_bars, write_evaluation_report
 from .shared_work import Cost, CRAGPieces, SharedWork, state_key
@@ -158,6 +159,7 @@ def grader_quality(
     split: str,
     *,
     lm: dspy.BaseLM,
+    embedder: Embedder,
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Each distinct grader's accuracy, precision, recall and ROC AUC at 0.5.
@@ -175,11 +177,11 @@ def grader_quality(
         with work.consumer("grader quality"):
             if examples:
 
-                def run(pieces=pieces, name=name):
+                def run(pieces=pieces):
                     with dspy.context(lm=lm):
-                        return evaluate_judge(
-                            pieces.crag.grader, examples, "relevant", desc=f"grader {name}", progress=progress
-                        )
+                        # Through the program's grade source: LLM judge, trained evaluator or both.
+                        scores = program_grades(pieces.crag, examples, embedder, progress=progress)
+                    return binary_report(scores, [int(e.relevant) for e in examples])
 
                 report = work.get(("grader_eval", split, pieces.grader_key), run)
                 results.append({"grader": name, "data": f"relevance.jsonl ({split})", **report.as_dict()})
@@ -244,6 +246,7 @@ def evaluate_domain(
         work,
         split,
         lm=lm,
+        embedder=backends.embedder,
         progress=progress,
     )
     table = summarize(rows, variants)
