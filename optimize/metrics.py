@@ -16,6 +16,7 @@ __all__ = [
     "bootstrap_auc_interval",
     "contains_answer",
     "is_answerable",
+    "mcnemar_exact",
     "normalize_answer",
     "roc_auc",
     "wilson_interval",
@@ -163,3 +164,17 @@ def bootstrap_auc_interval(
             aucs.append(roc_auc_score(y[idx], s[idx]))
     alpha = (1 - confidence) / 2
     return float(np.quantile(aucs, alpha)), float(np.quantile(aucs, 1 - alpha))
+
+
+def mcnemar_exact(first: Sequence[bool], second: Sequence[bool]) -> float:
+    """Exact (binomial) McNemar p-value, two-sided, for two systems' right/wrong on the same questions:
+    only the questions one got right and the other wrong count. 1.0 when there are none."""
+    from scipy.stats import binomtest
+
+    if len(first) != len(second):
+        raise ValueError(f"paired outcomes differ in length: {len(first)} and {len(second)}")
+    only_first = sum(bool(a) and not bool(b) for a, b in zip(first, second))
+    only_second = sum(bool(b) and not bool(a) for a, b in zip(first, second))
+    if only_first + only_second == 0:
+        return 1.0
+    return float(binomtest(only_first, only_first + only_second, 0.5).pvalue)

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .metrics import mcnemar_exact, wilson_interval
+
 __all__ = ["plot_accuracy_bars", "plot_landscape", "write_evaluation_report", "write_report"]
 
 
@@ -268,6 +270,40 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _paired_lines(report: dict[str, Any]) -> list[str]:
+    """Each CRAG row against every other row on the same questions: exact McNemar p-values, and a
+    difference stated only at p < 0.05."""
+    outcomes: dict[str, dict[str, bool]] = {}
+    for r in report.get("rows", []):
+        outcomes.setdefault(r["variant"], {})[r["id"]] = bool(r["correct"])
+    crag_rows = [v["name"] for v in report["variants"] if v["kind"] == "crag" and v["group"] == "crag"]
+    if not crag_rows or not outcomes:
+        return []
+    lines = [
+        "## Paired differences",
+        "",
+        (
+            "Each CRAG row against every other row on the same questions: right/wrong where the two "
+            "differ, exact McNemar p (two-sided). A difference is a difference only at p < 0.05."
+        ),
+        "",
+        "| CRAG row | against | only CRAG row right | only other right | p | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in crag_rows:
+        mine = outcomes.get(name, {})
+        for other in (v["name"] for v in report["variants"] if v["name"] != name):
+            theirs = outcomes.get(other, {})
+            ids = sorted(mine.keys() & theirs.keys())
+            a, b = [mine[i] for i in ids], [theirs[i] for i in ids]
+            only_a = sum(x and not y for x, y in zip(a, b))
+            only_b = sum(y and not x for x, y in zip(a, b))
+            p = mcnemar_exact(a, b)
+            verdict = ("better" if only_a > only_b else "worse") if p < 0.05 else "no measured difference"
+            lines.append(f"| {name} | {other} | {only_a} | {only_b} | {p:.3f} | {verdict} |")
+    return [*lines, ""]
+
+
 def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
     """Write ``<prefix>.json`` and ``<prefix>.md`` for a :func:`optimize.evaluate.evaluate_domain` report."""
     json_path, md_path = out_prefix.with_suffix(".json"), out_prefix.with_suffix(".md")
@@ -302,11 +338,13 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
         ),
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    lines[-3] = lines[-3].replace("Accuracy: a gold", "Accuracy (Wilson 95% interval): a gold")
     for row in report["variants"]:
         s, n = row["standalone"], max(row["n"], 1)
         requests = f"{s['requests'] / n:.1f} ({(s['requests'] - s['calls']) / n:.1f})"
+        ci = _interval(wilson_interval(row["correct"], row["n"]))
         lines.append(
-            f"| {row['name']} | {_pct(row['accuracy'])} ({row['correct']}/{row['n']}) | {_cell(row['correction'])} "
+            f"| {row['name']} | {_pct(row['accuracy'])}{ci} ({row['correct']}/{row['n']}) | {_cell(row['correction'])} "
             f"| {requests} | {s['prompt_tokens'] / n:.0f} | {s['completion_tokens'] / n:.0f} "
             f"| {_seconds(s['seconds_p50'])} | {_seconds(s['seconds_p95'])} | {row['marginal']['requests']} "
             f"| {row['errors']} |"
@@ -327,6 +365,7 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
         "",
         f"![accuracy per variant]({Path(report['plot']).name})",
         "",
+        *_paired_lines(report),
         "## Actions",
         "",
         "Questions that took each action, and how many of them were answered right.",

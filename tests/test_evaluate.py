@@ -75,6 +75,10 @@ def test_table_has_every_variant_in_order_and_writes_json_md_png(evaluated, setu
     for name in NAMES:
         assert f"| {name} |" in md
     assert "## Actions" in md and "## Grader quality" in md
+    # Intervals on every accuracy, and paired tests of each CRAG row against every other row.
+    assert "| no retrieval | 0.0% [0.0, 56.1] (0/3) |" in md
+    assert "| CRAG (program) | no retrieval | 3 | 0 | 0.250 | no measured difference |" in md
+    assert "| CRAG (default thresholds) | plain RAG | 1 | 0 | 1.000 | no measured difference |" in md
     assert (tmp / "out" / "tiny-test.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -148,3 +148,40 @@ def test_roc_auc_with_ties_and_order():
     assert roc_auc([0.8, 0.4, 0.4, 0.1], [1, 1, 0, 0]) == pytest.approx((1 + 1 + 0.5 + 1) / 4)
     assert roc_auc([0.2, 0.9, 0.5], [0, 1, 1]) == 1.0
     assert roc_auc([], []) is None
+
+
+def test_wilson_interval_matches_known_values():
+    from optimize.metrics import wilson_interval
+
+    # Wilson 95% for 8/10: (0.4902, 0.9433) (Agresti & Coull's tables; statsmodels gives the same).
+    low, high = wilson_interval(8, 10)
+    assert low == pytest.approx(0.4902, abs=1e-4) and high == pytest.approx(0.9433, abs=1e-4)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    low, high = wilson_interval(40, 40)
+    assert high == pytest.approx(1.0) and low == pytest.approx(0.9124, abs=1e-4)
+
+
+def test_mcnemar_exact_counts_only_discordant_pairs():
+    from optimize.metrics import mcnemar_exact
+
+    # 10 discordant pairs split 9/1: two-sided binomial p = 2 * P(X <= 1 | n=10) = 22/1024.
+    first = [True] * 9 + [False] + [True] * 30
+    second = [False] * 9 + [True] + [True] * 30
+    assert mcnemar_exact(first, second) == pytest.approx(22 / 1024)
+    assert mcnemar_exact(second, first) == pytest.approx(22 / 1024)
+    assert mcnemar_exact([True, False], [True, False]) == 1.0
+    with pytest.raises(ValueError, match="differ in length"):
+        mcnemar_exact([True], [True, False])
+
+
+def test_bootstrap_auc_interval_resamples_questions():
+    from optimize.metrics import bootstrap_auc_interval
+
+    scores = [0.9, 0.8, 0.2, 0.1, 0.7, 0.3, 0.6, 0.4]
+    labels = [1, 1, 0, 0, 1, 0, 1, 0]
+    groups = ["a", "a", "a", "a", "b", "b", "c", "c"]
+    low, high = bootstrap_auc_interval(scores, labels, groups, resamples=200)
+    assert low == high == 1.0  # perfectly ranked in every resample
+    noisy = bootstrap_auc_interval([0.5, 0.4, 0.6, 0.3], [1, 0, 0, 1], ["a", "b", "c", "d"], resamples=300)
+    assert noisy is not None and noisy[0] < noisy[1]
+    assert bootstrap_auc_interval([0.1, None], [1, 0], ["a", "b"]) is None
