@@ -31,6 +31,7 @@ from crag_dspy.settings import Settings
 from optimize.datasets import relevance_examples, strip_examples
 from optimize.evaluation import judge_scores
 from optimize.grade_source import measured, program_grades
+from optimize.metrics import mcnemar_exact
 
 
 class _NoBackend:
@@ -71,12 +72,16 @@ def judges_on_split(
     with dspy.context(lm=lm):
         for judge, (exs, label) in examples.items():
             gold = [int(bool(e[label])) for e in exs]
+            right: dict[str, list[bool]] = {}
             for name, crag in (("uncompiled", uncompiled), ("compiled", compiled)):
                 if judge == "grader":
                     scores = program_grades(crag, exs, embedder, progress=progress)
                 else:
                     scores = judge_scores(crag.strip_filter, exs, desc=f"{judge} ({name})", progress=progress)
                 results.setdefault(judge, {})[name] = measured(scores, gold, [e.question for e in exs])
+                right[name] = [s is not None and (s >= 0.5) == bool(g) for s, g in zip(scores, gold)]
+            # Paired: the same examples judged by both programs.
+            results[judge]["compiled"]["mcnemar_p"] = mcnemar_exact(right["compiled"], right["uncompiled"])
     return results
 
 
@@ -125,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{judge:<14} {name:<11} {r['n']:>4} {acc:>24} {r['precision']:>10.1%} "
                 f"{r['recall']:>7.1%} {auc:>26} {r['unknown']:>6}"
             )
+        p = reports["compiled"]["mcnemar_p"]
+        verdict = "a difference" if p < 0.05 else "no measured difference"
+        print(f"{judge}: compiled vs uncompiled, exact McNemar p = {p:.4f} ({verdict})")
     if args.out:
         payload = {"program": str(args.program), "split": args.split, "grade_source": grading}
         payload |= results

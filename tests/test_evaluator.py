@@ -352,3 +352,16 @@ def test_popqa_dev_pairs_train_an_evaluator_by_path(tiny_encoder):
         pairs[:32], pairs[32:], base=tiny_encoder, config=FAST.model_copy(update={"max_epochs": 1})
     )
     assert report.train_pairs == 32 and len(evaluator.logits([(q, p) for q, p, _ in pairs[:4]])) == 4
+
+
+def test_a_rerun_on_the_same_pairs_reuses_the_cached_training(tiny_encoder, tmp_path):
+    from optimize.grade_source import trained_evaluator
+
+    train, holdout = keyword_pairs(48, 1), keyword_pairs(16, 2)
+    kwargs = {"base": tiny_encoder, "config": FAST, "cache_dir": tmp_path, "progress": False}
+    first, info = trained_evaluator(train, holdout, **kwargs)
+    again, cached = trained_evaluator(train, holdout, **kwargs)
+    assert not info["cached"] and cached["cached"] and again.fingerprint == first.fingerprint
+    assert cached["epochs"] == info["epochs"]
+    _, fresh = trained_evaluator(train[:-2], holdout, **kwargs)  # other pairs: trained anew
+    assert not fresh["cached"]

@@ -55,3 +55,18 @@ def test_compiled_judges_are_scored_next_to_the_uncompiled_ones_on_every_example
     # Both sides graded with the program's configuration (whole passages), not the default excerpt.
     shown_long = [u for _, u in lm.calls if "document:" in u and "The alpha office is open daily." in u]
     assert len(shown_long) == 2 and all("It was issued in 2024." in user for user in shown_long)
+
+
+def test_compiled_and_uncompiled_are_compared_pairwise(tmp_path):
+    root = make_domain(tmp_path / "tiny")
+    domain = load_domain(root)
+    lm = ScriptedLM(lambda system, user: 0.5)
+    crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm, grade_sentences=0)
+    path = save_program(crag, tmp_path / "program.json", {"domain": "tiny"})
+    results = load_benchmark().judges_on_split(
+        read_program(path), domain, lm, "val", judges=("grader",), progress=False
+    )
+    assert set(results) == {"grader"}  # --judges grader: the strip filter is not run
+    # The same uncompiled state on both sides: no pair differs, so nothing can be a difference.
+    assert results["grader"]["compiled"]["mcnemar_p"] == 1.0
+    assert results["grader"]["compiled"]["accuracy_ci"][0] < results["grader"]["compiled"]["accuracy"]
