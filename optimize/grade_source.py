@@ -177,7 +177,17 @@ def choose_grade_source(
     )
     report["training"] = training
     held_logits = evaluator.logits([(q, p) for q, p, _ in holdout])
-    evaluator_score = fit_linear_score([{"evaluator": x} for x in held_logits], [y for *_, y in holdout])
+    try:
+        evaluator_score = fit_linear_score([{"evaluator": x} for x in held_logits], [y for *_, y in holdout])
+    except ValueError as exc:  # e.g. a single held-out positive: no map, so no evaluator to ship
+        if choice in ("evaluator", "fused"):
+            raise ValueError(f"--grader {choice}: the evaluator's score map cannot be fitted: {exc}") from exc
+        crag.grading.use("llm")
+        return {
+            **report,
+            "shipped": "llm",
+            "why": f"LLM judge: the evaluator's score map cannot be fitted ({exc})",
+        }
     val_logits = evaluator.logits([(e.question, e.document) for e in val])
     candidates["evaluator"] = measured(
         [evaluator_score({"evaluator": x}) for x in val_logits], gold, questions
