@@ -61,7 +61,11 @@ def test_training_learns_ranks_heldout_pairs_and_reports_epochs(trained):
 
 
 def test_training_is_seeded_and_deterministic(tiny_encoder, trained):
+    import torch
+
+    threads = torch.get_num_threads()
     again, _ = train_evaluator(keyword_pairs(160, 1), keyword_pairs(40, 2), base=tiny_encoder, config=FAST)
+    assert torch.get_num_threads() == threads  # FAST trains on 1 thread; the caller's setting is back
     pairs = [(q, p) for q, p, _ in keyword_pairs(10, 4)]
     assert again.logits(pairs) == trained[0].logits(pairs)
     assert again.fingerprint == trained[0].fingerprint
