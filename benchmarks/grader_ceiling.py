@@ -42,7 +42,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import PolynomialFeatures, StandardScaler
 
-from crag_dspy.calibration import _logit  # the shipped calibration's clipping of P(yes) = 0 or 1
+from crag_dspy.calibration import logit as _logit  # the shipped calibration's clipping of P(yes) = 0 or 1
 from crag_dspy.evidence import FITTED_FEATURES, evidence_features
 from crag_dspy.judging import BinaryJudge
 from optimize.evaluation import judge_outcomes

@@ -22,13 +22,14 @@ from dspy.predict.parameter import Parameter
 
 from .evidence import EVIDENCE_FEATURES
 
-__all__ = ["Calibration", "fit_calibration"]
+__all__ = ["Calibration", "fit_calibration", "logistic_fit", "logit"]
 
 # P(yes) from top-10 logprobs saturates at exactly 0 or 1; clipping keeps logit finite and the map monotone.
 _EPS = 1e-6
 
 
-def _logit(p: float) -> float:
+def logit(p: float) -> float:
+    """log(p / (1 - p)) with p clipped to [1e-6, 1 - 1e-6], so that saturated P(yes) stays finite."""
     p = min(1.0 - _EPS, max(_EPS, p))
     return math.log(p / (1.0 - p))
 
@@ -82,7 +83,7 @@ class Calibration(Parameter):
     def __call__(self, p: float, evidence: Mapping[str, float] | None = None) -> float:
         if self.is_identity:
             return p
-        return _sigmoid(self.slope * _logit(p) + self._shift(evidence))
+        return _sigmoid(self.slope * logit(p) + self._shift(evidence))
 
     def _shift(self, evidence: Mapping[str, float] | None) -> float:
         if not self.weights:
@@ -114,6 +115,26 @@ class Calibration(Parameter):
         return f"Calibration(slope={self.slope:.4g}, intercept={self.intercept:.4g}{weights})"
 
 
+def logistic_fit(
+    rows: Sequence[Sequence[float]], labels: Sequence[int], *, c: float = 1.0
+) -> tuple[list[float], float]:
+    """(coefficients, intercept) of an L2 logistic regression on the raw features of ``rows``.
+
+    Fitted on standardised features so that the penalty treats a logit (range ~±14) and a coverage
+    (0..1) alike, then mapped back; C=1.0 regularises lightly: with tens of examples it keeps a
+    separable set from infinite weights.
+    """
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    x = np.array(rows, dtype=float)
+    mean, std = x.mean(axis=0), x.std(axis=0)
+    std[std == 0] = 1.0
+    model = LogisticRegression(C=c).fit((x - mean) / std, list(labels))
+    coef = model.coef_[0] / std
+    return [float(w) for w in coef], float(model.intercept_[0] - (coef * mean).sum())
+
+
 def fit_calibration(
     scores: Sequence[float | None],
     labels: Sequence[int | bool],
@@ -125,14 +146,11 @@ def fit_calibration(
     Raises ValueError when the data cannot define a calibration: fewer than 2 known scores of each
     label, or scores that rank the labels backwards (the fitted slope would not be positive).
     """
-    import numpy as np
-    from sklearn.linear_model import LogisticRegression
-
     if evidence is not None and len(evidence) != len(scores):
         raise ValueError(f"{len(evidence)} evidence rows for {len(scores)} scores")
     names = sorted(evidence[0]) if evidence else []
     rows = [
-        ([_logit(s), *(evidence[i][n] for n in names)] if evidence else [_logit(s)], int(bool(y)))
+        ([logit(s), *(evidence[i][n] for n in names)] if evidence else [logit(s)], int(bool(y)))
         for i, (s, y) in enumerate(zip(scores, labels, strict=True))
         if s is not None
     ]
@@ -142,14 +160,7 @@ def fit_calibration(
             f"calibration needs at least 2 positive and 2 negative scored examples, got "
             f"{positives} positive and {len(rows) - positives} negative"
         )
-    x = np.array([r for r, _ in rows], dtype=float)
-    # Standardised so that the L2 penalty treats a logit (range ~±14) and a coverage (0..1) alike;
-    # C=1.0 regularises lightly: with tens of examples it keeps a separable set from infinite weights.
-    mean, std = x.mean(axis=0), x.std(axis=0)
-    std[std == 0] = 1.0
-    model = LogisticRegression(C=1.0).fit((x - mean) / std, [y for _, y in rows])
-    coef = model.coef_[0] / std
-    intercept = float(model.intercept_[0] - (coef * mean).sum())
+    coef, intercept = logistic_fit([r for r, _ in rows], [y for _, y in rows])
     slope = float(coef[0])
     if slope <= 0:
         raise ValueError(f"scores do not rank the labels (fitted slope {slope:.3g}); judge is not usable")

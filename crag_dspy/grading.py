@@ -18,10 +18,18 @@ from typing import Any, Literal
 
 from dspy.predict.parameter import Parameter
 
-from .calibration import _logit, _sigmoid
+from .calibration import _sigmoid, logistic_fit, logit
 from .evaluator import EvaluatorError, RelevanceEvaluator
 
-__all__ = ["GRADE_MODES", "SIGNALS", "Grading", "LinearScore", "SignalScores", "fit_linear_score"]
+__all__ = [
+    "GRADE_MODES",
+    "SIGNALS",
+    "Grading",
+    "LinearScore",
+    "SignalScores",
+    "fit_linear_score",
+    "fused_signals",
+]
 
 GradeMode = Literal["llm", "evaluator", "fused"]
 GRADE_MODES: tuple[str, ...] = ("llm", "evaluator", "fused")
@@ -61,28 +69,23 @@ class LinearScore:
 def fit_linear_score(
     rows: Sequence[Mapping[str, float]], labels: Sequence[int | bool], *, c: float = 1.0
 ) -> LinearScore:
-    """Logistic regression of ``labels`` on the signals of ``rows`` (all rows name the same signals).
-
-    Signals are standardised so that the L2 penalty treats a logit and a similarity alike. Raises
-    ValueError with fewer than 2 examples of either label.
-    """
-    import numpy as np
-    from sklearn.linear_model import LogisticRegression
-
+    """Logistic regression of ``labels`` on the signals of ``rows`` (all rows name the same signals),
+    as :func:`~crag_dspy.calibration.logistic_fit` fits it. Raises ValueError with fewer than 2
+    examples of either label."""
     if len(rows) != len(labels):
         raise ValueError(f"{len(rows)} signal rows for {len(labels)} labels")
     y = [int(bool(v)) for v in labels]
     if sum(y) < 2 or len(y) - sum(y) < 2:
         raise ValueError(f"a fit needs 2 positive and 2 negative examples, got {sum(y)} of {len(y)} positive")
     names = sorted(rows[0])
-    x = np.array([[row[n] for n in names] for row in rows], dtype=float)
-    mean, std = x.mean(axis=0), x.std(axis=0)
-    std[std == 0] = 1.0
-    model = LogisticRegression(C=c).fit((x - mean) / std, y)
-    coef = model.coef_[0] / std
-    return LinearScore(
-        {n: float(w) for n, w in zip(names, coef)}, float(model.intercept_[0] - (coef * mean).sum())
-    )
+    coef, intercept = logistic_fit([[row[n] for n in names] for row in rows], y, c=c)
+    return LinearScore(dict(zip(names, coef)), intercept)
+
+
+def fused_signals(llm_score: float, evaluator_logit: float, similarity: float) -> dict[str, float]:
+    """The signals a fused grade weighs, from the LLM judge's score, the evaluator's logit and the
+    retrieval similarity: one definition for fitting, measuring and grading."""
+    return {"llm": logit(llm_score), "evaluator": evaluator_logit, "similarity": similarity}
 
 
 @dataclass(frozen=True)
@@ -210,7 +213,7 @@ class Grading(Parameter):
                 note="the LLM judge failed; graded by the trained evaluator alone",
             )
         assert self.fused_score is not None
-        signals = {"llm": _logit(llm_score), "evaluator": evaluator_logit, "similarity": similarity}
+        signals = fused_signals(llm_score, evaluator_logit, similarity)
         return SignalScores(self.fused_score(signals), "fused", {k: round(v, 4) for k, v in signals.items()})
 
 

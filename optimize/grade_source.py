@@ -27,10 +27,9 @@ from typing import Any
 import dspy
 from tqdm.auto import tqdm
 
-from crag_dspy.calibration import _logit
 from crag_dspy.embeddings import Embedder
 from crag_dspy.evaluator import EvaluatorError, RelevanceEvaluator, TrainingConfig, train_evaluator
-from crag_dspy.grading import fit_linear_score
+from crag_dspy.grading import fit_linear_score, fused_signals
 
 from .metrics import binary_report, bootstrap_auc_interval, wilson_interval
 
@@ -200,8 +199,7 @@ def choose_grade_source(
         llm.held_out, llm.held_out_scores, _similarities(embedder, llm.held_out)
     ):
         if llm_score is not None:
-            signals = {"llm": _logit(llm_score), "similarity": sim}
-            fit_rows.append({**signals, "evaluator": logit_of[(example.question, example.document)]})
+            fit_rows.append(fused_signals(llm_score, logit_of[(example.question, example.document)], sim))
             fit_labels.append(int(bool(example.relevant)))
     try:
         fused_score = fit_linear_score(fit_rows, fit_labels)
@@ -209,9 +207,7 @@ def choose_grade_source(
         report["fused_not_fitted"] = str(exc)
     if fused_score is not None:
         fused = [
-            None
-            if llm_score is None
-            else fused_score({"llm": _logit(llm_score), "evaluator": logit, "similarity": sim})
+            None if llm_score is None else fused_score(fused_signals(llm_score, logit, sim))
             for llm_score, logit, sim in zip(llm.val, val_logits, _similarities(embedder, val))
         ]
         candidates["fused"] = measured(fused, gold, questions)
