@@ -1,9 +1,9 @@
-"""Threshold tuning speed: Optuna trials per second and LM calls per trial on cached routes of a
-100-question validation set, for each sampler, in memory and with the study saved to a journal file;
-the best accuracy found against the exact optimum; and the previous implementation (TPE writing each
-trial to sqlite) for comparison.
+"""Exact threshold search speed: grid points per second of the Optuna GridSampler study over the
+breakpoints (in memory and saved to a journal file), LM calls per point, the whole tuning (exact
+search, tie rule, out-of-fold noise check, per-type candidates), and the optimum checked against a
+brute-force scan of every breakpoint pair with the product's routing rule.
 
-    python benchmarks/optuna_trials.py [--questions 100] [--trials 2000] [--seeds 3] [--out results.json]
+    python benchmarks/optuna_trials.py [--questions 100] [--seeds 3] [--out results.json]
 
 The routes are synthetic (seeded): grades and per-action correctness drawn like a small grader's, so
 the numbers need no model. Any LM request made during tuning would be counted: a counting LM is the
@@ -22,9 +22,8 @@ import time
 from pathlib import Path
 
 import dspy
-import optuna
 
-from optimize.thresholds import QuestionRoutes, _upper, route_accuracy, tune_thresholds
+from optimize.thresholds import QuestionRoutes, route_accuracy, tune_thresholds
 
 
 class CountingLM(dspy.BaseLM):
@@ -55,7 +54,8 @@ def synthetic_routes(n: int, seed: int) -> list[QuestionRoutes]:
             "AMBIGUOUS": rng.random() < (0.75 if relevant else 0.55),
             "INCORRECT": not relevant and rng.random() < 0.6,
         }
-        routes.append(QuestionRoutes(f"q{i}", scores, dict.fromkeys(correct, ""), correct))
+        kind = rng.choice(("person", "place", "other"))
+        routes.append(QuestionRoutes(f"q{i}", scores, dict.fromkeys(correct, ""), correct, {}, kind))
     return routes
 
 
@@ -67,92 +67,55 @@ def exact_optimum(routes: list[QuestionRoutes]) -> float:
     return max(route_accuracy(routes, lo, up) for i, lo in enumerate(values) for up in values[i:])
 
 
-def previous_implementation(routes: list[QuestionRoutes], trials: int, seed: int, folder: Path) -> float:
-    """Before this benchmark: multivariate TPE with every trial written to sqlite as it finished."""
-    study = optuna.create_study(
-        storage=f"sqlite:///{folder / 'previous.db'}",
-        direction="maximize",
-        sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True),
-    )
-
-    def objective(trial: optuna.Trial) -> float:
-        lower = trial.suggest_float("lower", 0.0, 1.0)
-        return route_accuracy(routes, lower, _upper(lower, trial.suggest_float("gap", 0.0, 1.0)))
-
-    started = time.perf_counter()
-    study.optimize(objective, n_trials=trials)
-    return trials / (time.perf_counter() - started)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--questions", type=int, default=100)
-    parser.add_argument("--trials", type=int, default=2000)
-    parser.add_argument("--seeds", type=int, default=3, help="synthetic validation sets (and sampler seeds)")
-    parser.add_argument("--previous-trials", type=int, default=200, help="trials of the old sqlite+TPE path")
+    parser.add_argument("--seeds", type=int, default=3, help="synthetic validation sets")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-
     lm = CountingLM()
-    tune_thresholds(synthetic_routes(10, 0), trials=16)  # imports and first-call set-up are not trials
-    tune_thresholds(synthetic_routes(10, 0), trials=16, sampler="tpe")
+    tune_thresholds(synthetic_routes(10, 0))  # imports and first-call set-up are not trials
     runs: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp, dspy.context(lm=lm):
-        folder = Path(tmp)
         for seed in range(args.seeds):
             routes = synthetic_routes(args.questions, seed)
-            exact = exact_optimum(routes)
-            for sampler in ("sobol", "tpe"):
-                for storage in (None, folder / f"{sampler}-{seed}.log"):
-                    before = lm.requests
-                    started = time.perf_counter()
-                    result = tune_thresholds(
-                        routes, trials=args.trials, seed=seed, storage=storage, sampler=sampler
-                    )
-                    wall = time.perf_counter() - started
-                    runs.setdefault(f"{sampler}, {'journal file' if storage else 'in memory'}", []).append(
-                        {
-                            "trials_per_second": result.trials_per_second,
-                            "trials_per_second_including_save": args.trials / wall,
-                            "save_seconds": result.persist_seconds,
-                            "lm_calls_per_trial": (lm.requests - before) / args.trials,
-                            "best": result.accuracy,
-                            "exact": exact,
-                        }
-                    )
-            runs.setdefault("previous: tpe, sqlite per trial", []).append(
-                {"trials_per_second": previous_implementation(routes, args.previous_trials, seed, folder)}
-            )
-
+            brute = exact_optimum(routes)
+            for storage in (None, Path(tmp) / f"grid-{seed}.log"):
+                before, started = lm.requests, time.perf_counter()
+                result = tune_thresholds(routes, storage=storage, seed=seed)
+                wall = time.perf_counter() - started
+                runs.setdefault("journal file" if storage else "in memory", []).append(
+                    {
+                        "grid_points": result.trials,
+                        "grid_points_per_second": result.trials_per_second,
+                        "grid_points_per_second_including_save": result.trials
+                        / (result.seconds + result.persist_seconds),
+                        "tuning_seconds": wall,
+                        "lm_calls": lm.requests - before,
+                        "optimum_minus_brute_force": result.tuned_accuracy - brute,
+                        "shipped": result.shipped,
+                    }
+                )
+    print(f"{args.questions} questions, {args.seeds} seeds (median; Python {platform.python_version()})")
     print(
-        f"{args.questions} questions, {args.trials} trials, {args.seeds} seeds "
-        f"({platform.machine()}, Python {platform.python_version()}, optuna {optuna.__version__})"
+        f"{'':14} {'grid points':>11} {'points/s':>9} {'incl. save':>10} {'tuning s':>9} {'LM calls':>9} {'opt - brute':>12}"
     )
-    print(f"{'':34} {'trials/s':>9} {'incl. save':>10} {'LM calls/trial':>15} {'best - exact':>13}")
     summary = {}
     for name, rows in runs.items():
-        median = {
-            key: statistics.median(r[key] for r in rows) for key in rows[0] if key not in ("best", "exact")
-        }
-        if "best" in rows[0]:
-            median["worst_gap_to_exact"] = max(r["exact"] - r["best"] for r in rows)
+        median = {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "shipped"}
+        median["worst_optimum_minus_brute_force"] = min(r["optimum_minus_brute_force"] for r in rows)
         summary[name] = median
         print(
-            f"{name:34} {median['trials_per_second']:9.0f} "
-            f"{median.get('trials_per_second_including_save', float('nan')):10.0f} "
-            f"{median.get('lm_calls_per_trial', float('nan')):15.1f} "
-            f"{-median['worst_gap_to_exact'] if 'worst_gap_to_exact' in median else float('nan'):13.3f}"
+            f"{name:14} {median['grid_points']:11.0f} {median['grid_points_per_second']:9.0f} "
+            f"{median['grid_points_per_second_including_save']:10.0f} {median['tuning_seconds']:9.2f} "
+            f"{median['lm_calls']:9.0f} {median['worst_optimum_minus_brute_force']:12.4f}"
         )
-    default = summary["sobol, journal file"]
-    old = summary["previous: tpe, sqlite per trial"]["trials_per_second"]
-    print(
-        f"default (sobol, journal file) vs previous implementation: "
-        f"{default['trials_per_second_including_save'] / old:.0f}x the trials per second, saving included"
-    )
     if args.out:
-        record = {"args": vars(args) | {"out": str(args.out)}, "summary": summary, "runs": runs}
-        args.out.write_text(json.dumps(record, indent=2))
+        args.out.write_text(
+            json.dumps(
+                {"questions": args.questions, "seeds": args.seeds, "summary": summary, "runs": runs}, indent=2
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -119,6 +119,7 @@ def assemble(
         retries=settings.lm_retries,
         max_question_chars=settings.max_question_chars,
         answer_units=settings.answer_units,
+        internal_retries=settings.internal_retries,
     )
     return crag, backends
 

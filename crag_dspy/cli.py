@@ -76,6 +76,13 @@ def add_program_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--k", type=int, help="documents retrieved per question")
     g.add_argument("--lower", type=float, help="lower threshold (overrides the program's)")
     g.add_argument("--upper", type=float, help="upper threshold (overrides the program's)")
+    g.add_argument(
+        "--internal-retries",
+        type=int,
+        metavar="N",
+        help="on AMBIGUOUS or INCORRECT, rewrite the query and search the internal store again, at most N "
+        "rounds, before the web (default 0: off; overrides the program's)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,6 +138,7 @@ _SETTING_FLAGS = (
     "k",
     "lower",
     "upper",
+    "internal_retries",
 )
 
 
@@ -160,15 +168,28 @@ def _grade_sources(documents) -> str:
 
 def format_trace(trace) -> str:
     """A compact, human-readable account of one CRAG run."""
+    rounds = trace.internal_rounds
+    retried = f"; first {trace.first_action}, {len(rounds)} internal retry round(s)" if rounds else ""
     lines = [
         f"answer: {trace.answer}"
         + (f"  (the LM replied {trace.lm_answer!r}; unit from the context)" if trace.lm_answer else ""),
-        f"action: {trace.action}  (lower={trace.lower:.2f}, upper={trace.upper:.2f})",
+        f"action: {trace.action}  (lower={trace.lower:.2f}, upper={trace.upper:.2f}"
+        + (f" for {trace.question_type} questions" if trace.question_type else "")
+        + f"{retried})",
         f"documents (graded by {_grade_sources(trace.documents)}):",
     ]
+    found_in = {pid: r.round for r in rounds for pid in r.passage_ids}
     for d in trace.documents:
         score = "error" if d.score is None else f"{d.score:.2f}"
-        lines.append(f"  #{d.rank} {score:>5}  {d.title[:70]}  [{d.doc_id}]")
+        where = f"  (retry round {found_in[d.id]})" if d.id in found_in else ""
+        lines.append(f"  #{d.rank} {score:>5}  {d.title[:70]}  [{d.doc_id}]{where}")
+    if rounds:
+        lines.append(f"internal retries (at most {trace.internal_retries} rounds):")
+    for r in rounds:
+        scores = ", ".join("error" if x is None else f"{x:.2f}" for x in r.scores) or "nothing new"
+        again = f", {r.repeated} found again" if r.repeated else ""
+        ended = f"  (ended: {r.error})" if r.error else ""
+        lines.append(f"  round {r.round}: query={r.query!r} graded [{scores}]{again} -> {r.action}{ended}")
     kept = [s for s in [*trace.internal_strips, *trace.external_strips] if s.kept]
     dropped = len(trace.internal_strips) + len(trace.external_strips) - len(kept)
     if trace.web_query is not None:
@@ -192,7 +213,8 @@ def format_trace(trace) -> str:
 
 def program_from_args(args: argparse.Namespace, *, lm=None, progress: bool = True):
     """The program ``ask`` and ``serve`` run: the compiled ``--program`` on its own domain (unless
-    --domain/--domain-dir name one) or the uncompiled default; threshold flags beat the program's."""
+    --domain/--domain-dir name one) or the uncompiled default; threshold and --internal-retries flags
+    beat the program's."""
     from .app import open_program
 
     settings = settings_from_args(args)
@@ -208,6 +230,8 @@ def program_from_args(args: argparse.Namespace, *, lm=None, progress: bool = Tru
                 "upper": settings.upper if args.upper is not None else thresholds.upper,
             }
         )
+    if loaded.compiled and getattr(args, "internal_retries", None) is not None:
+        loaded.crag.internal_retries = settings.internal_retries
     return loaded
 
 

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import dspy
 from dspy.predict.parameter import Parameter
 
-from signatures import AnswerFromContext, FilterStrip, GradeDocument, RewriteQuery
+from signatures import AnswerFromContext, FilterStrip, GradeDocument, ReviseQuery, RewriteQuery
 
 from .answer_form import attach_unit
 from .embeddings import Embedder
@@ -26,13 +27,14 @@ from .generation import check_text_adapter, text_config, text_format
 from .grading import Grading
 from .judging import BinaryJudge, Judgement
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
-from .routing import Action, decide_action, validate_thresholds
+from .retry import check_internal_retries, is_new_query
+from .routing import QUESTION_TYPES, Action, decide_action, question_type, validate_thresholds
 from .strips import Strip, check_fallback_web_strips, decompose, format_context, recompose, select_strips
-from .trace import CRAGTrace, DocumentGrade, StripRecord, TraceRecorder, WebRecord
+from .trace import CRAGTrace, DocumentGrade, InternalRound, StripRecord, TraceRecorder, WebRecord
 from .untrusted import sanitize_passage, sanitize_web_result
 from .validation import DEFAULT_MAX_QUESTION_CHARS, normalize_question
 
-__all__ = ["CRAG", "UNKNOWN_ANSWER", "Thresholds", "WebKnowledge", "knowledge_for"]
+__all__ = ["CRAG", "UNKNOWN_ANSWER", "RetryRound", "Thresholds", "WebKnowledge", "knowledge_for"]
 
 UNKNOWN_ANSWER = "I don't know"
 _SHARED = frozenset({"retriever", "web_search", "lm", "embedder"})
@@ -45,6 +47,31 @@ class WebKnowledge:
 
     strips: list[Strip]
     reserve: list[Strip] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RetryRound:
+    """What one internal retry round found (:meth:`CRAG.retry_round`): the ``passages`` no earlier
+    retrieval had, with their ``scores``; ``repeated`` passages were found again and not graded twice.
+    ``error`` says what ended the rounds with nothing new graded (a store fault, no new query)."""
+
+    query: str
+    passages: list[Passage] = field(default_factory=list)
+    scores: list[float | None] = field(default_factory=list)
+    repeated: int = 0
+    error: str | None = None
+
+    def record(self, number: int, action: Action) -> InternalRound:
+        """This round as the trace shows it, with the action decided after it."""
+        return InternalRound(
+            round=number,
+            query=self.query,
+            passage_ids=[p.id for p in self.passages],
+            scores=list(self.scores),
+            repeated=self.repeated,
+            action=action.value,
+            error=self.error,
+        )
 
 
 def knowledge_for(
@@ -71,22 +98,51 @@ def _before_marker(value: object) -> str:
     return str(value).split("[[", 1)[0]
 
 
+def _clean_query(pred: dspy.Prediction | None) -> str:
+    """A rewriter's or reviser's query on one line, without quotes or stray separators ("" for none)."""
+    raw = _before_marker(pred.query) if pred is not None and pred.query else ""
+    return " ".join(raw.split()).strip(" ;\"'")[:300]
+
+
 class Thresholds(Parameter):
     """The (lower, upper) action thresholds as DSPy state, so they are saved with the program's JSON,
-    also when CRAG is nested in another module, and survive optimizers' ``reset_copy``."""
+    also when CRAG is nested in another module, and survive optimizers' ``reset_copy``.
 
-    def __init__(self, lower: float = 0.3, upper: float = 0.7):
-        validate_thresholds(lower, upper)
-        self.lower, self.upper = float(lower), float(upper)
+    ``by_type`` maps a question type (:func:`~crag_dspy.routing.question_type`) to its own pair; other
+    types use (lower, upper). The compile ships per-type pairs only when they beat one pair on val.
+    """
 
-    def dump_state(self, json_mode: bool = True) -> dict[str, float]:
-        return {"lower": self.lower, "upper": self.upper}
+    def __init__(
+        self, lower: float = 0.3, upper: float = 0.7, by_type: dict[str, tuple[float, float]] | None = None
+    ):
+        self.load_state({"lower": lower, "upper": upper, "by_type": by_type or {}})
+
+    def dump_state(self, json_mode: bool = True) -> dict[str, Any]:
+        state: dict[str, Any] = {"lower": self.lower, "upper": self.upper}
+        if self.by_type:  # absent, not empty, so programs without per-type pairs read as before
+            state["by_type"] = {kind: list(pair) for kind, pair in sorted(self.by_type.items())}
+        return state
 
     def load_state(self, state: dict[str, Any]) -> Thresholds:
         lower, upper = float(state["lower"]), float(state["upper"])
         validate_thresholds(lower, upper)
-        self.lower, self.upper = lower, upper
+        by_type: dict[str, tuple[float, float]] = {}
+        for kind, pair in (state.get("by_type") or {}).items():
+            if kind not in QUESTION_TYPES:
+                raise ValueError(f"unknown question type {kind!r} in thresholds; known: {QUESTION_TYPES}")
+            if len(pair) != 2:
+                raise ValueError(f"thresholds for {kind!r} must be [lower, upper], got {pair!r}")
+            validate_thresholds(float(pair[0]), float(pair[1]))
+            by_type[kind] = (float(pair[0]), float(pair[1]))
+        self.lower, self.upper, self.by_type = lower, upper, by_type
         return self
+
+    def for_question(self, question: str) -> tuple[float, float, str | None]:
+        """The (lower, upper) pair that routes ``question`` and its type (None without per-type pairs)."""
+        if not self.by_type:
+            return self.lower, self.upper, None
+        kind = question_type(question)
+        return (*self.by_type.get(kind, (self.lower, self.upper)), kind)
 
     def reset(self) -> None:
         """Thresholds are tuned state, not demos: optimizers' resets keep them."""
@@ -120,6 +176,8 @@ class CRAG(dspy.Module):
         max_question_chars: longer questions are refused with :class:`~crag_dspy.validation.QuestionError`.
         answer_units: a bare-number answer gets the unit its context states ("260" -> "260 velds",
             :func:`~crag_dspy.answer_form.attach_unit`); the LM's own reply stays in the trace.
+        internal_retries: on AMBIGUOUS or INCORRECT, search the internal store again with a rewritten
+            query for at most this many rounds before the web (:meth:`retry_internal`); 0: off.
 
     Calling the module raises :class:`~crag_dspy.validation.QuestionError` for a bad question,
     :class:`~crag_dspy.faults.RetrievalError` when the store fails and
@@ -152,6 +210,7 @@ class CRAG(dspy.Module):
         retries: int = 2,
         max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
         answer_units: bool = True,
+        internal_retries: int = 0,
     ):
         super().__init__()
         # Plain attributes, not DSPy parameters: they are infrastructure, never saved into program JSON.
@@ -162,6 +221,7 @@ class CRAG(dspy.Module):
         self.fallback_web_strips = check_fallback_web_strips(fallback_web_strips)
         self.sentences_per_strip, self.web_results, self.retries = sentences_per_strip, web_results, retries
         self.max_question_chars, self.answer_units = max_question_chars, answer_units
+        self.internal_retries = check_internal_retries(internal_retries)
         if judge_adapter not in ("label", "chat"):
             raise ValueError(f"unknown judge adapter {judge_adapter!r}; choose 'label' or 'chat'")
         self.text_adapter = check_text_adapter(text_adapter)
@@ -180,6 +240,8 @@ class CRAG(dspy.Module):
         self._grade_term_stems = check_term_stems(grade_term_stems)
         self.grade_sentences = grade_sentences
         self.rewriter = dspy.Predict(RewriteQuery)
+        # Writes the query of a later internal retry round; never called with internal_retries < 2.
+        self.reviser = dspy.Predict(ReviseQuery)
         self.answerer = dspy.Predict(AnswerFromContext)
 
     @property
@@ -233,9 +295,14 @@ class CRAG(dspy.Module):
         run = self.new_run(question)
         with self.lm_scope(run.trace):
             passages, scores = self.grade_documents(question, run)
-            action = decide_action(scores, self.thresholds.lower, self.thresholds.upper)
+            bounds = run.trace.lower, run.trace.upper  # this question's pair (per type when tuned so)
+            action = decide_action(scores, *bounds)
+            query = None  # the web query, when the internal retries wrote it already
+            if action.uses_web and self.internal_retries:
+                passages, scores, query = self.retry_internal(question, passages, scores, run)
+                action = decide_action(scores, *bounds)
             run.trace.action = action.value
-            external = self.external_knowledge(question, run) if action.uses_web else None
+            external = self.external_knowledge(question, run, query=query) if action.uses_web else None
             internal: list[Strip] = []
             if action.uses_internal or external is None:
                 if action is Action.INCORRECT:
@@ -249,13 +316,16 @@ class CRAG(dspy.Module):
 
     # -- stages (public so that threshold tuning can run each once and re-route offline) ------------
     def new_run(self, question: str) -> TraceRecorder:
+        lower, upper, kind = self.thresholds.for_question(question)
         return TraceRecorder(
             CRAGTrace(
                 question=question,
-                lower=self.thresholds.lower,
-                upper=self.thresholds.upper,
+                lower=lower,
+                upper=upper,
+                question_type=kind,
                 retriever=getattr(self.retriever, "name", type(self.retriever).__name__),
                 web_backend=getattr(self.web_search, "name", type(self.web_search).__name__),
+                internal_retries=self.internal_retries,
             )
         )
 
@@ -276,13 +346,18 @@ class CRAG(dspy.Module):
                 run.error(message)
                 raise RetrievalError(run.trace.errors[-1], run.trace) from exc
         with run.stage("grade"):
-            # The trained evaluator scores all k passages in one batched pass, before any LLM call.
-            logits = self.grading.evaluator_logits(question, [p.display for p in passages])
-            scores = [
-                self._grade(question, passage, None if logits is None else logits[i], run)
-                for i, passage in enumerate(passages)
-            ]
+            scores = self._grade_passages(question, passages, run)
         return passages, scores
+
+    def _grade_passages(
+        self, question: str, passages: list[Passage], run: TraceRecorder
+    ) -> list[float | None]:
+        # The trained evaluator scores all the passages in one batched pass, before any LLM call.
+        logits = self.grading.evaluator_logits(question, [p.display for p in passages]) if passages else None
+        return [
+            self._grade(question, passage, None if logits is None else logits[i], run)
+            for i, passage in enumerate(passages)
+        ]
 
     def _grade(
         self, question: str, passage: Passage, logit: float | None, run: TraceRecorder
@@ -327,6 +402,88 @@ class CRAG(dspy.Module):
                 run.error(f"grader failed on {passage.doc_id} (treated as unknown): {judgement.errors[-1]}")
             self._count_lm_outcome(judgement, "grade", run)
         return graded.score
+
+    def retry_internal(
+        self, question: str, passages: list[Passage], scores: list[float | None], run: TraceRecorder
+    ) -> tuple[list[Passage], list[float | None], str]:
+        """Rewrite and retry internal retrieval before the web, for at most ``internal_retries`` rounds.
+
+        Round 1 searches the store with the web query (written once: the web search reuses it), later
+        rounds with a query written knowing those tried (:meth:`revise_query`). Each round grades only
+        the passages not graded before (:meth:`retry_round`), and the action is decided again on every
+        grade so far; the rounds stop once it is CORRECT, after a round that ended with an error, or at
+        the cap (the same rule as :func:`~crag_dspy.retry.route_with_retries`). Every round is in the
+        trace. Returns every passage graded, in order, their grades, and the web query.
+        """
+        lower, upper = run.trace.lower, run.trace.upper  # the thresholds this run routes with
+        passages, scores, tried = list(passages), list(scores), [question]
+        run.trace.first_action = decide_action(scores, lower, upper).value
+        with run.stage("rewrite"):
+            web_query = self._rewrite(question, run)
+        for number in range(1, self.internal_retries + 1):
+            query = web_query if number == 1 else self.revise_query(question, tried, run)
+            found = self.retry_round(question, query, tried, passages, run)
+            passages += found.passages
+            scores += found.scores
+            tried.append(found.query)
+            action = decide_action(scores, lower, upper)
+            run.trace.internal_rounds.append(found.record(number, action))
+            if found.error or not action.uses_web:
+                break
+        return passages, scores, web_query
+
+    def revise_query(self, question: str, tried: Sequence[str], run: TraceRecorder) -> str | None:
+        """A search query for a later internal retry round, written knowing the queries ``tried`` (the
+        question first): its input differs from every earlier request, so it is never the same LM call
+        again. None when the reviser failed; the fallback says so."""
+        with run.stage("internal_retry"):
+            pred = self._predict_with_retries(
+                self.reviser, "query revision", run, question=question, tried_queries="\n".join(tried)
+            )
+        query = _clean_query(pred)
+        if not query:
+            run.fallback("query revision failed; the internal retries ended")
+            return None
+        return query
+
+    def retry_round(
+        self,
+        question: str,
+        query: str | None,
+        tried: Sequence[str],
+        graded: Sequence[Passage],
+        run: TraceRecorder,
+    ) -> RetryRound:
+        """Search the internal store with ``query`` and grade the passages that are not in ``graded``.
+
+        ``tried`` are the queries searched before (the question first); a query among them, or None (no
+        query could be written), ends the rounds without a search: it would find what was graded.
+        New passages are ranked after ``graded``, so that refinement and the trace put them after the
+        passages graded before. A store fault does not raise here: the round ends the retries with the
+        error in the trace, and the route goes on with what was graded (the web, when it still uses it).
+        """
+        if query is None:
+            return RetryRound("", error="no query: the query revision failed")
+        if not is_new_query(query, tried):
+            return RetryRound(query, error="no new query: it repeats one already searched")
+        with run.stage("internal_retry"):
+            try:
+                found = self.retriever.retrieve(query, self.k)
+            except Exception as exc:  # noqa: BLE001 - any store failure degrades this round only
+                run.error(
+                    f"retriever {run.trace.retriever} failed in an internal retry: {describe_error(exc)}"
+                )
+                run.fallback("an internal retry round failed; went on with the passages graded before it")
+                return RetryRound(query, error=run.trace.errors[-1])
+            seen = {p.id for p in graded}
+            new = []
+            for passage in found:
+                if passage.id not in seen:
+                    seen.add(passage.id)
+                    new.append(replace(passage, rank=len(graded) + len(new)))
+            new = self._untrusted(new, sanitize_passage, run)  # the others were made inert when first found
+            scores = self._grade_passages(question, new, run)
+        return RetryRound(query, new, scores, repeated=len(found) - len(new))
 
     def internal_knowledge(
         self, question: str, passages: list[Passage], scores: list[float | None], run: TraceRecorder
@@ -477,8 +634,7 @@ class CRAG(dspy.Module):
 
     def _rewrite(self, question: str, run: TraceRecorder) -> str:
         pred = self._predict_with_retries(self.rewriter, "query rewrite", run, question=question)
-        raw = _before_marker(pred.query) if pred is not None and pred.query else ""
-        query = " ".join(raw.split()).strip(" ;\"'")[:300]
+        query = _clean_query(pred)
         if not query:
             run.fallback("query rewrite failed; searched with the question itself")
             return question

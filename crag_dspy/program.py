@@ -18,6 +18,7 @@ from .evaluator import EvaluatorError, RelevanceEvaluator
 from .focus import check_grade_sentences, check_term_stems, check_term_weight
 from .generation import check_text_adapter
 from .module import CRAG
+from .retry import check_internal_retries
 from .strips import check_fallback_web_strips
 
 __all__ = [
@@ -35,8 +36,10 @@ PROGRAM_FORMAT = "crag-dspy-program"
 # 2: judges carry a fitted calibration; 3: a calibration may weigh lexical evidence; 4: the grade
 # source (LLM judge, trained evaluator or fused) with the evaluator's weights folder. Versions 2 and 3
 # load as LLM-judge programs; older readers refuse version 4 instead of ignoring its evaluator.
-PROGRAM_FORMAT_VERSION = 4
-SUPPORTED_FORMAT_VERSIONS = (2, 3, 4)
+# 5: per-question-type thresholds and internal retry rounds; older readers refuse them instead of
+# routing every question with one pair and no retries.
+PROGRAM_FORMAT_VERSION = 5
+SUPPORTED_FORMAT_VERSIONS = (2, 3, 4, 5)
 _LLM_GRADING = {"mode": "llm", "evaluator": None, "evaluator_score": None, "fused_score": None}
 _CONFIG_KEYS = ("k", "strip_threshold", "max_strips", "sentences_per_strip", "web_results")
 
@@ -54,6 +57,7 @@ def program_config(crag: CRAG) -> dict[str, Any]:
         "grade_term_stems": crag.grade_term_stems,
         "answer_units": crag.answer_units,
         "fallback_web_strips": crag.fallback_web_strips,
+        "internal_retries": crag.internal_retries,
     }
 
 
@@ -175,6 +179,8 @@ def apply_program(crag: CRAG, document: dict[str, Any], program_dir: Path | str 
     grade_term_stems = _checked(config, "grade_term_stems", False, check_term_stems)
     # Programs from before the web's reserve strips existed answered "I don't know" instead.
     fallback_web_strips = _checked(config, "fallback_web_strips", 0, check_fallback_web_strips)
+    # Programs from before the internal retries existed went to the web at once.
+    internal_retries = _checked(config, "internal_retries", 0, check_internal_retries)
     answer_units = config.get("answer_units", False)
     if not isinstance(answer_units, bool):
         raise ProgramError(
@@ -183,6 +189,9 @@ def apply_program(crag: CRAG, document: dict[str, Any], program_dir: Path | str 
     state = dict(document["state"])
     if document.get("format_version", PROGRAM_FORMAT_VERSION) < 4:
         state.setdefault("grading", _LLM_GRADING)  # programs before the evaluator graded with the LLM
+    # Programs from before the internal retries' query reviser existed: it keeps its uncompiled prompt
+    # (they never call it unless internal_retries is set to 2 or more).
+    state.setdefault("reviser", crag.reviser.dump_state(json_mode=True))
     evaluator = _load_evaluator(state.get("grading"), program_dir)
     expected = {name for name, _ in crag.named_parameters()}
     missing = expected - state.keys()
@@ -216,6 +225,7 @@ def apply_program(crag: CRAG, document: dict[str, Any], program_dir: Path | str 
     # Programs from before units were attached were measured with the LM's bare replies.
     crag.answer_units = answer_units
     crag.fallback_web_strips = fallback_web_strips
+    crag.internal_retries = internal_retries
     return crag
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from enum import Enum
 
-__all__ = ["Action", "decide_action", "validate_thresholds"]
+__all__ = ["QUESTION_TYPES", "Action", "decide_action", "question_type", "validate_thresholds"]
 
 
 class Action(str, Enum):
@@ -44,3 +45,35 @@ def decide_action(scores: Sequence[float | None], lower: float, upper: float) ->
     if len(known) == len(scores) and all(s < lower for s in known):
         return Action.INCORRECT
     return Action.AMBIGUOUS
+
+
+QUESTION_TYPES = ("quantity", "time", "place", "person", "other")
+
+_TYPE_PATTERNS = (
+    (
+        "quantity",
+        (
+            r"\bhow (many|much|long|often|far|old|big|large|tall|high|heavy)\b"
+            r"|\bwhat (percentage|number|amount|fee|cost|price|share)\b"
+        ),
+    ),
+    ("time", r"\bwhen\b|\b(what|which) (year|date|day|month|time|decade|century)\b"),
+    (
+        "place",
+        (
+            r"\bwhere\b|\b(what|which) (city|country|town|state|region|place|county|site|location|"
+            r"continent|province|island)\b"
+        ),
+    ),
+    ("person", r"\b(who|whom|whose)\b"),
+)
+
+
+def question_type(question: str) -> str:
+    """A question's answer type by its question words (one of :data:`QUESTION_TYPES`): the key of the
+    per-type thresholds, so the rule must stay stable across releases (a program stores the types)."""
+    text = question.lower()
+    for kind, pattern in _TYPE_PATTERNS:
+        if re.search(pattern, text):
+            return kind
+    return "other"

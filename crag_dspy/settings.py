@@ -115,6 +115,14 @@ class Settings(BaseSettings):
         description="When no knowledge reaches strip_threshold on a route that searched the web, answer "
         'from this many of the best-scored web strips below it (0: answer "I don\'t know").',
     )
+    internal_retries: int = Field(
+        0,
+        ge=0,
+        le=5,
+        description="On AMBIGUOUS or INCORRECT, search the internal store again with a rewritten query for "
+        "at most this many rounds before the web, grading only new passages (0: off; a compiled program "
+        "records its value).",
+    )
     web_results: int = Field(3, ge=1, le=10, description="Web results requested per search.")
     web_timeout_s: float = Field(15.0, gt=0, description="Seconds before a web search is abandoned.")
     web_domains: list[str] = Field(

@@ -17,6 +17,7 @@ from .redaction import redact
 __all__ = [
     "CRAGTrace",
     "DocumentGrade",
+    "InternalRound",
     "StageUsage",
     "StripRecord",
     "TraceRecorder",
@@ -67,6 +68,29 @@ class StripRecord(BaseModel):
     )
 
 
+class InternalRound(BaseModel):
+    """One rewrite-and-retry round on the internal store before the web (``CRAG(internal_retries=...)``)."""
+
+    round: int = Field(description="1 for the first retry (the question's own retrieval is not a round)")
+    query: str = Field(
+        description="what the store was searched with: round 1 the web query, later rounds "
+        "a query revised knowing those tried"
+    )
+    passage_ids: list[str] = Field(
+        default_factory=list,
+        description="passages this round found that no earlier retrieval had: graded, and listed in "
+        "documents after those graded before",
+    )
+    scores: list[float | None] = Field(default_factory=list, description="their grades, in the same order")
+    repeated: int = Field(0, description="passages found again that were graded before (not graded twice)")
+    action: str = Field(description="the action on every grade so far, after this round")
+    error: str | None = Field(
+        None,
+        description="what ended the rounds here with nothing new graded: the retriever failed, the query "
+        "revision failed, or the query repeated one already searched",
+    )
+
+
 class WebRecord(BaseModel):
     title: str
     url: str
@@ -92,10 +116,21 @@ class CRAGTrace(BaseModel):
     action: str | None = None
     lower: float
     upper: float
+    question_type: str | None = None
+    """The question's type when the program has per-type thresholds: (lower, upper) are that type's."""
     retriever: str
     web_backend: str
     lm_model: str | None = None
     documents: list[DocumentGrade] = []
+    internal_retries: int = Field(
+        0, description="most rewrite-and-retry rounds on the internal store (0: off)"
+    )
+    first_action: str | None = Field(
+        None, description="the action of the first retrieval's grades, when internal retry rounds followed it"
+    )
+    internal_rounds: list[InternalRound] = Field(
+        default_factory=list, description="the rewrite-and-retry rounds on the internal store, in order"
+    )
     internal_strips: list[StripRecord] = []
     web_query: str | None = None
     web_results: list[WebRecord] = []

@@ -47,11 +47,12 @@ from .datasets import (
 )
 from .evaluation import evaluate_program, judge_outcomes
 from .grade_source import GRADER_CHOICES, JudgeScores, choose_grade_source, evaluator_on_strips
-from .metrics import answer_matches, binary_report
+from .metrics import answer_matches, beats_beyond_noise, binary_report, wilson_interval
+from .parallel import check_num_threads, map_questions
 from .report import plot_landscape, write_report
+from .shared_work import CRAGPieces, SharedWork
 from .teleprompters import OPTIMIZERS, compile_stage, judge_metric
 from .thresholds import (
-    SAMPLERS,
     QuestionRoutes,
     TuningResult,
     accuracy_landscape,
@@ -59,11 +60,12 @@ from .thresholds import (
     routes_fingerprint,
     tune_thresholds,
 )
+from .variants import INTERNAL_RETRY_ROUNDS, Variant, run_variant
 
 __all__ = ["compile_program", "main"]
 
 log = logging.getLogger(__name__)
-STAGES = ("grader", "strips", "rewriter", "answerer")
+STAGES = ("grader", "strips", "rewriter", "answerer", "retry")
 GENERATORS = ("rewriter", "answerer")
 
 
@@ -249,21 +251,20 @@ def _tuned_on_routes(
     val_questions: list[QAPair],
     *,
     out: Path,
-    trials: int,
     seed: int,
     progress: bool,
-    sampler: str,
+    num_threads: int = 1,
 ) -> tuple[list[QuestionRoutes], TuningResult, int, int]:
     """``crag``'s routes for the val questions and the thresholds tuned on them (not applied to ``crag``),
     with the LM calls made by the trials (0 expected) and by the precomputation."""
-    routes, precompute_usage = precompute_routes(crag, val_questions, progress=progress)
+    routes, precompute_usage = precompute_routes(
+        crag, val_questions, progress=progress, num_threads=num_threads
+    )
     calls_before = len(lm.history)
     with dspy.track_usage() as trial_tracker:
         tuned = tune_thresholds(
             routes,
-            trials=trials,
             seed=seed,
-            sampler=sampler,
             storage=out.with_suffix(".optuna.log"),
             # Keyed by the routes: a study tuned on other grades or answers (changed data, prompts or
             # calibration) must not be resumed as if its trials still scored the same.
@@ -280,11 +281,10 @@ def _tune(
     domain: Domain,
     *,
     out: Path,
-    trials: int,
     seed: int,
     val_limit: int | None,
     progress: bool,
-    sampler: str = "sobol",
+    num_threads: int = 1,
     without_generation: CRAG | None = None,
 ) -> dict[str, Any]:
     """Precompute every QA-val question's routes once, tune the thresholds on them, plot the landscape.
@@ -295,7 +295,7 @@ def _tune(
     lengthen every rewrite and answer prompt. The judges' calls are shared (same prompts, DSPy's cache).
     """
     val_questions = qa_split(domain, "val", val_limit)
-    tuning = {"out": out, "trials": trials, "seed": seed, "progress": progress, "sampler": sampler}
+    tuning = {"out": out, "seed": seed, "progress": progress, "num_threads": num_threads}
     routes, tuned, trial_calls, precompute_calls = _tuned_on_routes(crag, lm, domain, val_questions, **tuning)
     generation = None
     if without_generation is not None:
@@ -318,7 +318,13 @@ def _tune(
             for name in GENERATORS:
                 getattr(crag, name).load_state(getattr(without_generation, name).dump_state())
             routes, tuned = base_routes, base
-    crag.thresholds.load_state({"lower": tuned.lower, "upper": tuned.upper})
+    crag.thresholds.load_state(
+        {
+            "lower": tuned.lower,
+            "upper": tuned.upper,
+            "by_type": {k: list(v) for k, v in tuned.by_type.items()},
+        }
+    )
     axis, grid = accuracy_landscape(routes)
     plot = plot_landscape(
         axis,
@@ -338,8 +344,52 @@ def _tune(
     }
     if generation is not None:
         result["generation"] = generation
-    result.pop("history")
     return result
+
+
+def _internal_retry_stage(
+    crag: CRAG, domain: Domain, val_limit: int | None, progress: bool, num_threads: int = 1
+) -> dict[str, Any]:
+    """Answer the QA-val questions with and without rewrite-and-retry rounds on the internal store
+    (:mod:`crag_dspy.retry`) and ship the rounds only when they beat none beyond noise (exact McNemar,
+    p < 0.05, more questions right). Both share every piece (grades, web query, web knowledge)."""
+    questions = qa_split(domain, "val", val_limit)
+    pieces = {"main": CRAGPieces(crag, SharedWork())}
+
+    def right(q: QAPair) -> tuple[bool, bool]:
+        results = []
+        for rounds in (0, INTERNAL_RETRY_ROUNDS):
+            try:
+                outcome = run_variant(Variant("CRAG", internal_retries=rounds), q.question, pieces, None)
+                results.append(answer_matches(outcome.answer, q.answers))
+            except CRAGRunError as exc:  # wrong either way, like a failed question in the evaluation
+                log.warning("question %s failed with %d retry rounds: %s", q.id, rounds, exc)
+                results.append(False)
+        return results[0], results[1]
+
+    pairs = map_questions(
+        right, questions, num_threads=num_threads, desc="internal retry (val)", progress=progress
+    )
+    without, with_retry = [a for a, _ in pairs], [b for _, b in pairs]
+    ship, p = beats_beyond_noise(with_retry, without)
+    if ship:
+        crag.internal_retries = INTERNAL_RETRY_ROUNDS
+    n = len(questions)
+    return {
+        "rounds": INTERNAL_RETRY_ROUNDS,
+        "questions": n,
+        "right": {"without": sum(without), "with": sum(with_retry)},
+        "intervals": {
+            "without": wilson_interval(sum(without), n),
+            "with": wilson_interval(sum(with_retry), n),
+        },
+        "p": p,
+        "shipped": ship,
+        "why": (
+            f"{sum(with_retry)} vs {sum(without)} of {n} val questions right with {INTERNAL_RETRY_ROUNDS} rounds "
+            f"(McNemar p={p:.3f}): " + ("a gain beyond noise" if ship else "no measured gain; not shipped")
+        ),
+    }
 
 
 def compile_program(
@@ -349,19 +399,19 @@ def compile_program(
     optimizer: str = "none",
     demos: int = 4,
     calibration_pairs: int = 64,
-    trials: int = 2000,
-    sampler: str = "sobol",
+    thresholds: bool = True,
     seed: int = 0,
     stages: tuple[str, ...] = ("grader", "strips"),
     out: Path | None = None,
-    val_limit: int | None = 24,
+    val_limit: int | None = None,
     judge_val_limit: int | None = 80,
-    test_limit: int | None = 24,
+    test_limit: int | None = None,
     evaluate_test: bool = True,
     grader: str = "auto",
     evaluator_base: Path | None = None,
     evaluator_training: TrainingConfig | None = None,
     progress: bool = True,
+    num_threads: int = 1,
 ) -> dict[str, Any]:
     """Compile the domain of ``settings`` and write the program JSON and report; returns the report."""
     started = time.perf_counter()
@@ -454,27 +504,29 @@ def compile_program(
             report["stages"]["generation"] = {"demos": bootstrapped, "kept": "no demos bootstrapped"}
             if any(bootstrapped.values()):
                 without_generation = before_generation
-                report["stages"]["generation"]["kept"] = "with demos (not checked on val: --trials 0)"
+                report["stages"]["generation"]["kept"] = "with demos (not checked on val: --no-thresholds)"
             clock.lap("rewriter/answerer bootstrap")
 
-        if trials > 0:  # --trials 0 keeps the current thresholds and skips the route precomputation
+        if thresholds:  # --no-thresholds keeps the current ones and skips the route precomputation
             report["thresholds"] = _tune(
                 crag,
                 lm,
                 domain,
                 out=out,
-                trials=trials,
                 seed=seed,
                 val_limit=val_limit,
                 progress=progress,
-                sampler=sampler,
+                num_threads=num_threads,
                 without_generation=without_generation,
             )
             if "generation" in report["thresholds"]:
                 report["stages"]["generation"].update(report["thresholds"].pop("generation"))
             clock.lap("thresholds")
         elif without_generation is not None:
-            log.warning("--trials 0: the rewriter/answerer demos ship without a check on QA val")
+            log.warning("--no-thresholds: the rewriter/answerer demos ship without a check on QA val")
+        if "retry" in stages:
+            report["internal_retry"] = _internal_retry_stage(crag, domain, val_limit, progress, num_threads)
+            clock.lap("internal retry")
         if evaluate_test:
             test = qa_examples(domain, "test", test_limit)
             results = [
@@ -547,13 +599,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma-separated subset of {','.join(STAGES)} (rewriter/answerer: demos bootstrapped from QA "
         "train, shipped only if they raise QA-val accuracy)",
     )
-    parser.add_argument("--trials", type=int, default=2000, help="Optuna trials for the thresholds")
     parser.add_argument(
-        "--sampler",
-        choices=SAMPLERS,
-        default="sobol",
-        help="Optuna sampler for the thresholds (sobol: thousands of trials/s; tpe: ~35x slower, can find "
-        "optima narrower than the Sobol points' spacing; see BENCHMARKS.md)",
+        "--no-thresholds",
+        action="store_true",
+        help="keep the current thresholds: skip the QA-val route precomputation and the exact search",
     )
     parser.add_argument(
         "--grader",
@@ -574,12 +623,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
-    # Defaults keep a cold compile on a 2-core CPU near 20-30 minutes (docs/compile.md); 0 means "all".
+    # Whole splits by default: a handful of questions cannot tell a gain from noise (docs/compile.md).
     parser.add_argument(
         "--val-limit",
         type=int,
-        default=24,
-        help="tune thresholds on N QA val questions, taken evenly across kinds (default 24; 0: all)",
+        default=0,
+        help="tune thresholds on N QA val questions, taken evenly across kinds (default 0: all; quick runs)",
     )
     parser.add_argument(
         "--judge-val-limit",
@@ -591,10 +640,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--test-limit",
         type=int,
-        default=24,
-        help="evaluate on N QA test questions, taken evenly across kinds (default 24; 0: all)",
+        default=0,
+        help="evaluate on N QA test questions, taken evenly across kinds (default 0: all; quick runs)",
     )
     parser.add_argument("--no-test-eval", action="store_true", help="skip the test-split comparison")
+    parser.add_argument(
+        "--num-threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="precompute N val questions' routes at a time (default: 1); faster only with a hosted LM or a "
+        "server with several slots, the embedded model serves one request at a time",
+    )
     return parser
 
 
@@ -613,8 +670,7 @@ def main(argv: list[str] | None = None) -> int:
             optimizer=args.optimizer,
             demos=args.demos,
             calibration_pairs=args.calibration_pairs,
-            trials=args.trials,
-            sampler=args.sampler,
+            thresholds=not args.no_thresholds,
             seed=args.seed,
             stages=stages,
             out=args.out,
@@ -622,6 +678,7 @@ def main(argv: list[str] | None = None) -> int:
             judge_val_limit=args.judge_val_limit or None,
             test_limit=args.test_limit or None,
             evaluate_test=not args.no_test_eval,
+            num_threads=check_num_threads(args.num_threads, "--num-threads"),
             grader=args.grader,
             evaluator_base=args.evaluator_base,
             evaluator_training=TrainingConfig(max_epochs=args.evaluator_epochs),

@@ -12,6 +12,7 @@ __all__ = [
     "UNKNOWN_ALIASES",
     "BinaryReport",
     "answer_matches",
+    "beats_beyond_noise",
     "binary_report",
     "bootstrap_auc_interval",
     "contains_answer",
@@ -178,3 +179,13 @@ def mcnemar_exact(first: Sequence[bool], second: Sequence[bool]) -> float:
     if only_first + only_second == 0:
         return 1.0
     return float(binomtest(only_first, only_first + only_second, 0.5).pvalue)
+
+
+def beats_beyond_noise(
+    candidate: Sequence[bool], reference: Sequence[bool], alpha: float = 0.05
+) -> tuple[bool, float]:
+    """Whether ``candidate`` answers more questions right than ``reference`` (paired, the same
+    questions) with an exact McNemar p below ``alpha``; and that p. The rule every compile stage ships
+    a costlier or tuned alternative by: a gain a coin could have produced ships nothing."""
+    p = mcnemar_exact(candidate, reference)
+    return (p < alpha and sum(map(bool, candidate)) > sum(map(bool, reference))), p

@@ -108,7 +108,9 @@ def _grade_source_lines(g: dict[str, Any] | None) -> list[str]:
         "|---|---|---|---|---|",
     ]
     for name, m in g["candidates"].items():
-        auc = "-" if m["roc_auc"] is None else f"{m['roc_auc']:.3f}{_interval(m.get('roc_auc_ci'), pct=False)}"
+        auc = (
+            "-" if m["roc_auc"] is None else f"{m['roc_auc']:.3f}{_interval(m.get('roc_auc_ci'), pct=False)}"
+        )
         lines.append(
             f"| {name} | {_pct(m['accuracy'])}{_interval(m.get('accuracy_ci'))} | {_pct(m['precision'])} | "
             f"{_pct(m['recall'])} | {auc} |"
@@ -119,9 +121,11 @@ def _grade_source_lines(g: dict[str, Any] | None) -> list[str]:
         how = "reused from the cache" if t.get("cached") else f"{t['seconds']:.0f} s"
         lines += [
             "",
-            f"Evaluator: fine-tuned on {t['train_pairs']} train pairs, epoch chosen on {t['holdout_pairs']} "
-            f"pairs of held-out train questions (held-out AUC by epoch {epochs}; kept epoch {t['best_epoch']}); "
-            f"{how}. Intervals: Wilson for accuracy, bootstrap over questions for AUC.",
+            (
+                f"Evaluator: fine-tuned on {t['train_pairs']} train pairs, epoch chosen on {t['holdout_pairs']} "
+                f"pairs of held-out train questions (held-out AUC by epoch {epochs}; kept epoch {t['best_epoch']}); "
+                f"{how}. Intervals: Wilson for accuracy, bootstrap over questions for AUC."
+            ),
         ]
     lines.append("")
     return lines
@@ -135,9 +139,11 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
     lines = [
         f"# Compile report: domain `{report['domain']}`",
         "",
-        (f"LM `{report['lm']}`, optimizer `{report['optimizer']}`, seed {report['seed']}, "
-        f"{report['seconds']:.0f} s, {report['lm_usage']['calls']} LM calls "
-        f"({report['lm_usage']['prompt_tokens']} prompt tokens, {report['lm_usage']['cached_prompt_tokens']} cached)."),
+        (
+            f"LM `{report['lm']}`, optimizer `{report['optimizer']}`, seed {report['seed']}, "
+            f"{report['seconds']:.0f} s, {report['lm_usage']['calls']} LM calls "
+            f"({report['lm_usage']['prompt_tokens']} prompt tokens, {report['lm_usage']['cached_prompt_tokens']} cached)."
+        ),
         "",
     ]
     if report.get("stage_seconds"):  # reports written before stage times were recorded have none
@@ -187,53 +193,118 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
         lines.append("")
     t = report.get("thresholds")
     if t:
+        lines += _threshold_lines(t)
+    retry = report.get("internal_retry")
+    if retry:
         lines += [
-            "## thresholds (Optuna, QA val)",
+            f"## internal retry (shipped: {'yes' if retry['shipped'] else 'no'})",
             "",
-            f"tuned lower={t['lower']:.3f}, upper={t['upper']:.3f}: val accuracy {_pct(t['accuracy'])} "
-            f"(defaults 0.3/0.7: {_pct(t['default_accuracy'])}); {t['trials']} trials ({t.get('sampler', 'tpe')}), "
-            + (
-                f"{t['trials_per_second']:.0f} trials/s, "
-                if not math.isnan(t["trials_per_second"])  # NaN: every trial was resumed, none ran
-                else "all resumed from the study's journal, "
-            )
-            + f"{t['lm_calls_during_trials']} LM calls during trials; "
-            f"precomputing the {t['questions']} questions' routes took {t['precompute_lm_calls']} LM calls.",
-            "",
-            *(
-                [
-                    (
-                        f"Routed with the tuned thresholds a val question costs "
-                        f"{t['requests_per_question']:.2f} LM requests "
-                        f"({t['default_requests_per_question']:.2f} at 0.3/0.7); accuracy ties go to the "
-                        "cheapest routing, then to the widest AMBIGUOUS band."
-                    ),
-                    "",
-                ]
-                if t.get("requests_per_question")  # reports written before costs were recorded
-                else []
+            (
+                f"{retry['why']}. Without: {_ci(retry['intervals']['without'])}, with: "
+                f"{_ci(retry['intervals']['with'])} (95% Wilson)."
             ),
-            f"![accuracy over thresholds]({Path(t['plot']).name})",
-            "",
-            f"Study: `optuna-dashboard {t['storage']}`",
             "",
         ]
     if report.get("test"):
         lines += [
             "## QA test split (same LM, same run)",
             "",
-            "| program | accuracy | s/question | LM calls/question | actions |",
-            "|---|---|---|---|---|",
+            (
+                "| program | accuracy [95% CI] | vs compiled: only this right / only compiled right, McNemar p | "
+                "s/question | LM calls/question | actions |"
+            ),
+            "|---|---|---|---|---|---|",
         ]
+        compiled = report["test"][0]
         for row in report["test"]:
             calls = row["usage"]["calls"] / max(row["n"], 1)
             actions = ", ".join(f"{k} {v}" for k, v in sorted(row["actions"].items())) or "-"
+            right = sum(r["correct"] for r in row["rows"])
+            paired = "-" if row is compiled else _paired(row["rows"], compiled["rows"])
             lines.append(
-                f"| {row['name']} | {_pct(row['accuracy'])} | {row['seconds_per_question']:.1f} | {calls:.1f} | {actions} |"
+                f"| {row['name']} | {_pct(row['accuracy'])} {_ci(wilson_interval(right, row['n']))} | {paired} | "
+                f"{row['seconds_per_question']:.1f} | {calls:.1f} | {actions} |"
             )
-        lines.append("")
+        lines += [
+            "",
+            "A difference is a difference only at p < 0.05; otherwise there is no measured difference.",
+            "",
+        ]
     md_path.write_text("\n".join(lines), encoding="utf-8")
     return json_path, md_path
+
+
+def _ci(interval: Sequence[float]) -> str:
+    return f"[{interval[0] * 100:.1f}, {interval[1] * 100:.1f}]"
+
+
+def _paired(rows: list[dict], reference: list[dict]) -> str:
+    this, other = [r["correct"] for r in rows], [r["correct"] for r in reference]
+    only_this = sum(a and not b for a, b in zip(this, other, strict=True))
+    only_other = sum(b and not a for a, b in zip(this, other, strict=True))
+    return f"{only_this} / {only_other}, p={mcnemar_exact(this, other):.3f}"
+
+
+def _threshold_lines(t: dict) -> list[str]:
+    """The threshold stage: the exact optimum with its interval, how much of the grid ties, what ships
+    and the out-of-fold test that decided it."""
+    cv = t["cross_validation"]
+    speed = (
+        f"{t['trials_per_second']:.0f} grid points/s"
+        if not math.isnan(t["trials_per_second"])  # NaN: every trial was resumed, none ran
+        else "all resumed from the study's journal"
+    )
+    lines = [
+        "## thresholds (exact search on QA val)",
+        "",
+        (
+            f"Shipped: **{t['shipped']}**, lower={t['lower']:.3f}, upper={t['upper']:.3f}, val accuracy "
+            f"{_pct(t['accuracy'])} on {t['questions']} questions. Why: {t['reason']}."
+        ),
+        "",
+        "| thresholds | val accuracy [95% CI] | LM requests/q |",
+        "|---|---|---|",
+        (
+            f"| optimum {t['tuned_lower']:.3f}/{t['tuned_upper']:.3f} ({t['tie_rule']}) | "
+            f"{_pct(t['tuned_accuracy'])} {_ci(t['tuned_interval'])} | - |"
+        ),
+        (
+            f"| defaults 0.3/0.7 | {_pct(t['default_accuracy'])} {_ci(t['default_interval'])} | "
+            f"{t['default_requests_per_question']:.2f} |"
+        ),
+        f"| shipped {t['lower']:.3f}/{t['upper']:.3f} | {_pct(t['accuracy'])} | {t['requests_per_question']:.2f} |",
+        "",
+        f"The optimum is exact: {t['grid_points']} valid cells between the observed grades, each one trial of "
+        f"an Optuna GridSampler study ({speed}; {t['lm_calls_during_trials']} LM calls during trials); "
+        f"{t['tied_fraction'] * 100:.1f}% of the cells tie at the optimum. Ties go to the defaults when they "
+        "are optimal, else to the point deepest inside the optimal region "
+        + (f"(depth {t['depth']:.3f})" if t["depth"] == t["depth"] else "")
+        + ", then to fewer LM requests.",
+        "",
+    ]
+    if "p" in cv:
+        lines += [
+            (
+                f"Out-of-fold check ({cv['folds']}-fold over the val questions, exact McNemar, ships at "
+                f"p < {cv['alpha']:.3f}): tuning on the other folds answered {cv['tuned_out_of_fold']} of "
+                f"{cv['questions']} right, the defaults {cv['defaults']} (p={cv['p']:.3f})."
+            ),
+            "",
+        ]
+    per_type = t.get("per_type") or {}
+    if per_type:
+        counts = ", ".join(f"{k} {v}" for k, v in per_type["types"].items())
+        verdict = per_type.get("verdict") or f"shipped: {t['by_type']}"
+        lines += [f"Per question type ({counts}): {verdict}.", ""]
+    lines += [
+        f"Precomputing the {t['questions']} questions' routes took {t['precompute_lm_calls']} LM calls.",
+        "",
+        f"![accuracy over thresholds]({Path(t['plot']).name})",
+        "",
+        f"Study: `optuna-dashboard {t['storage']}`",
+        "",
+    ]
+    return lines
 
 
 _GROUP_COLORS = {"baseline": "#9e9e9e", "crag": "#1f77b4", "ablation": "#ff7f0e"}
@@ -247,7 +318,8 @@ def plot_accuracy_bars(table: list[dict[str, Any]], path: Path, title: str) -> P
     colors = [_GROUP_COLORS[row["group"]] for row in table][::-1]
     fig, ax = plt.subplots(figsize=(7.2, 0.42 * len(names) + 1.4), dpi=110)
     bars = ax.barh(names, values, color=colors)
-    crag = [row for row in table if row["group"] == "crag"]
+    # Rows that set their own internal retries (None: the program's own) are variations of the program.
+    crag = [row for row in table if row["group"] == "crag" and row.get("internal_retries") is None]
     if crag:  # the program the ablations are of: a reference line for every other row
         ax.axvline(100 * (crag[-1]["accuracy"] or 0.0), color=_GROUP_COLORS["crag"], linestyle="--", lw=1)
     ax.bar_label(bars, labels=[f"{v:.1f}%" for v in values], padding=3, fontsize=8)

@@ -11,20 +11,23 @@ into those pieces with its public stages; threshold tuning and the evaluation bo
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import json
+import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 import dspy
 from dspy.utils.callback import BaseCallback
 
 from crag_dspy.baselines import passage_strips
-from crag_dspy.module import CRAG, WebKnowledge, knowledge_for
+from crag_dspy.module import CRAG, RetryRound, WebKnowledge, knowledge_for
 from crag_dspy.protocols import Passage, Retriever, WebResult, WebSearch
+from crag_dspy.retry import route_with_retries
 from crag_dspy.routing import Action
 from crag_dspy.strips import Strip, format_context
 from crag_dspy.trace import StageUsage, TraceRecorder, usage_from_tracker
@@ -85,25 +88,45 @@ class _Entry:
     deps: set[Hashable] = field(default_factory=set)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Frame:
     """A piece being computed: the pieces it used, what those computed inside it cost, what went wrong."""
 
+    key: Hashable = None
     children: Cost = field(default_factory=Cost)
     notes: list[str] = field(default_factory=list)
     deps: set[Hashable] = field(default_factory=set)
     requests: int = 0
 
 
-class _RequestCounter(BaseCallback):
-    """Counts every LM request (cache hits too) for the piece being computed."""
+@dataclass(frozen=True)
+class _Scope:
+    """What one thread does with a :class:`SharedWork`: the pieces it is computing (innermost last) and
+    the consumer it works for, with the set that collects the keys that consumer uses."""
 
-    def __init__(self, frames: list[_Frame]):
-        self.frames = frames
+    frames: tuple[_Frame, ...] = ()
+    consumer: str | None = None
+    used: set[Hashable] | None = None
+
+
+_IDLE = _Scope()
+
+
+@dataclass(eq=False)
+class _Pending:
+    """A piece one thread is computing; other threads that need it wait for ``done``."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _RequestCounter(BaseCallback):
+    """Counts every LM request (cache hits too) for the piece the calling thread is computing."""
+
+    def __init__(self, count: Callable[[], None]):
+        self.count = count
 
     def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
-        if self.frames:
-            self.frames[-1].requests += 1
+        self.count()
 
 
 class SharedWork:
@@ -113,61 +136,109 @@ class SharedWork:
     cost is counted twice, and is a dependency of the outer piece. ``with work.consumer(name) as used:``
     collects the keys a consumer used, computed or reused, with their dependencies; a piece's owner is
     the consumer that computed it.
+
+    Thread-safe: each thread has its own stack of pieces being computed and its own consumer (kept in a
+    context variable, so threads started by :func:`optimize.parallel.map_questions` begin with the
+    caller's consumer), LM requests are counted for the calling thread's piece, and a piece is
+    computed by one thread only: another thread that needs it meanwhile waits for it. A piece's owner
+    is the consumer that computed it, so with several threads a piece that two questions share (a
+    retrieval or web search of the same text) belongs to whichever got there first; a piece's cost
+    does not depend on which thread computed it, except its seconds.
     """
 
     def __init__(self) -> None:
         self._entries: dict[Hashable, _Entry] = {}
-        self._frames: list[_Frame] = []
-        self._consumer: str | None = None
-        self._used: set[Hashable] | None = None
-        self._counter = _RequestCounter(self._frames)
+        self._pending: dict[Hashable, _Pending] = {}
+        self._lock = threading.Lock()
+        # One variable per instance: two SharedWorks used by one thread have separate scopes.
+        self._scope: contextvars.ContextVar[_Scope] = contextvars.ContextVar(
+            f"shared_work_{id(self):x}", default=_IDLE
+        )
+        self._counter = _RequestCounter(self._count_request)
 
     def __contains__(self, key: Hashable) -> bool:
-        return key in self._entries
+        with self._lock:
+            return key in self._entries
 
     def __len__(self) -> int:
-        return len(self._entries)
+        with self._lock:
+            return len(self._entries)
 
     @contextmanager
     def consumer(self, name: str) -> Iterator[set[Hashable]]:
         used: set[Hashable] = set()
-        previous = self._consumer, self._used
-        self._consumer, self._used = name, used
+        token = self._scope.set(replace(self._scope.get(), consumer=name, used=used))
         try:
             yield used
         finally:
-            self._consumer, self._used = previous
+            self._scope.reset(token)
 
     def get(self, key: Hashable, compute: Callable[[], T]) -> T:
         """The piece ``key``, computed with ``compute()`` the first time only. A piece whose computation
         raised raises the same error again: a flaky backend must not give variants different inputs."""
-        if self._frames:
-            self._frames[-1].deps.add(key)
-        entry = self._entries.get(key)
-        if entry is None:
-            entry = self._entries[key] = self._compute(compute)
-        if self._used is not None:
-            self._mark_used(key)
+        scope = self._scope.get()
+        if scope.frames:
+            with self._lock:
+                scope.frames[-1].deps.add(key)
+        entry = self._entry(key, compute, scope)
+        if scope.used is not None:
+            with self._lock:
+                self._mark_used(key, scope.used)
         if entry.error is not None:
             raise entry.error
         return entry.value
 
-    def _mark_used(self, key: Hashable) -> None:
+    def _entry(self, key: Hashable, compute: Callable[[], Any], scope: _Scope) -> _Entry:
+        """The entry of ``key``: memoized, waited for while another thread computes it, or computed."""
+        while True:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is not None:
+                    return entry
+                pending = self._pending.get(key)
+                if pending is None:
+                    pending = self._pending[key] = _Pending()
+                    break
+            if any(frame.key == key for frame in scope.frames):
+                # Waiting would never end (the piece waits for itself); sequentially it would recurse.
+                raise RuntimeError(f"shared piece {key!r} needs itself")
+            pending.done.wait()  # then memoized, or its computation was interrupted: look again
+        try:
+            entry = self._compute(key, compute, scope)
+            with self._lock:
+                self._entries[key] = entry
+            return entry
+        finally:
+            with self._lock:
+                del self._pending[key]
+            pending.done.set()
+
+    def _mark_used(self, key: Hashable, used: set[Hashable]) -> None:
         pending = [key]
         while pending:
             k = pending.pop()
-            if k not in self._used:
-                self._used.add(k)
-                pending.extend(self._entries[k].deps)
+            if k not in used:
+                used.add(k)
+                entry = self._entries.get(k)
+                if entry is not None:
+                    pending.extend(entry.deps)
 
     def note(self, message: str) -> None:
         """Attach a problem (an LM error the stage degraded around) to the piece being computed."""
-        if self._frames:
-            self._frames[-1].notes.append(message)
+        frames = self._scope.get().frames
+        if frames:
+            with self._lock:
+                frames[-1].notes.append(message)
 
-    def _compute(self, compute: Callable[[], Any]) -> _Entry:
-        frame = _Frame()
-        self._frames.append(frame)
+    def _count_request(self) -> None:
+        frames = self._scope.get().frames
+        if frames:
+            with self._lock:
+                frames[-1].requests += 1
+
+    def _compute(self, key: Hashable, compute: Callable[[], Any], scope: _Scope) -> _Entry:
+        frame = _Frame(key)
+        token = self._scope.set(replace(scope, frames=(*scope.frames, frame)))
         callbacks = dspy.settings.callbacks or []
         started = time.perf_counter()
         value, error = None, None
@@ -183,34 +254,39 @@ class SharedWork:
                 except Exception as exc:  # noqa: BLE001 - memoized and re-raised to every user of the piece
                     error = exc
         finally:
-            self._frames.pop()
+            self._scope.reset(token)
         # Usage and time are inclusive (nested pieces' too) and made exclusive here; requests are
         # counted by the innermost piece only, so they are exclusive already.
         inclusive = Cost(usage_from_tracker(tracker), time.perf_counter() - started, frame.requests)
-        if self._frames:
-            self._frames[-1].children = self._frames[-1].children.plus(
-                Cost(inclusive.usage, inclusive.seconds)
-            )
-        own = inclusive.minus(frame.children)
-        return _Entry(value, own, self._consumer, error, frame.notes, frame.deps)
+        with self._lock:
+            if scope.frames:
+                parent = scope.frames[-1]
+                parent.children = parent.children.plus(Cost(inclusive.usage, inclusive.seconds))
+            own = inclusive.minus(frame.children)
+            return _Entry(value, own, scope.consumer, error, list(frame.notes), set(frame.deps))
 
     def cost(self, keys: Iterable[Hashable]) -> Cost:
         """What the pieces ``keys`` cost together: a consumer's standalone cost."""
-        return Cost.total(self._entries[k].cost for k in keys if k in self._entries)
+        with self._lock:
+            return Cost.total(self._entries[k].cost for k in keys if k in self._entries)
 
     def notes(self, keys: Iterable[Hashable]) -> list[str]:
-        return [n for k in keys if k in self._entries for n in self._entries[k].notes]
+        with self._lock:
+            return [n for k in keys if k in self._entries for n in self._entries[k].notes]
 
     def owned(self) -> dict[str | None, Cost]:
         """The cost of the pieces each consumer computed first (its marginal cost)."""
+        with self._lock:
+            entries = list(self._entries.values())
         owners: dict[str | None, Cost] = {}
-        for entry in self._entries.values():
+        for entry in entries:
             owners[entry.owner] = owners.get(entry.owner, Cost()).plus(entry.cost)
         return owners
 
     def total(self) -> Cost:
         """What everything computed so far actually cost."""
-        return Cost.total(e.cost for e in self._entries.values())
+        with self._lock:
+            return Cost.total(e.cost for e in self._entries.values())
 
 
 class SharedJudge:
@@ -287,6 +363,7 @@ class CRAGPieces:
         self._grader = state_key(grader, c.grading.dump_state(), evaluator, c.k, c.retriever.name)
         self._internal = state_key(self._grader, strip_filter, refine)
         self._rewriter = state_key(c.rewriter.dump_state(), c.retries, c.text_adapter)
+        self._reviser = state_key(c.reviser.dump_state(), c.retries, c.text_adapter)
         self._web = state_key(strip_filter, refine, c.fallback_web_strips, c.web_results, c.web_search.name)
         self._raw_web = state_key(c.sentences_per_strip, c.web_results, c.web_search.name)
         self._answerer = state_key(c.answerer.dump_state(), c.retries, c.text_adapter, c.answer_units)
@@ -303,6 +380,10 @@ class CRAGPieces:
     def thresholds(self) -> tuple[float, float]:
         return self.crag.thresholds.lower, self.crag.thresholds.upper
 
+    def thresholds_for(self, question: str) -> tuple[float, float]:
+        """The (lower, upper) pair that routes ``question`` (its type's, with per-type thresholds)."""
+        return self.crag.thresholds.for_question(question)[:2]
+
     def retrieve(self, question: str) -> list[Passage]:
         """The top-k passages, ungraded (plain RAG's view of the retrieval)."""
         return self.crag.retriever.retrieve(question, self.crag.k)
@@ -311,15 +392,71 @@ class CRAGPieces:
         """The top-k passages and their grades."""
         return self._stage(("grade", question, self._grader), question, self.crag.grade_documents)
 
-    def internal(self, question: str, *, refine: bool = True) -> list[Strip]:
-        """Refined internal knowledge, or with ``refine=False`` the raw passages (no LM calls)."""
-        passages, scores = self.documents(question)
+    def internal(
+        self, question: str, *, refine: bool = True, rounds: Sequence[RetryRound] = ()
+    ) -> list[Strip]:
+        """Refined internal knowledge, or with ``refine=False`` the raw passages (no LM calls); with
+        ``rounds``, of the passages those internal retry rounds graded too."""
+        passages, scores = self._graded(question, rounds)
         if not refine:
             return passage_strips(passages)
+        found = tuple(p.id for r in rounds for p in r.passages)
         return self._stage(
-            ("internal", question, self._internal),
+            ("internal", question, self._internal, found),
             question,
             lambda q, run: self.crag.internal_knowledge(q, passages, scores, run),
+        )
+
+    def retry_round(self, question: str, number: int) -> RetryRound:
+        """Internal retry round ``number`` (from 1) of ``question``, from the rounds before it, as
+        ``CRAG.retry_internal`` runs it: round 1 searches with the web query (:meth:`web_query`, the
+        piece the web search uses too), later rounds with a revised query. Rounds and revised queries
+        are pieces keyed by the queries tried and the grader, so every variant and every threshold pair
+        that reaches a round shares it. There is no round after one that ended with an error."""
+        if number < 1:
+            raise ValueError(f"retry rounds count from 1, got {number}")
+        before = [self.retry_round(question, n) for n in range(1, number)]
+        if before and before[-1].error:
+            raise ValueError(f"round {number - 1} ended the internal retries: {before[-1].error}")
+        passages, _ = self._graded(question, before)
+        tried = (question, *(r.query for r in before))
+        if number == 1:
+            query = self.web_query(question)
+        else:
+            query = self._stage(
+                ("revise", question, tried, self._reviser),
+                question,
+                lambda q, run: self.crag.revise_query(q, tried, run),
+            )
+        return self._stage(
+            ("retry", question, tried, query, self._grader),
+            question,
+            lambda q, run: self.crag.retry_round(q, query, tried, passages, run),
+        )
+
+    def retry_route(
+        self, question: str, max_retries: int, *, thresholds: tuple[float, float] | None = None
+    ) -> tuple[Action, list[RetryRound]]:
+        """The action after at most ``max_retries`` internal retry rounds and the rounds it took, with
+        this program's thresholds or ``thresholds``; computes only the rounds that route needs, and
+        stops where ``CRAG.retry_internal`` stops (:func:`~crag_dspy.retry.route_with_retries`)."""
+        lower, upper = thresholds or self.thresholds_for(question)
+        _, scores = self.documents(question)
+        rounds: list[RetryRound] = []
+        action, _ = route_with_retries([scores], lower, upper, max_retries)
+        while action.uses_web and len(rounds) < max_retries and not (rounds and rounds[-1].error):
+            rounds.append(self.retry_round(question, len(rounds) + 1))
+            action, _ = route_with_retries([scores, *(r.scores for r in rounds)], lower, upper, max_retries)
+        return action, rounds
+
+    def _graded(
+        self, question: str, rounds: Sequence[RetryRound]
+    ) -> tuple[list[Passage], list[float | None]]:
+        """Every passage graded for ``question`` (the first retrieval, then ``rounds``), with its grade."""
+        passages, scores = self.documents(question)
+        return (
+            [*passages, *(p for r in rounds for p in r.passages)],
+            [*scores, *(x for r in rounds for x in r.scores)],
         )
 
     def web_query(self, question: str, *, rewrite: bool = True) -> str:
@@ -345,12 +482,21 @@ class CRAGPieces:
         )
 
     def route(
-        self, question: str, action: Action, *, refine: bool = True, rewrite: bool = True, select: bool = True
+        self,
+        question: str,
+        action: Action,
+        *,
+        refine: bool = True,
+        rewrite: bool = True,
+        select: bool = True,
+        rounds: Sequence[RetryRound] = (),
     ) -> str:
         """The answer that ``action`` leads to, computing only the pieces it needs, as ``CRAG.forward``
-        does (web knowledge only for actions that use it; internal knowledge also when the web gave none)."""
+        does (web knowledge only for actions that use it; internal knowledge also when the web gave none),
+        with internal knowledge from the passages of the internal retry ``rounds`` too (:meth:`retry_route`)."""
         external = self.external(question, rewrite=rewrite, select=select) if action.uses_web else None
-        internal = self.internal(question, refine=refine) if action.uses_internal or external is None else []
+        use_internal = action.uses_internal or external is None
+        internal = self.internal(question, refine=refine, rounds=rounds) if use_internal else []
         return self.answer(question, *knowledge_for(action, internal, external))
 
     def _stage(self, key: Hashable, question: str, stage: Callable[[str, TraceRecorder], T]) -> T:

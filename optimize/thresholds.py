@@ -2,45 +2,56 @@
 
 The thresholds only choose among three actions, so each validation question is graded once and each
 action's answer generated at most once (:func:`precompute_routes`); a trial then re-routes the cached
-results with the pure :func:`~crag_dspy.routing.decide_action` and makes no LM call at all, so
-thousands of trials run per second (``python benchmarks/optuna_trials.py``).
+results and makes no LM call at all. Only the cells between observed grades matter
+(:mod:`optimize.threshold_search`), so an Optuna ``GridSampler`` over one point per cell finds the
+optimum exactly, and tuned thresholds ship only when they beat the defaults beyond noise: out-of-fold
+on the val questions, by an exact McNemar test (``python benchmarks/optuna_trials.py`` times it).
 """
 
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, JournalStorage
 from optuna.trial import FrozenTrial, TrialState
-from tqdm.auto import tqdm
 
 from crag_dspy.domain import QAPair
 from crag_dspy.faults import CRAGRunError
 from crag_dspy.module import CRAG
-from crag_dspy.routing import Action, decide_action
+from crag_dspy.routing import Action, decide_action, question_type
 from crag_dspy.trace import StageUsage
 
-from .metrics import answer_matches
+from .metrics import answer_matches, beats_beyond_noise, wilson_interval
+from .parallel import map_questions
 from .shared_work import CRAGPieces, SharedWork
+from .threshold_search import (
+    RouteTable,
+    ThresholdChoice,
+    accuracy_grid,
+    cell_midpoints,
+    choose_thresholds,
+    cross_validated_correct,
+)
 
 __all__ = [
-    "SAMPLERS",
+    "BreakpointGridSampler",
     "QuestionRoutes",
-    "SobolSampler",
     "TuningResult",
     "accuracy_landscape",
     "precompute_routes",
     "route_accuracy",
     "route_requests",
+    "route_table",
     "routes_fingerprint",
     "tune_thresholds",
 ]
@@ -58,6 +69,7 @@ class QuestionRoutes:
     answers: dict[str, str]
     correct: dict[str, bool]
     requests: dict[str, int] = field(default_factory=dict)
+    question_type: str = "other"
 
     def action(self, lower: float, upper: float) -> str:
         return decide_action(self.scores, lower, upper).value
@@ -72,6 +84,7 @@ def precompute_routes(
     *,
     progress: bool = True,
     work: SharedWork | None = None,
+    num_threads: int = 1,
 ) -> tuple[list[QuestionRoutes], StageUsage]:
     """Grade each question once and answer it once per distinct action context; count the LM usage.
 
@@ -80,13 +93,14 @@ def precompute_routes(
     AMBIGUOUS both; actions whose contexts coincide share one answer (:class:`CRAGPieces`). Each
     route also records what it would cost alone at run time, in LM requests (cache hits included, so
     the count does not depend on what is cached). Pass ``work`` to share pieces with other
-    computations; the usage returned is what this call added.
+    computations; the usage returned is what this call added. ``num_threads`` questions are routed at
+    a time (:func:`~optimize.parallel.map_questions`), with the same routes as one by one.
     """
     work = work if work is not None else SharedWork()
     pieces = CRAGPieces(crag, work)
     before = work.total()
-    routes = []
-    for q in tqdm(questions, desc="routes", disable=not progress):
+
+    def route(q: QAPair) -> QuestionRoutes:
         answers, requests = {}, {}
         try:
             _, scores = pieces.documents(q.question)
@@ -100,15 +114,16 @@ def precompute_routes(
             # A question the LM or store failed on is wrong under every threshold; tuning goes on.
             log.warning("question %s failed, counted as wrong on every route: %s", q.id, exc)
             scores, answers, requests = [], {action.value: "" for action in Action}, {}
-        routes.append(
-            QuestionRoutes(
-                q.id,
-                scores,
-                answers,
-                {a: answer_matches(ans, q.answers) for a, ans in answers.items()},
-                requests,
-            )
+        return QuestionRoutes(
+            q.id,
+            scores,
+            answers,
+            {a: answer_matches(ans, q.answers) for a, ans in answers.items()},
+            requests,
+            question_type(q.question),
         )
+
+    routes = map_questions(route, questions, num_threads=num_threads, desc="routes", progress=progress)
     return routes, work.total().minus(before).usage
 
 
@@ -119,6 +134,13 @@ def routes_fingerprint(routes: Sequence[QuestionRoutes]) -> str:
         [[r.question_id, r.scores, sorted(r.correct.items())] for r in routes], separators=(",", ":")
     )
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def route_table(routes: Sequence[QuestionRoutes]) -> RouteTable:
+    """The routes as arrays for the exact search (:mod:`optimize.threshold_search`)."""
+    return RouteTable.build(
+        [r.scores for r in routes], [r.correct for r in routes], [r.requests for r in routes]
+    )
 
 
 def route_accuracy(routes: Sequence[QuestionRoutes], lower: float, upper: float) -> float:
@@ -136,62 +158,67 @@ def route_requests(routes: Sequence[QuestionRoutes], lower: float, upper: float)
     return sum(r.requests.get(r.action(lower, upper), 0) for r in routes) / len(routes)
 
 
-def _upper(lower: float, gap: float) -> float:
-    # Fixed-range reparametrisation: `upper` in [lower, 1] without a dynamic search space, so that
-    # every sampler (Sobol points, multivariate TPE) covers the valid triangle with both parameters.
-    return lower + gap * (1.0 - lower)
+class BreakpointGridSampler(optuna.samplers.GridSampler):
+    """Optuna's ``GridSampler`` over the valid (lower <= upper) pairs of breakpoint cells, trial ``i``
+    on pair ``i``, O(1) per trial.
 
-
-class SobolSampler(optuna.samplers.BaseSampler):
-    """Scrambled, seeded Sobol points: trial ``i`` takes point ``i``, so a resumed study continues the
-    same sequence, at O(1) per trial.
-
-    Route accuracy is a step function of (lower, upper) that costs microseconds to evaluate, so an even
-    covering of the square is what the search needs. Optuna's TPE costs O(trials) per trial (7 ms on
-    average over 2000 trials, 35x the objective) and its QMCSampler rescans the study every trial;
-    ``python benchmarks/optuna_trials.py`` compares their speed and best accuracy (BENCHMARKS.md).
+    The stock sampler rescans every trial of the study after each trial (O(n^2) over a grid of n
+    points: ~10 points/s on a 3,600-point grid here) and takes only full products, half of which would
+    be invalid pairs here. A study that one process fills in trial order needs no scan: a resumed
+    study's stored trials are pairs ``0..k-1`` and the next trial is ``k``. Pairs run row by row.
     """
 
-    def __init__(self, params: Sequence[str], n: int, seed: int = 0):
-        from scipy.stats import qmc
+    def __init__(self, points: Sequence[float]) -> None:
+        super().__init__({"lower": list(points), "upper": list(points)}, seed=0)
+        # Parameter names are sorted by GridSampler: ("lower", "upper").
+        self._all_grids = [(lo, up) for i, lo in enumerate(points) for up in points[i:]]
+        self._n_min_trials = len(self._all_grids)
 
-        self._index = {name: i for i, name in enumerate(params)}
-        self._points = qmc.Sobol(len(params), scramble=True, seed=seed).random_base2(
-            max(1, math.ceil(math.log2(max(n, 2))))
-        )
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if trial.number >= self._n_min_trials:
+            raise ValueError(f"the grid has {self._n_min_trials} points; trial {trial.number} is past it")
 
-    def infer_relative_search_space(self, study, trial) -> dict:
-        return {}
+    def sample_independent(self, study, trial, param_name, param_distribution) -> Any:
+        # The trial number is the grid id: no per-trial system attribute to write and read back.
+        return self._all_grids[trial.number][self._param_names.index(param_name)]
 
-    def sample_relative(self, study, trial, search_space) -> dict:
-        return {}
-
-    def sample_independent(self, study, trial, param_name, param_distribution) -> float:
-        if trial.number >= len(self._points):
-            raise ValueError(f"SobolSampler was built for {len(self._points)} trials, not {trial.number + 1}")
-        u = float(self._points[trial.number][self._index[param_name]])
-        return param_distribution.low + u * (param_distribution.high - param_distribution.low)
-
-
-SAMPLERS = ("sobol", "tpe")
+    def after_trial(self, study, trial, state, values) -> None:
+        if trial.number + 1 >= self._n_min_trials:
+            study.stop()
 
 
 @dataclass
 class TuningResult:
+    """What the threshold stage found and what it ships (``lower``/``upper``, maybe per question type)."""
+
     lower: float
     upper: float
     accuracy: float
+    """Val accuracy of what ships."""
+    shipped: str
+    """``"tuned"``, ``"defaults"`` or ``"per type"``; why is in ``reason``."""
+    reason: str
+    tuned_lower: float
+    tuned_upper: float
+    tuned_accuracy: float
+    tuned_interval: tuple[float, float]
+    tie_rule: str
+    depth: float
+    tied_fraction: float
+    default_accuracy: float
+    default_interval: tuple[float, float]
+    cross_validation: dict[str, Any]
+    grid_points: int
     trials: int
     seconds: float
     trials_per_second: float
-    default_accuracy: float
     study_name: str
     storage: str | None
-    sampler: str = "sobol"
+    by_type: dict[str, tuple[float, float]] = field(default_factory=dict)
+    per_type: dict[str, Any] = field(default_factory=dict)
     requests_per_question: float = 0.0
     default_requests_per_question: float = 0.0
     persist_seconds: float = 0.0
-    history: list[dict] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -216,36 +243,14 @@ def _stored_trials(storage: JournalStorage, study_name: str) -> list[FrozenTrial
         study = optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:  # no such study in the journal yet
         return []
-    return [t for t in study.trials if t.state == TrialState.COMPLETE]
+    return [t for t in study.trials if t.state.is_finished()]
 
 
-def tune_thresholds(
-    routes: Sequence[QuestionRoutes],
-    *,
-    trials: int = 2000,
-    seed: int = 0,
-    storage: Path | None = None,
-    study_name: str = "crag-thresholds",
-    default: tuple[float, float] = (0.3, 0.7),
-    sampler: str = "sobol",
-) -> TuningResult:
-    """Maximise :func:`route_accuracy` over (lower, upper) with an Optuna study (no LM calls).
-
-    ``sampler`` is ``"sobol"`` (:class:`SobolSampler`, thousands of trials per second) or ``"tpe"``
-    (seeded multivariate TPE, ~35x slower at 2000 trials). With ``storage`` (an Optuna journal file,
-    ``optuna-dashboard <file>`` shows it) a rerun resumes the study: only the missing trials run. The
-    trials run in memory and are appended to the journal in one write at the end, because syncing every
-    trial to disk as it finishes costs more than the trial itself; one process writes a study at a time.
-
-    Accuracy on a few dozen questions is a step function with wide plateaus, so ties are common. They
-    are broken toward the fewest LM requests per question (:func:`route_requests`: a question sent to
-    the web costs a rewrite and strip judgements that CORRECT does not), then toward the widest
-    AMBIGUOUS band, the action the paper found robust to grader mistakes.
-    """
-    if not routes:
-        raise ValueError("no validation questions to tune thresholds on")
-    if sampler not in SAMPLERS:
-        raise ValueError(f"unknown sampler {sampler!r}; choose from {SAMPLERS}")
+def _grid_study(
+    table: RouteTable, points: Sequence[float], storage: Path | None, study_name: str
+) -> tuple[float, int, float, float]:
+    """Evaluate every valid (lower, upper) grid point in an Optuna study (resumed from ``storage``);
+    returns the best accuracy, the trials run now, and the seconds spent running and saving them."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     if storage:
         storage.parent.mkdir(parents=True, exist_ok=True)
@@ -254,68 +259,181 @@ def tune_thresholds(
         written = len(buffer.logs)
         journal = JournalStorage(buffer)
     stored = _stored_trials(journal, study_name) if storage else []
-    study = optuna.create_study(
-        study_name=study_name,
-        direction="maximize",
-        sampler=SobolSampler(("lower", "gap"), max(trials, len(stored)), seed)
-        if sampler == "sobol"
-        else optuna.samplers.TPESampler(seed=seed, multivariate=True),
-    )
+    sampler = BreakpointGridSampler([float(p) for p in points])
+    study = optuna.create_study(study_name=study_name, direction="maximize", sampler=sampler)
     study.add_trials(stored)
 
     def objective(trial: optuna.Trial) -> float:
-        lower = trial.suggest_float("lower", 0.0, 1.0)
-        upper = _upper(lower, trial.suggest_float("gap", 0.0, 1.0))
-        trial.set_user_attr("upper", upper)
-        return route_accuracy(routes, lower, upper)
+        return table.accuracy(trial.suggest_float("lower", 0.0, 1.0), trial.suggest_float("upper", 0.0, 1.0))
 
-    remaining = max(0, trials - len(stored))
+    remaining = sampler._n_min_trials - len(stored)
     started = time.perf_counter()
-    if remaining:
+    if remaining > 0:
         study.optimize(objective, n_trials=remaining)
     seconds = time.perf_counter() - started
     started = time.perf_counter()
-    if storage and remaining:
+    if storage and remaining > 0:
         persistent = optuna.create_study(
             study_name=study_name, storage=journal, load_if_exists=True, direction="maximize"
         )
         persistent.add_trials(study.trials[len(stored) :])
         file.append_logs(buffer.logs[written:])
-    persist_seconds = time.perf_counter() - started
-    done = [t for t in study.trials if t.value is not None]
-    best_value = max(t.value for t in done)
-    best = min(
-        (t for t in done if math.isclose(t.value, best_value)),
-        key=lambda t: (
-            round(route_requests(routes, t.params["lower"], t.user_attrs["upper"]), 9),
-            t.params["lower"] - t.user_attrs["upper"],
-            t.number,
-        ),
-    )
+    best = max(t.value for t in study.trials if t.state == TrialState.COMPLETE)
+    return best, max(remaining, 0), seconds, time.perf_counter() - started
+
+
+MIN_TYPE_QUESTIONS = 12
+"""A question type gets thresholds of its own only with this many val questions; others use the pair."""
+
+
+def _per_type(
+    table: RouteTable, types: Sequence[str], index: Any, fallback: tuple[float, float]
+) -> dict[str, tuple[float, float]]:
+    """Thresholds per question type, tuned on the questions ``index`` (types with too few keep
+    ``fallback``, which is also each type's preferred tie: a type moves only when it gains)."""
+    chosen: dict[str, tuple[float, float]] = {}
+    for kind in sorted({types[i] for i in index}):
+        members = [i for i in index if types[i] == kind]
+        if len(members) >= MIN_TYPE_QUESTIONS:
+            c = choose_thresholds(table.subset(members), fallback)
+            if (c.lower, c.upper) != fallback:
+                chosen[kind] = (c.lower, c.upper)
+    return chosen
+
+
+def _routed(table: RouteTable, types: Sequence[str], pairs: dict[str, tuple[float, float]], fallback):
+    def correct(index) -> np.ndarray:
+        return np.array(
+            [table.subset([i]).correct_at(*pairs.get(types[i], fallback))[0] for i in index], dtype=bool
+        )
+
+    return correct
+
+
+def tune_thresholds(
+    routes: Sequence[QuestionRoutes],
+    *,
+    storage: Path | None = None,
+    study_name: str = "crag-thresholds",
+    default: tuple[float, float] = (0.3, 0.7),
+    folds: int = 5,
+    alpha: float = 0.05,
+    seed: int = 0,
+    by_type: bool = True,
+) -> TuningResult:
+    """Find the exact optimum of :func:`route_accuracy` over (lower, upper) and decide what ships.
+
+    Every cell of the breakpoint grid is one trial of an Optuna study (``optuna-dashboard <storage>``
+    shows it; a rerun resumes it); ties go by :func:`~optimize.threshold_search.choose_thresholds`.
+    The optimum of a few dozen questions is partly luck, so the tuning *procedure* is measured
+    out-of-fold (``folds``-fold cross-validation over the val questions) against the defaults with an
+    exact McNemar test: tuned thresholds ship only at p < ``alpha`` and more questions right, else the
+    defaults ship and the reason says so. With ``by_type``, thresholds per question type
+    (:func:`~crag_dspy.routing.question_type`) are tuned the same way and ship only if they beat what
+    ships without them, by the same test.
+    """
+    if not routes:
+        raise ValueError("no validation questions to tune thresholds on")
+    table = route_table(routes)
+    breakpoints = table.breakpoints()
+    points = cell_midpoints(breakpoints)
+    best, ran, seconds, persist_seconds = _grid_study(table, points, storage, study_name)
+    choice: ThresholdChoice = choose_thresholds(table, default)
+    if abs(best - choice.accuracy) > 1e-9:  # two exact computations of one optimum must agree
+        raise RuntimeError(f"grid study found {best}, the exact grid {choice.accuracy}")
+    n = len(table)
+    tuned = (choice.lower, choice.upper)
+    defaults_right = table.correct_at(*default)
+
+    def tune_global(index):
+        c = choose_thresholds(table.subset(index), default)
+        return c.lower, c.upper
+
+    types = [r.question_type for r in routes]
+    test_types = by_type and len(set(types)) > 1 and n >= 2 * folds
+    # Two procedures are tested against what would ship without them: Bonferroni keeps the chance that
+    # either ships on noise at most ``alpha``.
+    alpha = alpha / 2 if test_types else alpha
+    cv: dict[str, Any] = {"folds": folds, "alpha": alpha, "seed": seed}
+    shipped, reason, pair = "defaults", "the defaults are among the optima on val", default
+    reference = defaults_right
+    if choice.rule != "defaults":
+        if n < 2 * folds:
+            reason = f"{n} val questions are too few to cross-validate the tuning; the defaults ship"
+        else:
+            oof = cross_validated_correct(table, tune_global, folds=folds, seed=seed)
+            gain, p = beats_beyond_noise(oof, defaults_right, alpha)
+            cv.update(tuned_out_of_fold=int(oof.sum()), defaults=int(defaults_right.sum()), p=p, questions=n)
+            if gain:
+                shipped, pair, reference = "tuned", tuned, oof
+                reason = f"tuning beat the defaults out-of-fold ({oof.sum()} vs {defaults_right.sum()} of {n}, p={p:.3f})"
+            else:
+                reason = (
+                    f"no measured gain: tuned out-of-fold {oof.sum()} vs defaults {defaults_right.sum()} of {n} "
+                    f"right (McNemar p={p:.3f}); the defaults ship"
+                )
+    per_type: dict[str, Any] = {}
+    pairs: dict[str, tuple[float, float]] = {}
+    if test_types:
+        candidate = _per_type(table, types, range(n), pair)
+        per_type = {"candidate": {k: list(v) for k, v in candidate.items()}, "types": _counts(types)}
+        if candidate:
+
+            def tune_types(index):
+                inner = tune_global(index) if shipped == "tuned" else default
+                return _routed(table, types, _per_type(table, types, list(index), inner), inner)
+
+            oof_types = cross_validated_correct(table, tune_types, folds=folds, seed=seed)
+            gain, p = beats_beyond_noise(oof_types, reference, alpha)
+            per_type.update(out_of_fold=int(oof_types.sum()), against=int(reference.sum()), p=p)
+            if gain:
+                pairs, shipped = candidate, "per type"
+                reason += f"; per-type thresholds beat it out-of-fold ({oof_types.sum()} vs {reference.sum()}, p={p:.3f})"
+            else:
+                per_type["verdict"] = (
+                    f"not shipped: out-of-fold {oof_types.sum()} vs {reference.sum()} of {n} (p={p:.3f})"
+                )
+        else:
+            per_type["verdict"] = "no question type gained from thresholds of its own on val"
+    right = _routed(table, types, pairs, pair)(range(n))
     return TuningResult(
-        lower=best.params["lower"],
-        upper=best.user_attrs["upper"],
-        accuracy=best_value,
-        trials=len(done),
+        lower=pair[0],
+        upper=pair[1],
+        accuracy=float(right.mean()),
+        shipped=shipped,
+        reason=reason,
+        tuned_lower=choice.lower,
+        tuned_upper=choice.upper,
+        tuned_accuracy=choice.accuracy,
+        tuned_interval=wilson_interval(round(choice.accuracy * n), n),
+        tie_rule=choice.rule,
+        depth=choice.depth,
+        tied_fraction=choice.tied_fraction,
+        default_accuracy=float(defaults_right.mean()),
+        default_interval=wilson_interval(int(defaults_right.sum()), n),
+        cross_validation=cv,
+        grid_points=choice.grid_points,
+        trials=len(points) * (len(points) + 1) // 2,
         seconds=seconds,
-        trials_per_second=remaining / seconds if seconds and remaining else float("nan"),
-        default_accuracy=route_accuracy(routes, *default),
+        trials_per_second=ran / seconds if seconds and ran else float("nan"),
         study_name=study_name,
-        requests_per_question=route_requests(routes, best.params["lower"], best.user_attrs["upper"]),
-        default_requests_per_question=route_requests(routes, *default),
         storage=str(storage) if storage else None,
-        sampler=sampler,
+        by_type=pairs,
+        per_type=per_type,
+        requests_per_question=table.requests_at(*pair),
+        default_requests_per_question=table.requests_at(*default),
         persist_seconds=persist_seconds,
-        history=[
-            {"lower": t.params["lower"], "upper": t.user_attrs["upper"], "accuracy": t.value} for t in done
-        ],
     )
+
+
+def _counts(types: Sequence[str]) -> dict[str, int]:
+    return {t: types.count(t) for t in sorted(set(types))}
 
 
 def accuracy_landscape(
     routes: Sequence[QuestionRoutes], steps: int = 41
 ) -> tuple[list[float], list[list[float]]]:
     """Accuracy on a grid: grid[i][j] for lower = axis[i], upper = axis[j]; NaN where lower > upper."""
-    axis = [i / (steps - 1) for i in range(steps)]
-    grid = [[route_accuracy(routes, lo, up) if lo <= up else float("nan") for up in axis] for lo in axis]
-    return axis, grid
+    axis = np.linspace(0.0, 1.0, steps)
+    grid = accuracy_grid(route_table(routes), axis)
+    return axis.tolist(), [[float(v) for v in row] for row in grid]

@@ -16,6 +16,11 @@ Ablations, as in the paper:
 - w/o refinement: internal knowledge is the raw retrieved passages (no decompose, filter, recompose).
 - w/o rewriting: web search with the original question instead of the rewritten query.
 - w/o external-knowledge selection: every web strip is used, none judged or dropped.
+
+Beyond the paper, "CRAG + internal retry" is the program with two rewrite-and-retry rounds on the
+internal store before the web (``CRAG(internal_retries=2)``, :mod:`crag_dspy.retry`): it shares the
+program's grades, web query and web knowledge, and adds only the rounds' retrievals and grades, the
+revised query of round 2, and the refinement and answers of the contexts that change.
 """
 
 from __future__ import annotations
@@ -29,9 +34,18 @@ from crag_dspy.routing import Action, decide_action
 
 from .shared_work import CRAGPieces
 
-__all__ = ["Outcome", "Variant", "ablated_action", "run_variant", "table_variants"]
+__all__ = [
+    "INTERNAL_RETRY_ROUNDS",
+    "ROW_SETS",
+    "Outcome",
+    "Variant",
+    "ablated_action",
+    "run_variant",
+    "table_variants",
+]
 
 Kind = Literal["no_retrieval", "plain_rag", "rag_web", "crag"]
+INTERNAL_RETRY_ROUNDS = 2  # the issue's cap: rounds of "CRAG + internal retry"
 
 
 @dataclass(frozen=True)
@@ -51,11 +65,19 @@ class Variant:
     refine: bool = True
     rewrite: bool = True
     select: bool = True
+    internal_retries: int | None = None  # None: the program's own (``CRAG.internal_retries``)
 
 
-def table_variants(has_program: bool) -> list[Variant]:
-    """The rows, in order: baselines, CRAG with default thresholds, the program, its ablations (of the
-    program, or without one of CRAG with default thresholds)."""
+ROW_SETS = ("all", "main", "main+retry")
+"""``--rows`` of the evaluation: every row; baselines and CRAG rows only; those and the retry row."""
+
+
+def table_variants(has_program: bool, rows_set: str = "all") -> list[Variant]:
+    """The rows, in order: baselines, CRAG with default thresholds, the program, the program with
+    internal retries, its ablations (of the program, or without one of CRAG with default thresholds).
+    ``rows_set`` (:data:`ROW_SETS`) leaves out the costlier rows for quicker runs."""
+    if rows_set not in ROW_SETS:
+        raise ValueError(f"unknown row set {rows_set!r}; choose from {ROW_SETS}")
     rows = [
         Variant("no retrieval", "no_retrieval", "default", "baseline"),
         Variant("plain RAG", "plain_rag", "default", "baseline"),
@@ -64,6 +86,11 @@ def table_variants(has_program: bool) -> list[Variant]:
     ]
     if has_program:
         rows.append(Variant("CRAG (program)"))
+    if rows_set == "main":
+        return rows
+    rows.append(Variant("CRAG + internal retry", internal_retries=INTERNAL_RETRY_ROUNDS))
+    if rows_set == "main+retry":
+        return rows
     return rows + [
         Variant("w/o Correct", group="ablation", remove=Action.CORRECT),
         Variant("w/o Incorrect", group="ablation", remove=Action.INCORRECT),
@@ -113,7 +140,17 @@ def run_variant(
     if variant.kind == "rag_web":
         web = p.external(question, rewrite=False, select=False)
         return Outcome(p.answer(question, passage_strips(p.retrieve(question)), web.strips if web else []))
-    _, scores = p.documents(question)
-    action = ablated_action(scores, *p.thresholds, variant.remove)
-    answer = p.route(question, action, refine=variant.refine, rewrite=variant.rewrite, select=variant.select)
+    retries = p.crag.internal_retries if variant.internal_retries is None else variant.internal_retries
+    _, rounds = p.retry_route(question, retries)
+    # The rounds ran on the program's own actions; an ablation then removes an action from the last one.
+    scores = [*p.documents(question)[1], *(x for r in rounds for x in r.scores)]
+    action = ablated_action(scores, *p.thresholds_for(question), variant.remove)
+    answer = p.route(
+        question,
+        action,
+        refine=variant.refine,
+        rewrite=variant.rewrite,
+        select=variant.select,
+        rounds=rounds,
+    )
     return Outcome(answer, action)

@@ -2,7 +2,14 @@
 
 from .answering import AnswerFromContext, AnswerWithoutContext
 from .grading import GradeDocument
-from .rewriting import RewriteQuery
+from .rewriting import ReviseQuery, RewriteQuery
 from .strips import FilterStrip
 
-__all__ = ["AnswerFromContext", "AnswerWithoutContext", "FilterStrip", "GradeDocument", "RewriteQuery"]
+__all__ = [
+    "AnswerFromContext",
+    "AnswerWithoutContext",
+    "FilterStrip",
+    "GradeDocument",
+    "ReviseQuery",
+    "RewriteQuery",
+]

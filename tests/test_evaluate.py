@@ -4,8 +4,8 @@ structure, the paper's ablations as configuration, and shared work that is never
 import json
 
 import pytest
-from fakes import ScriptedLM
-from test_compile import make_domain, script
+from fakes import ScriptedLM, field
+from test_compile import key_of, make_domain, script
 
 from crag_dspy import CRAG
 from crag_dspy.baselines import NoRetrieval, PlainRAG
@@ -21,6 +21,7 @@ NAMES = [
     "RAG + web always",
     "CRAG (default thresholds)",
     "CRAG (program)",
+    "CRAG + internal retry",
     "w/o Correct",
     "w/o Incorrect",
     "w/o Ambiguous",
@@ -33,6 +34,8 @@ NAMES = [
 def eval_script(system: str, user: str):
     if "from what you know" in system:  # no retrieval: the tiny domain is invented, the model cannot know
         return {"answer": "I don't know"}
+    if "queries tried so far" in system:  # the internal retry's query for round 2
+        return {"query": f"{key_of(field(user, 'question'))} sheet"}
     return script(system, user)
 
 
@@ -140,6 +143,44 @@ def test_standalone_cost_is_what_a_variant_costs_alone(evaluated, setup):
         for q in [q for q in backends.domain.qa if q.split == "test"]:
             run_variant(variant, q.question, pieces, lambda text, c=closed: Outcome(c(question=text).answer))
         assert len(lm.calls) == rows_of(report)[variant.name]["standalone"]["calls"], variant.name
+
+
+def test_the_internal_retry_row_is_computed_from_the_programs_shared_pieces(evaluated, setup):
+    report, _ = evaluated
+    retry = rows_of(report)["CRAG + internal retry"]
+    # Grades of 0.9 / 0.1 never reach the program's upper 0.95: every question stays AMBIGUOUS after
+    # its two rounds, and is answered from every passage graded plus the web.
+    assert retry["actions"]["AMBIGUOUS"]["taken"] == 3 and retry["correct"] == 3 and retry["errors"] == 0
+    assert 0 < retry["marginal"]["requests"] < retry["standalone"]["requests"]
+
+    tmp, settings = setup
+    from crag_dspy.app import assemble
+    from crag_dspy.program import apply_program, read_program
+    from optimize.variants import Variant
+
+    lm = ScriptedLM(eval_script)
+    crag, backends = assemble(settings, lm, progress=False)
+    program = apply_program(crag.deepcopy(), read_program(tmp / "program.json"))
+    work = SharedWork()
+    pieces = {"default": CRAGPieces(crag, work), "main": CRAGPieces(program, work)}
+    (row,) = [v for v in table_variants(True) if v.name == "CRAG + internal retry"]
+    q = next(q for q in backends.domain.qa if q.split == "test")
+    with work.consumer("program") as by_program:
+        run_variant(Variant("CRAG (program)"), q.question, pieces, None)
+    with work.consumer("retry") as by_retry:
+        outcome = run_variant(row, q.question, pieces, None)
+    kinds = lambda keys: {k[0] for k in keys}
+    # The grades, the web query and the web knowledge are the program's; the row adds its two rounds.
+    assert {"grade", "rewrite", "external"} <= kinds(by_program & by_retry)
+    assert kinds(by_retry - by_program) <= {"retry", "revise", "retrieve", "judge", "internal", "answer"}
+    rounds = [k for k in by_retry if k[0] == "retry"]
+    assert len(rounds) == 2 and set(work.owned()) == {"program", "retry"}
+    # The same answer as the module itself with two rounds on.
+    program.internal_retries = 2
+    program.lm = ScriptedLM(eval_script)
+    pred = program(question=q.question)
+    assert (pred.answer, pred.action) == (outcome.answer, outcome.action.value)
+    assert len(pred.trace.internal_rounds) == 2
 
 
 def test_plain_rag_row_answers_like_the_plain_rag_module(evaluated, setup):

@@ -185,3 +185,16 @@ def test_bootstrap_auc_interval_resamples_questions():
     noisy = bootstrap_auc_interval([0.5, 0.4, 0.6, 0.3], [1, 0, 0, 1], ["a", "b", "c", "d"], resamples=300)
     assert noisy is not None and noisy[0] < noisy[1]
     assert bootstrap_auc_interval([0.1, None], [1, 0], ["a", "b"]) is None
+
+
+def test_a_gain_ships_only_beyond_noise():
+    from optimize.metrics import beats_beyond_noise
+
+    # 6 questions only the candidate gets right, none the other way: p = 2 / 2**6 = 0.031.
+    better = [True] * 6 + [False] * 4
+    assert beats_beyond_noise(better, [False] * 10) == (True, pytest.approx(0.03125))
+    # 5 of 5 discordant pairs is p = 0.0625: a gain a coin could produce.
+    assert beats_beyond_noise([True] * 5 + [False] * 5, [False] * 10)[0] is False
+    # Significant, but the reference is the better one: nothing ships.
+    assert beats_beyond_noise([False] * 10, better)[0] is False
+    assert beats_beyond_noise(better, [False] * 10, alpha=0.01)[0] is False

@@ -42,6 +42,20 @@ def test_save_writes_one_json_with_state_thresholds_and_metadata(tmp_path):
     assert doc["config"]["k"] == 4 and doc["dspy_version"] == dspy.__version__
 
 
+def test_per_type_thresholds_round_trip_through_the_program_json(tmp_path):
+    crag = compiled_crag()
+    crag.thresholds.load_state({"lower": 0.3, "upper": 0.7, "by_type": {"person": [0.2, 0.45]}})
+    path = save_program(crag, tmp_path / "p.json", {"domain": "default"})
+    assert json.loads(path.read_text())["state"]["thresholds"]["by_type"] == {"person": [0.2, 0.45]}
+    loaded = apply_program(CRAG(ListRetriever([]), ListWebSearch()), read_program(path), tmp_path)
+    assert loaded.thresholds.by_type == {"person": (0.2, 0.45)}
+    assert loaded.thresholds.for_question("Who founded it?") == (0.2, 0.45, "person")
+    # The trace shows which pair routed a question.
+    run = loaded.new_run("Who founded it?")
+    assert (run.trace.lower, run.trace.upper, run.trace.question_type) == (0.2, 0.45, "person")
+    assert loaded.new_run("What is it?").trace.question_type == "other"
+
+
 LOADER = """
 import json, sys
 sys.path.insert(0, {tests!r})
@@ -98,7 +112,7 @@ def _write(tmp_path, name, content):
         (
             "p.json",
             '{"format": "crag-dspy-program", "format_version": 99}',
-            "format version 99 is not supported by this crag-dspy \\(supports 2, 3, 4\\)",
+            "format version 99 is not supported by this crag-dspy \\(supports 2, 3, 4, 5\\)",
         ),
         (
             "p.json",
@@ -121,7 +135,7 @@ def test_format_2_programs_load_and_evidence_weights_round_trip(tmp_path):
     crag.grader.calibration.load_state({"slope": 1.3, "intercept": -6.1, "weights": {"term_coverage": 6.9}})
     path = save_program(crag, tmp_path / "p.json", {"domain": "default"})
     doc = read_program(path)
-    assert doc["format_version"] == PROGRAM_FORMAT_VERSION == 4
+    assert doc["format_version"] == PROGRAM_FORMAT_VERSION == 5
     loaded = apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc)
     assert loaded.grader.calibration.weights == {"term_coverage": 6.9}
     # Format 2 and 3 programs have no grade source: they grade with the LLM judge.

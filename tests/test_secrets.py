@@ -119,7 +119,7 @@ def test_program_json_and_compile_report_never_hold_keys(tmp_path, keys):
     )
     out = tmp_path / "out" / "program.json"
     compile_program(
-        settings, lm=ScriptedLM(compile_script), trials=20, out=out, progress=False, evaluate_test=False
+        settings, lm=ScriptedLM(compile_script), out=out, progress=False, evaluate_test=False
     )
     written = [p for p in out.parent.iterdir() if p.suffix in {".json", ".md"}]
     assert {p.name for p in written} >= {"program.json", "program.report.json", "program.report.md"}

@@ -146,3 +146,41 @@ def test_ask_in_the_browser_shows_the_decision(chromium, page_url, tmp_path):
             context.close()
     assert problems == [], f"browser console errors: {problems}"
     assert SCREENSHOT.stat().st_size > 10_000
+
+
+def test_the_page_shows_every_internal_retry_round(chromium, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    settings = Settings(
+        domain_dir=write_domain(tmp_path / "harbour"),
+        chroma_path=tmp_path / "chroma",
+        web_search="offline",
+        internal_retries=1,
+    )
+    loaded = open_program(None, settings, lm=harbour_lm(), progress=False)
+    problems: list[str] = []
+    with serving(create_app(ProgramService(loaded))) as url, sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS
+        )
+        try:
+            page = context.new_page()
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(url)
+            page.wait_for_selector("#program b")
+            assert "internal retries at most 1" in page.inner_text("#program")
+            _ask(page, LEAVE_Q)  # CORRECT at once: no round, no rounds list
+            assert page.is_hidden("#rounds") and "again" not in page.inner_text("#why")
+            # AMBIGUOUS: one round with the rewritten query; the store has only the 3 passages graded.
+            _ask(page, FESTIVAL_Q)
+            assert page.inner_text("#action") == "AMBIGUOUS"
+            why = page.inner_text("#why")
+            assert why.startswith("First AMBIGUOUS: searched the knowledge base again once")
+            assert page.is_visible("#rounds")
+            assert "1 of at most 1 rounds; first action AMBIGUOUS" in page.inner_text("#rounds-heading")
+            (item,) = page.locator("#rounds-list li").all_inner_texts()
+            assert "Harbour Festival 2025 date" in item and "nothing new to grade, 3 found again" in item
+            assert item.rstrip().endswith("AMBIGUOUS")
+        finally:
+            context.close()
+    assert problems == []

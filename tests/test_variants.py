@@ -64,7 +64,10 @@ def test_table_rows():
         "CRAG (default thresholds)",
         "CRAG (program)",
     ]
+    assert with_program[5] == "CRAG + internal retry"
     assert without == [n for n in with_program if n != "CRAG (program)"]
+    (retry,) = [v for v in table_variants(True) if v.internal_retries is not None]
+    assert (retry.program, retry.group, retry.internal_retries) == ("main", "crag", 2)
     ablations = [v for v in table_variants(True) if v.group == "ablation"]
     assert len(ablations) == 6 and all(v.program == "main" for v in ablations)
     assert sum(v.remove is not None for v in ablations) == 3

@@ -64,6 +64,10 @@ class ProgramInfo(BaseModel):
     domain: str
     lower: float = Field(description="lower action threshold in force")
     upper: float = Field(description="upper action threshold in force")
+    thresholds_by_type: dict[str, tuple[float, float]] = Field(
+        default_factory=dict,
+        description="(lower, upper) per question type where the program has its own pair for that type",
+    )
     lm: str | None
     retriever: str
     web_backend: str

@@ -84,6 +84,7 @@ class ProgramService:
             domain=self.loaded.domain,
             lower=crag.thresholds.lower,
             upper=crag.thresholds.upper,
+            thresholds_by_type=crag.thresholds.by_type,
             lm=getattr(lm, "model", None) if lm is not None else None,
             retriever=crag.retriever.name,
             web_backend=getattr(crag.web_search, "name", type(crag.web_search).__name__),

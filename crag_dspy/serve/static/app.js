@@ -53,6 +53,10 @@ async function loadProgram() {
       el("span", {}, "domain ", el("b", {}, p.domain)),
       el("span", { class: p.compiled ? "tag" : "tag uncompiled", title: p.note }, p.compiled ? "compiled program" : "uncompiled default program"),
       el("span", {}, "thresholds ", el("b", {}, `lower ${fmt(p.lower)}`), " / ", el("b", {}, `upper ${fmt(p.upper)}`)),
+      p.thresholds_by_type && Object.keys(p.thresholds_by_type).length
+        ? el("span", {}, "per type ", el("b", {}, Object.entries(p.thresholds_by_type).map(([k, [lo, up]]) => `${k} ${fmt(lo)}/${fmt(up)}`).join(", ")))
+        : null,
+      (p.config || {}).internal_retries ? el("span", {}, "internal retries ", el("b", {}, `at most ${p.config.internal_retries}`)) : null,
       el("span", {}, "LM ", el("b", {}, p.lm || "–")),
       el("span", {}, "web ", el("b", {}, p.web_backend)),
       scores.val_accuracy != null ? el("span", {}, "val accuracy ", el("b", {}, `${fmt(100 * scores.val_accuracy, 1)}%`)) : null,
@@ -67,6 +71,15 @@ async function loadProgram() {
 
 // --- one answer -------------------------------------------------------------------------------------
 function explain(trace) {
+  const rounds = trace.internal_rounds || [];
+  // With per-type thresholds the pair that routed this question is its type's.
+  const pair = trace.question_type ? `Thresholds for "${trace.question_type}" questions. ` : "";
+  if (!rounds.length) return pair + explainAction(trace);
+  const times = rounds.length === 1 ? "once" : `${rounds.length} times`;
+  return `${pair}First ${trace.first_action}: searched the knowledge base again ${times} with rewritten queries. ${explainAction(trace)}`;
+}
+
+function explainAction(trace) {
   const known = trace.documents.map((d) => d.score).filter((s) => s !== null);
   const best = known.length ? Math.max(...known) : null;
   const lo = fmt(trace.lower), up = fmt(trace.upper);
@@ -101,6 +114,7 @@ function drawDocuments(trace) {
       .map(([x, text, cls]) => el("span", { class: cls, style: { left: pct(x) } }, text)),
   );
   const list = $("documents");
+  const foundIn = new Map((trace.internal_rounds || []).flatMap((r) => r.passage_ids.map((id) => [id, r.round])));
   if (!trace.documents.length) {
     list.replaceChildren(el("li", { class: "empty" }, "No documents were retrieved."));
     return;
@@ -112,7 +126,8 @@ function drawDocuments(trace) {
       const zone = { "": "grade failed", correct: "at or above upper", incorrect: "below lower", ambiguous: "between the thresholds" }[band];
       return el("li", { class: "doc" },
         el("span", { class: "rank" }, `#${d.rank}`),
-        el("span", { class: "title", title: d.title }, d.title || d.doc_id, " ", el("small", {}, `[${d.doc_id}]`)),
+        el("span", { class: "title", title: d.title }, d.title || d.doc_id, " ", el("small", {}, `[${d.doc_id}]`),
+          foundIn.has(d.id) ? el("small", { class: "round-tag" }, ` retry round ${foundIn.get(d.id)}`) : null),
         el("div", {
             class: "track", role: "meter", "aria-valuemin": 0, "aria-valuemax": 1,
             "aria-valuenow": failed ? undefined : d.score,
@@ -127,6 +142,25 @@ function drawDocuments(trace) {
       );
     }),
   );
+}
+
+function drawRounds(trace) {
+  const rounds = trace.internal_rounds || [];
+  const box = $("rounds");
+  box.hidden = !rounds.length;
+  if (!rounds.length) return;
+  $("rounds-heading").textContent =
+    `Internal retries before the web (${rounds.length} of at most ${trace.internal_retries} rounds; first action ${trace.first_action})`;
+  $("rounds-list").replaceChildren(...rounds.map((r) => {
+    const scores = r.scores.map((s) => (s === null ? "failed" : fmt(s))).join(", ");
+    const found = r.passage_ids.length ? `graded ${r.passage_ids.length} new (${scores})` : "nothing new to grade";
+    return el("li", {},
+      "Query ", el("span", { class: "web-query" }, r.query || "–"), `: ${found}`,
+      r.repeated ? `, ${r.repeated} found again` : "", " → ",
+      el("span", { class: `badge small ${r.action}` }, r.action),
+      r.error ? el("span", { class: "round-error" }, ` ended: ${r.error}`) : null,
+    );
+  }));
 }
 
 // Where a document's grade came from, as the page shows it next to the score.
@@ -213,6 +247,7 @@ function drawTrace(trace, { answer, action, seconds }) {
   $("meta").textContent = [seconds !== undefined ? `${fmt(seconds, 2)} s` : null, `LM ${trace.lm_model || "–"}`, `retriever ${trace.retriever}`]
     .filter(Boolean).join(" · ");
   drawDocuments(trace);
+  drawRounds(trace);
   drawStrips(trace);
   drawWeb(trace);
   drawTimings(trace, seconds ?? Object.values(trace.timings).reduce((a, b) => a + b, 0));
