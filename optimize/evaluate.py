@@ -36,7 +36,7 @@ from crag_dspy.store import ingest_domain
 
 from .datasets import qa_split, relevance_examples
 from .grade_source import program_grades
-from .metrics import answer_matches, binary_report, contains_answer, is_answerable
+from .metrics import answer_matches, binary_report, contains_answer, is_answerable, wilson_interval
 from .parallel import check_num_threads, map_questions
 from .report import plot_accuracy_bars, write_evaluation_report
 from .shared_work import Cost, CRAGPieces, SharedWork, state_key
@@ -133,6 +133,7 @@ def summarize(rows: Sequence[dict[str, Any]], variants: Sequence[Variant]) -> li
                 "n": n,
                 "correct": sum(r["correct"] for r in mine),
                 "accuracy": sum(r["correct"] for r in mine) / n if n else None,
+                "interval": list(wilson_interval(sum(r["correct"] for r in mine), n)),
                 "actions": actions,
                 "correction": _share(sum(r["correct"] for r in missed), len(missed)),
                 "errors": sum(bool(r["errors"]) for r in mine),

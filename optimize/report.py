@@ -83,9 +83,14 @@ def _judge_row(name: str, demos: int, calibration: dict | None, m: dict) -> str:
         fit = "-" if calibration is None else f"not fitted: {calibration.get('reason')}"
     auc = "-" if m["roc_auc"] is None else f"{m['roc_auc']:.3f}"
     return (
-        f"| {name} | {demos} | {fit} | {_pct(m['accuracy'])} | {_pct(m['precision'])} | "
+        f"| {name} | {demos} | {fit} | {_pct(m['accuracy'])}{_wilson(m)} | {_pct(m['precision'])} | "
         f"{_pct(m['recall'])} | {auc} |"
     )
+
+
+def _wilson(m: dict) -> str:
+    """The 95% Wilson interval of a measured accuracy (``accuracy`` of ``n`` items)."""
+    return _interval(wilson_interval(round(m["accuracy"] * m["n"]), m["n"]))
 
 
 def _interval(ci: Sequence[float] | None, pct: bool = True) -> str:
@@ -163,7 +168,7 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
             lines += [
                 f"## {stage} ({s['train']} train / {s['val']} val examples; shipped: {s['kept']})",
                 "",
-                "| val | demos | calibration | accuracy | precision | recall | ROC AUC |",
+                "| val | demos | calibration | accuracy [95% CI] | precision | recall | ROC AUC |",
                 "|---|---|---|---|---|---|---|",
                 _judge_row("uncompiled", 0, None, s["before"]),
             ]
@@ -200,8 +205,8 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
             f"## internal retry (shipped: {'yes' if retry['shipped'] else 'no'})",
             "",
             (
-                f"{retry['why']}. Without: {_ci(retry['intervals']['without'])}, with: "
-                f"{_ci(retry['intervals']['with'])} (95% Wilson)."
+                f"{retry['why']}. Without{_interval(retry['intervals']['without'])}, with"
+                f"{_interval(retry['intervals']['with'])} (95% Wilson)."
             ),
             "",
         ]
@@ -222,7 +227,7 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
             right = sum(r["correct"] for r in row["rows"])
             paired = "-" if row is compiled else _paired(row["rows"], compiled["rows"])
             lines.append(
-                f"| {row['name']} | {_pct(row['accuracy'])} {_ci(wilson_interval(right, row['n']))} | {paired} | "
+                f"| {row['name']} | {_pct(row['accuracy'])}{_interval(wilson_interval(right, row['n']))} | {paired} | "
                 f"{row['seconds_per_question']:.1f} | {calls:.1f} | {actions} |"
             )
         lines += [
@@ -232,10 +237,6 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
         ]
     md_path.write_text("\n".join(lines), encoding="utf-8")
     return json_path, md_path
-
-
-def _ci(interval: Sequence[float]) -> str:
-    return f"[{interval[0] * 100:.1f}, {interval[1] * 100:.1f}]"
 
 
 def _paired(rows: list[dict], reference: list[dict]) -> str:
@@ -266,13 +267,17 @@ def _threshold_lines(t: dict) -> list[str]:
         "|---|---|---|",
         (
             f"| optimum {t['tuned_lower']:.3f}/{t['tuned_upper']:.3f} ({t['tie_rule']}) | "
-            f"{_pct(t['tuned_accuracy'])} {_ci(t['tuned_interval'])} | - |"
+            f"{_pct(t['tuned_accuracy'])}{_interval(t['tuned_interval'])} | - |"
         ),
         (
-            f"| defaults 0.3/0.7 | {_pct(t['default_accuracy'])} {_ci(t['default_interval'])} | "
+            f"| defaults 0.3/0.7 | {_pct(t['default_accuracy'])}{_interval(t['default_interval'])} | "
             f"{t['default_requests_per_question']:.2f} |"
         ),
-        f"| shipped {t['lower']:.3f}/{t['upper']:.3f} | {_pct(t['accuracy'])} | {t['requests_per_question']:.2f} |",
+        (
+            f"| shipped {t['lower']:.3f}/{t['upper']:.3f} | {_pct(t['accuracy'])}"
+            f"{_interval(wilson_interval(round(t['accuracy'] * t['questions']), t['questions']))} | "
+            f"{t['requests_per_question']:.2f} |"
+        ),
         "",
         f"The optimum is exact: {t['grid_points']} valid cells between the observed grades, each one trial of "
         f"an Optuna GridSampler study ({speed}; {t['lm_calls_during_trials']} LM calls during trials); "
@@ -317,14 +322,26 @@ def plot_accuracy_bars(table: list[dict[str, Any]], path: Path, title: str) -> P
     values = [100 * (row["accuracy"] or 0.0) for row in table][::-1]
     colors = [_GROUP_COLORS[row["group"]] for row in table][::-1]
     fig, ax = plt.subplots(figsize=(7.2, 0.42 * len(names) + 1.4), dpi=110)
-    bars = ax.barh(names, values, color=colors)
+    # 95% Wilson intervals as error bars (rows from before intervals were recorded have none).
+    low = [
+        v - 100 * row.get("interval", [v / 100, v / 100])[0]
+        for v, row in zip(values, table[::-1], strict=True)
+    ]
+    high = [
+        100 * row.get("interval", [v / 100, v / 100])[1] - v
+        for v, row in zip(values, table[::-1], strict=True)
+    ]
+    bars = ax.barh(names, values, color=colors, xerr=[low, high], ecolor="#444444", capsize=2)
     # Rows that set their own internal retries (None: the program's own) are variations of the program.
     crag = [row for row in table if row["group"] == "crag" and row.get("internal_retries") is None]
     if crag:  # the program the ablations are of: a reference line for every other row
         ax.axvline(100 * (crag[-1]["accuracy"] or 0.0), color=_GROUP_COLORS["crag"], linestyle="--", lw=1)
-    ax.bar_label(bars, labels=[f"{v:.1f}%" for v in values], padding=3, fontsize=8)
-    ax.set_xlim(0, 110)
-    ax.set_xlabel(f"answer accuracy (%), n = {table[0]['n'] if table else 0}")
+    for bar, value, above in zip(bars, values, high, strict=True):  # labels past the error bars
+        ax.text(
+            value + above + 1.5, bar.get_y() + bar.get_height() / 2, f"{value:.1f}%", va="center", fontsize=8
+        )
+    ax.set_xlim(0, 118)
+    ax.set_xlabel(f"answer accuracy (%) with 95% Wilson intervals, n = {table[0]['n'] if table else 0}")
     ax.set_title(title)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in _GROUP_COLORS.values()]
     ax.legend(handles, list(_GROUP_COLORS), loc="lower right", fontsize=8)
@@ -335,7 +352,9 @@ def plot_accuracy_bars(table: list[dict[str, Any]], path: Path, title: str) -> P
 
 
 def _cell(share: dict[str, Any]) -> str:
-    return "-" if not share["of"] else f"{share['n']}/{share['of']} ({_pct(share['rate'])})"
+    if not share["of"]:
+        return "-"
+    return f"{share['n']}/{share['of']} ({_pct(share['rate'])}){_interval(wilson_interval(share['n'], share['of']))}"
 
 
 def _seconds(value: float | None) -> str:
@@ -440,7 +459,7 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
         *_paired_lines(report),
         "## Actions",
         "",
-        "Questions that took each action, and how many of them were answered right.",
+        "Questions that took each action, and how many of them were answered right (95% Wilson interval).",
         "",
         "| variant | CORRECT | AMBIGUOUS | INCORRECT |",
         "|---|---|---|---|",
@@ -453,13 +472,13 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
         "",
         "## Grader quality (P(relevant) >= 0.5)",
         "",
-        "| grader | data | n | accuracy | precision | recall | ROC AUC | failed |",
+        "| grader | data | n | accuracy [95% CI] | precision | recall | ROC AUC | failed |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for g in report["grader"]:
         auc = "-" if g["roc_auc"] is None else f"{g['roc_auc']:.3f}"
         lines.append(
-            f"| {g['grader']} | {g['data']} | {g['n']} | {_pct(g['accuracy'])} | {_pct(g['precision'])} "
+            f"| {g['grader']} | {g['data']} | {g['n']} | {_pct(g['accuracy'])}{_wilson(g)} | {_pct(g['precision'])} "
             f"| {_pct(g['recall'])} | {auc} | {g['unknown']} |"
         )
     lines.append("")

@@ -11,7 +11,6 @@ on the val questions, by an exact McNemar test (``python benchmarks/optuna_trial
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 import time

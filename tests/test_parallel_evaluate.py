@@ -333,3 +333,43 @@ def test_map_questions_raises_the_first_failure_in_input_order():
         map_questions(fail, range(8), num_threads=8, progress=False)
     with pytest.raises(ValueError, match="num_threads must be a whole number of at least 1"):
         map_questions(fail, [1], num_threads=0, progress=False)
+
+
+def test_routes_precomputed_on_threads_are_the_sequential_routes(tmp_path):
+    from crag_dspy.app import assemble
+    from crag_dspy.domain import load_domain
+    from crag_dspy.store import ingest_domain
+    from optimize.thresholds import precompute_routes
+
+    settings = Settings(
+        domain_dir=make_wide_domain(tmp_path / "wide"), chroma_path=tmp_path / "chroma", web_search="offline"
+    )
+    domain = load_domain(settings.domain_dir)
+    routes = {}
+    for threads in (1, 4):
+        script = Interleaving(wide_script)
+        crag, backends = assemble(settings, ScriptedLM(script), False)
+        ingest_domain(backends.client, domain, backends.embedder, progress=False)
+        found, usage = precompute_routes(crag, domain.qa, progress=False, num_threads=threads)
+        routes[threads] = ([vars(r) for r in found], usage.calls, script.peak)
+    assert routes[4][2] > 1 and routes[1][2] == 1  # the threads really overlapped
+    assert routes[4][:2] == routes[1][:2]  # the same grades, answers, correctness, costs and LM calls
+
+
+def test_row_sets_leave_out_the_costly_rows():
+    from optimize.variants import table_variants
+
+    main_rows = [v.name for v in table_variants(True, "main")]
+    assert main_rows == [
+        "no retrieval",
+        "plain RAG",
+        "RAG + web always",
+        "CRAG (default thresholds)",
+        "CRAG (program)",
+    ]
+    assert [v.name for v in table_variants(True, "main+retry")] == [*main_rows, "CRAG + internal retry"]
+    assert len(table_variants(True)) == len(main_rows) + 1 + 6  # the retry row and six ablations
+    with pytest.raises(ValueError, match="unknown row set"):
+        table_variants(True, "some")
+    with pytest.raises(SystemExit):
+        main(["--rows", "some"])
