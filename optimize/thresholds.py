@@ -419,7 +419,9 @@ def tune_thresholds(
         storage=str(storage) if storage else None,
         by_type=pairs,
         per_type=per_type,
-        requests_per_question=table.requests_at(*pair),
+        requests_per_question=float(
+            np.mean([table.subset([i]).requests_at(*pairs.get(types[i], pair)) for i in range(n)])
+        ),
         default_requests_per_question=table.requests_at(*default),
         persist_seconds=persist_seconds,
     )
