@@ -4,9 +4,9 @@ and a check that both give the same table.
     python benchmarks/parallel_evaluate.py [--latency 0.2] [--limit 100] [--threads 8] [--split test]
         [--domain-dir DIR] [--chroma-path DIR] [--grade-sentences N]
 
-The "hosted LM" is a local OpenAI-compatible chat-completions server started in this process (stdlib
-``ThreadingHTTPServer`` on 127.0.0.1, a free port) that sleeps ``--latency`` seconds per request, as a
-hosted API's round trip does, and serves concurrent requests. The evaluation runs the project's real
+The "hosted LM" is the project's own OpenAI-compatible server (``crag_dspy.lm.openai_server``, on
+127.0.0.1, a free port, concurrent requests on threads) over a fake engine that sleeps ``--latency``
+seconds per request, as a hosted API's round trip does. The evaluation runs the project's real
 code path: ``Settings(lm="openai/...", lm_api_base=<server>)``, ``build_lm(settings, cache=False)`` (what
 ``--no-cache`` does: every request reaches the server), LiteLLM over HTTP. Its replies are deterministic
 functions of the prompt, shaped as the project's adapters parse them (a yes/no judgement with OpenAI
@@ -20,7 +20,6 @@ domain, so the two timed runs differ only in their number of threads.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import re
@@ -28,11 +27,11 @@ import sys
 import tempfile
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Self
 
 from crag_dspy.lm import build_lm
+from crag_dspy.lm.ik_engine import Completion, TokenLogprob
+from crag_dspy.lm.openai_server import OpenAIServer
 from crag_dspy.settings import Settings
 from optimize.evaluate import evaluate_domain
 
@@ -44,14 +43,14 @@ def _words(text: str) -> list[str]:
     return [w for w in (m.group(0).lower() for m in WORD.finditer(text)) if w not in STOP]
 
 
-def _logprobs(p_yes: float) -> dict:
-    """OpenAI chat logprobs whose first token is yes or no, with P(yes) = ``p_yes``."""
-    top = [{"token": "yes", "logprob": math.log(p_yes)}, {"token": "no", "logprob": math.log(1 - p_yes)}]
-    first = top[0] if p_yes >= 0.5 else top[1]
-    return {"content": [{**first, "bytes": list(first["token"].encode()), "top_logprobs": top}]}
+def _logprobs(p_yes: float) -> tuple[TokenLogprob, ...]:
+    """A first token yes or no, with P(yes) = ``p_yes`` among its top tokens."""
+    top = (("yes", math.log(p_yes)), ("no", math.log(1 - p_yes)))
+    token, logprob = top[0] if p_yes >= 0.5 else top[1]
+    return (TokenLogprob(token, logprob, top),)
 
 
-def fake_reply(system: str, user: str, want_logprobs: bool) -> tuple[str, dict | None]:
+def fake_reply(system: str, user: str, want_logprobs: bool) -> tuple[str, tuple[TokenLogprob, ...] | None]:
     """A deterministic reply to one of CRAG's prompts (see crag_dspy/adapters.py for their shape)."""
     question = (re.search(r"^question: (.*)$", user, re.MULTILINE) or re.search(r"(.*)", user)).group(1)
     fenced = "\n".join(re.findall(r"<<<\n(.*?)\n>>>", user, re.DOTALL))
@@ -71,73 +70,27 @@ def fake_reply(system: str, user: str, want_logprobs: bool) -> tuple[str, dict |
     return "I don't know", None
 
 
-class FakeHostedLM:
-    """``POST .../chat/completions`` on 127.0.0.1: sleeps ``latency`` seconds, then answers."""
+class FakeHostedEngine:
+    """A :class:`~crag_dspy.lm.openai_server.ChatEngine` that sleeps ``latency`` seconds per request, as a
+    hosted API's round trip does, then answers with :func:`fake_reply`. Served by the project's own
+    OpenAI-compatible server, which serves concurrent requests on threads."""
 
     def __init__(self, latency: float):
         self.latency = latency
         self.requests = 0
         self._lock = threading.Lock()
-        server = self
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args):
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-                with server._lock:
-                    server.requests += 1
-                time.sleep(server.latency)
-                messages = body.get("messages", [])
-                system = next((m["content"] for m in messages if m["role"] == "system"), "")
-                user = messages[-1]["content"] if messages else ""
-                text, logprobs = fake_reply(system, user, bool(body.get("logprobs")))
-                prompt_tokens = len(system.split()) + len(user.split())
-                data = json.dumps(
-                    {
-                        "id": "chatcmpl-fake",
-                        "object": "chat.completion",
-                        "created": int(time.time()),
-                        "model": body.get("model", "fake"),
-                        "choices": [
-                            {
-                                "index": 0,
-                                "message": {"role": "assistant", "content": text},
-                                "finish_reason": "stop",
-                                "logprobs": logprobs,
-                            }
-                        ],
-                        "usage": {
-                            "prompt_tokens": prompt_tokens,
-                            "completion_tokens": len(text.split()),
-                            "total_tokens": prompt_tokens + len(text.split()),
-                        },
-                    }
-                ).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-
-    @property
-    def api_base(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
-
-    def __enter__(self) -> Self:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
+    def chat(
+        self, messages: list[dict], *, max_tokens: int, top_logprobs: int | None = None, **_
+    ) -> Completion:
+        with self._lock:
+            self.requests += 1
+        time.sleep(self.latency)
+        system = next((m["content"] for m in messages if m["role"] == "system"), "")
+        user = messages[-1]["content"]
+        text, logprobs = fake_reply(system, user, top_logprobs is not None)
+        prompt_tokens = len(system.split()) + len(user.split())
+        return Completion(text, "stop", prompt_tokens, 0, len(text.split()), logprobs)
 
 
 def _without_seconds(value):
@@ -167,10 +120,12 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
 
-    with tempfile.TemporaryDirectory() as tmp, FakeHostedLM(latency=0.0) as server:
+    engine = FakeHostedEngine(latency=0.0)
+    server = OpenAIServer(engine, "fake-hosted")
+    with tempfile.TemporaryDirectory() as tmp:
         settings = Settings(
             lm="openai/fake-hosted",
-            lm_api_base=server.api_base,
+            lm_api_base=f"http://127.0.0.1:{server.port}/v1",
             domain_dir=args.domain_dir,
             chroma_path=args.chroma_path or Path(tmp) / "chroma",
             web_search="offline",
@@ -186,10 +141,10 @@ def main() -> None:
             out=out / "warm",
             progress=False,
         )
-        server.latency = args.latency
+        engine.latency = args.latency
         reports, seconds, requests = {}, {}, {}
         for threads in (1, args.threads):
-            before = server.requests
+            before = engine.requests
             started = time.perf_counter()
             reports[threads] = evaluate_domain(
                 settings,
@@ -200,12 +155,13 @@ def main() -> None:
                 num_threads=threads,
             )
             seconds[threads] = time.perf_counter() - started
-            requests[threads] = server.requests - before
+            requests[threads] = engine.requests - before
             print(
                 f"{threads} thread(s): {seconds[threads]:.1f} s, {requests[threads]} LM requests "
                 f"({reports[threads]['questions']} questions, {args.latency:.3f} s latency)",
                 flush=True,
             )
+    server.close()
     one, many = reports[1], reports[args.threads]
     same = all(
         _without_seconds(one[part]) == _without_seconds(many[part])

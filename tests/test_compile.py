@@ -22,7 +22,12 @@ WEB = {"omega": "W700", "gamma": "G800", "rho": "R900", "tau": "U010"}
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_domain(root: Path) -> Path:
+def lines(items) -> str:
+    return "".join(json.dumps(x) + "\n" for x in items)
+
+
+def write_code_sheets(root: Path) -> None:
+    """A new domain folder ``root`` with one code sheet per KB key (corpus) and per WEB key (web)."""
     root.mkdir()
 
     def doc(i, key, code, web=False):
@@ -33,9 +38,12 @@ def make_domain(root: Path) -> Path:
         }
         return d | ({"url": f"https://{key}.example"} if web else {})
 
-    lines = lambda items: "".join(json.dumps(x) + "\n" for x in items)
     (root / "corpus.jsonl").write_text(lines(doc(i, k, c) for i, (k, c) in enumerate(KB.items())))
     (root / "web.jsonl").write_text(lines(doc(i, k, c, True) for i, (k, c) in enumerate(WEB.items())))
+
+
+def make_domain(root: Path) -> Path:
+    write_code_sheets(root)
     qa, splits = [], ["train", "val", "test"]
     for i, (key, code) in enumerate([*KB.items(), *WEB.items()]):
         qa.append(

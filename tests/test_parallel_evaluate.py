@@ -4,7 +4,6 @@ The LM is a scripted fake that sleeps a little at random so that the threads' re
 evaluation checks that they really ran at the same time, so a sequential implementation fails here.
 """
 
-import json
 import random
 import re
 import threading
@@ -13,33 +12,20 @@ import time
 import dspy
 import pytest
 from fakes import ScriptedLM, field
+from test_compile import KB, WEB, lines, write_code_sheets
 
 from crag_dspy.settings import Settings
 from optimize.evaluate import evaluate_domain, main
 from optimize.parallel import map_questions
 from optimize.shared_work import SharedWork
 
-KB = {"zeta": "Z100", "theta": "T200", "kappa": "K300", "sigma": "S400", "delta": "D500", "lambda": "L600"}
-WEB = {"omega": "W700", "gamma": "G800", "rho": "R900", "tau": "U010"}
 KEYS = re.compile(r"\b(" + "|".join([*KB, *WEB]) + r")\b")
 
 
 def make_wide_domain(root):
     """Twelve test questions: six answered by the KB, four only on the web, and two rephrasings of
     web questions whose rewritten query is another question's (so questions share a web search)."""
-    root.mkdir()
-
-    def doc(i, key, code, web=False):
-        d = {
-            "id": f"{'web' if web else 'kb'}-{i}",
-            "title": f"{key.title()} sheet",
-            "text": f"The {key} code is {code}. It was issued in 2024.\n\nThe {key} office is open daily.",
-        }
-        return d | ({"url": f"https://{key}.example"} if web else {})
-
-    lines = lambda items: "".join(json.dumps(x) + "\n" for x in items)
-    (root / "corpus.jsonl").write_text(lines(doc(i, k, c) for i, (k, c) in enumerate(KB.items())))
-    (root / "web.jsonl").write_text(lines(doc(i, k, c, True) for i, (k, c) in enumerate(WEB.items())))
+    write_code_sheets(root)
     qa = [
         {"id": f"q{i}", "question": f"What is the {key} code?", "answers": [code], "split": "test"}
         for i, (key, code) in enumerate([*KB.items(), *WEB.items()])
