@@ -254,11 +254,12 @@ def _tuned_on_routes(
     seed: int,
     progress: bool,
     num_threads: int = 1,
+    work: SharedWork | None = None,
 ) -> tuple[list[QuestionRoutes], TuningResult, int, int]:
     """``crag``'s routes for the val questions and the thresholds tuned on them (not applied to ``crag``),
     with the LM calls made by the trials (0 expected) and by the precomputation."""
     routes, precompute_usage = precompute_routes(
-        crag, val_questions, progress=progress, num_threads=num_threads
+        crag, val_questions, progress=progress, num_threads=num_threads, work=work
     )
     calls_before = len(lm.history)
     with dspy.track_usage() as trial_tracker:
@@ -285,6 +286,7 @@ def _tune(
     val_limit: int | None,
     progress: bool,
     num_threads: int = 1,
+    work: SharedWork | None = None,
     without_generation: CRAG | None = None,
 ) -> dict[str, Any]:
     """Precompute every QA-val question's routes once, tune the thresholds on them, plot the landscape.
@@ -295,7 +297,7 @@ def _tune(
     lengthen every rewrite and answer prompt. The judges' calls are shared (same prompts, DSPy's cache).
     """
     val_questions = qa_split(domain, "val", val_limit)
-    tuning = {"out": out, "seed": seed, "progress": progress, "num_threads": num_threads}
+    tuning = {"out": out, "seed": seed, "progress": progress, "num_threads": num_threads, "work": work}
     routes, tuned, trial_calls, precompute_calls = _tuned_on_routes(crag, lm, domain, val_questions, **tuning)
     generation = None
     if without_generation is not None:
@@ -348,13 +350,19 @@ def _tune(
 
 
 def _internal_retry_stage(
-    crag: CRAG, domain: Domain, val_limit: int | None, progress: bool, num_threads: int = 1
+    crag: CRAG,
+    domain: Domain,
+    val_limit: int | None,
+    progress: bool,
+    num_threads: int = 1,
+    work: SharedWork | None = None,
 ) -> dict[str, Any]:
     """Answer the QA-val questions with and without rewrite-and-retry rounds on the internal store
     (:mod:`crag_dspy.retry`) and ship the rounds only when they beat none beyond noise (exact McNemar,
-    p < 0.05, more questions right). Both share every piece (grades, web query, web knowledge)."""
+    p < 0.05, more questions right). Both share every piece (grades, web query, web knowledge), and
+    with ``work`` the threshold stage's pieces too."""
     questions = qa_split(domain, "val", val_limit)
-    pieces = {"main": CRAGPieces(crag, SharedWork())}
+    pieces = {"main": CRAGPieces(crag, work if work is not None else SharedWork())}
 
     def right(q: QAPair) -> tuple[bool, bool]:
         results = []
@@ -496,6 +504,8 @@ def compile_program(
                     report["stages"]["strip_filter"]["grader_evaluator"] = evaluator_on_strips(evaluator, val)
             clock.lap("strip filter")
         without_generation = None
+        # The QA-val pieces (grades, knowledge, answers) the threshold and retry stages both use.
+        work = SharedWork()
         if set(GENERATORS) & set(stages):
             before_generation = crag.deepcopy()
             bootstrapped = _compile_generation(
@@ -517,6 +527,7 @@ def compile_program(
                 val_limit=val_limit,
                 progress=progress,
                 num_threads=num_threads,
+                work=work,
                 without_generation=without_generation,
             )
             if "generation" in report["thresholds"]:
@@ -525,7 +536,9 @@ def compile_program(
         elif without_generation is not None:
             log.warning("--no-thresholds: the rewriter/answerer demos ship without a check on QA val")
         if "retry" in stages:
-            report["internal_retry"] = _internal_retry_stage(crag, domain, val_limit, progress, num_threads)
+            report["internal_retry"] = _internal_retry_stage(
+                crag, domain, val_limit, progress, num_threads, work
+            )
             clock.lap("internal retry")
         if evaluate_test:
             test = qa_examples(domain, "test", test_limit)

@@ -33,6 +33,7 @@ __all__ = [
 
 ACTIONS: tuple[Action, ...] = (Action.CORRECT, Action.AMBIGUOUS, Action.INCORRECT)
 _CORRECT, _AMBIGUOUS, _INCORRECT = range(3)
+Bound = float | np.ndarray
 RASTER_STEPS = 400
 """The tie-break measures depth on a raster of (RASTER_STEPS + 1)^2 points: thresholds in 0.0025 steps."""
 
@@ -69,18 +70,19 @@ class RouteTable:
     def subset(self, index: np.ndarray) -> RouteTable:
         return RouteTable(self.best[index], self.all_known[index], self.correct[index], self.requests[index])
 
-    def actions(self, lower: float, upper: float) -> np.ndarray:
-        """Each question's action index (into :data:`ACTIONS`), as ``decide_action`` would route it."""
+    def actions(self, lower: Bound, upper: Bound) -> np.ndarray:
+        """Each question's action index (into :data:`ACTIONS`), as ``decide_action`` would route it;
+        ``lower``/``upper`` are one pair for all, or arrays of one pair per question."""
         incorrect = self.all_known & (self.best < lower)
         return np.where(self.best >= upper, _CORRECT, np.where(incorrect, _INCORRECT, _AMBIGUOUS))
 
-    def correct_at(self, lower: float, upper: float) -> np.ndarray:
+    def correct_at(self, lower: Bound, upper: Bound) -> np.ndarray:
         return self.correct[np.arange(len(self)), self.actions(lower, upper)]
 
-    def accuracy(self, lower: float, upper: float) -> float:
+    def accuracy(self, lower: Bound, upper: Bound) -> float:
         return float(self.correct_at(lower, upper).mean()) if len(self) else 0.0
 
-    def requests_at(self, lower: float, upper: float) -> float:
+    def requests_at(self, lower: Bound, upper: Bound) -> float:
         return (
             float(self.requests[np.arange(len(self)), self.actions(lower, upper)].mean())
             if len(self)

@@ -300,11 +300,22 @@ def _per_type(
     return chosen
 
 
+def _bounds(
+    types: Sequence[str],
+    index: Sequence[int],
+    pairs: dict[str, tuple[float, float]],
+    fallback: tuple[float, float],
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each question's (lower, upper) as two arrays: its type's pair, else ``fallback``. RouteTable's
+    routing broadcasts, so these route every question with its own pair in one pass."""
+    chosen = np.array([pairs.get(types[i], fallback) for i in index], dtype=float).reshape(-1, 2)
+    return chosen[:, 0], chosen[:, 1]
+
+
 def _routed(table: RouteTable, types: Sequence[str], pairs: dict[str, tuple[float, float]], fallback):
     def correct(index) -> np.ndarray:
-        return np.array(
-            [table.subset([i]).correct_at(*pairs.get(types[i], fallback))[0] for i in index], dtype=bool
-        )
+        index = list(index)
+        return table.subset(index).correct_at(*_bounds(types, index, pairs, fallback))
 
     return correct
 
@@ -419,9 +430,7 @@ def tune_thresholds(
         storage=str(storage) if storage else None,
         by_type=pairs,
         per_type=per_type,
-        requests_per_question=float(
-            np.mean([table.subset([i]).requests_at(*pairs.get(types[i], pair)) for i in range(n)])
-        ),
+        requests_per_question=table.requests_at(*_bounds(types, range(n), pairs, pair)),
         default_requests_per_question=table.requests_at(*default),
         persist_seconds=persist_seconds,
     )
