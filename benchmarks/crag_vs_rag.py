@@ -1,162 +1,318 @@
-"""CRAG vs plain RAG on the same questions, model and machine, in one run: wall time, LM calls and
-prompt tokens per question, and their ratios; CRAG's time per stage; prompt-prefix cache use; and a
-check that no identical LM request is made twice within one question.
+"""CRAG vs plain RAG on the same questions, model and machine, in one run: accuracy (Wilson 95% intervals,
+exact McNemar p), wall time, LM calls and prompt tokens per question with their ratios, where CRAG's
+time goes (by stage and by action), and a check that no identical LM request repeats within a question.
 
-    python benchmarks/crag_vs_rag.py [--n 12] [--split test] [--lm embedded] [--program PATH] [--text-adapter text|chat]
-        [--domain-dir DIR]
+    python benchmarks/crag_vs_rag.py --program runs/default/program.json --limit 24
+    python benchmarks/crag_vs_rag.py --program runs/popqa/program.json --domain-dir ../shared/data/popqa-dev
+    python benchmarks/crag_vs_rag.py --hosted-latency 0.2 --threads 8 --limit 100 --out /tmp/hosted.json
 
-Questions are taken evenly across kinds (kb / web / both / none); ``--program`` measures a compiled
-program (its thresholds and prompts) instead of the uncompiled defaults.
+The questions are the split's (``--split``, default test), ``--limit`` of them taken evenly across kinds;
+without ``--program`` the uncompiled default program runs. Plain RAG retrieves the program's k passages
+and answers from them with the same answerer signature. Every LM call is real (DSPy's cache off; the
+engine's prompt-prefix cache on, as in the app), and the model's start and first prompt prefixes are
+warmed up before the clock starts. Questions alternate RAG, CRAG.
+
+``--threads N`` (N > 1) runs the questions once more on N threads (each question's RAG and CRAG in one
+worker) and reports the speed-up and whether every answer, action and LM call count is the same; the
+per-question numbers are the one-thread run's. ``--hosted-latency S`` measures that without a model:
+the LM is then the project's OpenAI-compatible server on a free loopback port over a fake engine that
+waits S seconds per request, as a hosted API's round trip does, and replies deterministically from the
+prompt, shaped as the adapters parse it (never a quality claim; no result file unless ``--out``).
+
+Writes benchmarks/results/crag_vs_rag_<domain>.json.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import math
+import re
 import statistics
+import threading
 import time
 from collections import Counter, defaultdict
-from pathlib import Path
+from collections.abc import Sequence
+from typing import Any
 
 import dspy
+import harness
 import orjson
-from tqdm.auto import tqdm
 
-from crag_dspy.app import build_crag, load_program, open_backends
 from crag_dspy.baselines import PlainRAG
-from crag_dspy.generation import TEXT_ADAPTERS
-from crag_dspy.lm import build_lm, lm_identity
-from crag_dspy.settings import Settings
+from crag_dspy.domain import QAPair
+from crag_dspy.lm.ik_engine import Completion, TokenLogprob
+from crag_dspy.lm.openai_server import OpenAIServer
 from crag_dspy.trace import usage_from_tracker
 from optimize.datasets import qa_split
-from optimize.metrics import answer_matches
+from optimize.metrics import answer_matches, mcnemar_exact
+from optimize.parallel import map_questions
+
+SCRIPT = "crag_vs_rag"
+USAGE = ("calls", "prompt_tokens", "cached_prompt_tokens", "completion_tokens")
+
+# --- the simulated hosted LM (--hosted-latency) ----------------------------------------------------------
+
+WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'-]*")
+STOP = {"a", "an", "and", "did", "does", "for", "in", "is", "of", "on", "the", "to", "was", "what", "who"}
 
 
-def _duplicates(history: list[dict]) -> int:
+def _words(text: str) -> list[str]:
+    return [w for w in (m.group(0).lower() for m in WORD.finditer(text)) if w not in STOP]
+
+
+def fake_reply(system: str, user: str, want_logprobs: bool) -> tuple[str, tuple[TokenLogprob, ...] | None]:
+    """A deterministic reply to one of CRAG's prompts: a yes/no judgement (P(yes) grows with the share of
+    the question's words the judged text holds), a bare query, or a bare answer taken from the context line
+    sharing most of the question's words. Spreads questions over all three actions."""
+    question = (re.search(r"^question: (.*)$", user, re.MULTILINE) or re.search(r"(.*)", user)).group(1)
+    fenced = "\n".join(re.findall(r"<<<\n(.*?)\n>>>", user, re.DOTALL))
+    asked = set(_words(question))
+    if "yes or no" in system:  # the grader and the strip filter
+        shared = len(asked & set(_words(fenced))) / max(1, len(asked))
+        p_yes = min(max(0.05 + 0.9 * shared, 0.02), 0.98)
+        top = (("yes", math.log(p_yes)), ("no", math.log(1 - p_yes)))
+        first = top[0] if p_yes >= 0.5 else top[1]
+        return first[0], ((TokenLogprob(*first, top),) if want_logprobs else None)
+    if "Reply with the query only" in system:  # the query rewriter
+        return " ".join(_words(question)[:6]) or question, None
+    if "Reply with the answer only" in system:  # the answerers
+        lines = [re.sub(r"^\[\w+\]\s*(\([^)]*\)\s*)?", "", line) for line in fenced.splitlines()]
+        best = max(lines, key=lambda line: len(asked & set(_words(line))), default="")
+        if not best or not asked & set(_words(best)):
+            return "I don't know", None
+        return " ".join(best.split()[:6]), None
+    return "I don't know", None
+
+
+class FakeHostedEngine:
+    """A :class:`~crag_dspy.lm.openai_server.ChatEngine` that waits ``latency`` seconds per request, then
+    answers with :func:`fake_reply`; the project's server serves concurrent requests on threads."""
+
+    def __init__(self, latency: float):
+        self.latency, self.requests, self._lock = latency, 0, threading.Lock()
+
+    def chat(
+        self, messages: list[dict], *, max_tokens: int, top_logprobs: int | None = None, **_: Any
+    ) -> Completion:
+        with self._lock:
+            self.requests += 1
+        time.sleep(self.latency)
+        system = next((m["content"] for m in messages if m["role"] == "system"), "")
+        user = messages[-1]["content"]
+        text, logprobs = fake_reply(system, user, top_logprobs is not None)
+        return Completion(
+            text, "stop", len(system.split()) + len(user.split()), 0, len(text.split()), logprobs
+        )
+
+
+# --- the measurement -------------------------------------------------------------------------------------
+
+
+def duplicates(history: Sequence[dict]) -> int:
+    """LM requests in ``history`` identical to an earlier one (same messages and settings)."""
     keys = Counter(
         orjson.dumps({"m": h["messages"], "k": h["kwargs"]}, option=orjson.OPT_SORT_KEYS) for h in history
     )
     return sum(n - 1 for n in keys.values())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=12)
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--lm")
-    parser.add_argument("--program", type=Path, help="a compiled program JSON (default: uncompiled)")
-    parser.add_argument(
-        "--text-adapter",
-        choices=TEXT_ADAPTERS,
-        help="answer/rewrite format for both systems (default: the program's, or 'text')",
-    )
-    parser.add_argument(
-        "--domain-dir", type=Path, help="a domain outside data/ (default: the bundled default)"
-    )
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
-
-    overrides = {"lm": args.lm} if args.lm else {}
-    settings = Settings(**overrides, **({"domain_dir": args.domain_dir} if args.domain_dir else {}))
-    backends = open_backends(settings)
-    questions = qa_split(backends.domain, args.split, args.n)
-    lm = build_lm(settings, cache=False)  # every call real: we are measuring the model, not the cache
-    if args.program:
-        crag = load_program(args.program, settings=settings, lm=lm, progress=False)
-    else:
-        crag = build_crag(settings, lm=lm, progress=False)
-    if args.text_adapter:
-        crag.text_adapter = args.text_adapter
-    rag = PlainRAG(
-        crag.retriever, lm=lm, k=crag.k, text_adapter=crag.text_adapter, answer_units=crag.answer_units
-    )
-    rag(question="warm-up")  # model load and the first prompt prefixes are not part of either system's cost
-    crag(question="warm-up")
-
-    rows = defaultdict(list)
-    stage_time = defaultdict(float)
-    by_action = defaultdict(lambda: [0.0, 0.0, 0])  # action -> [CRAG s, RAG s, questions]
-    for q in tqdm(questions, desc="questions"):
-        for name, program in (("rag", rag), ("crag", crag)):
+def run_question(
+    q: QAPair, rag: dspy.Module, crag: dspy.Module, lm: dspy.BaseLM, *, check_duplicates: bool
+) -> dict[str, dict[str, Any]]:
+    """Plain RAG, then CRAG, on one question: seconds, LM usage, answer, correctness (CRAG: its action and
+    seconds per stage); with ``check_duplicates`` (one thread only) the repeated LM requests."""
+    row: dict[str, dict[str, Any]] = {}
+    for name, program in (("rag", rag), ("crag", crag)):
+        if check_duplicates:
             lm.history.clear()
-            started = time.perf_counter()
-            with dspy.track_usage() as tracker:
-                pred = program(question=q.question)
-            row = {
-                "seconds": time.perf_counter() - started,
-                **usage_from_tracker(tracker).model_dump(),
-                "correct": answer_matches(pred.answer, q.answers),
-                "duplicates": _duplicates(lm.history),
-            }
-            if name == "crag":
-                row["action"] = pred.action
-                for stage, seconds in pred.trace.timings.items():
-                    stage_time[stage] += seconds
-                by_action[pred.action][0] += row["seconds"]
-                by_action[pred.action][1] += rows["rag"][-1]["seconds"]
-                by_action[pred.action][2] += 1
-            rows[name].append(row)
+        started = time.perf_counter()
+        with dspy.track_usage() as tracker:
+            pred = program(question=q.question)
+        r = {
+            "id": q.id,
+            "seconds": time.perf_counter() - started,
+            **usage_from_tracker(tracker).model_dump(),
+            "answer": pred.answer,
+            "correct": answer_matches(pred.answer, q.answers),
+        }
+        if check_duplicates:
+            r["duplicates"] = duplicates(lm.history)
+        if name == "crag":
+            r["action"] = pred.action
+            r["stage_seconds"] = dict(pred.trace.timings)
+        row[name] = r
+    return row
 
-    def mean(name, key):
-        return statistics.fmean(r[key] for r in rows[name])
 
-    program = f"program {args.program}" if args.program else "uncompiled defaults"
-    print(
-        f"\n{len(questions)} {args.split} questions, LM {lm_identity(settings)}, k={crag.k}, {program} "
-        f"(lower={crag.thresholds.lower:.3f}, upper={crag.thresholds.upper:.3f}), text adapter {crag.text_adapter}"
+def run_questions(
+    questions: Sequence[QAPair], rag: dspy.Module, crag: dspy.Module, lm: dspy.BaseLM, *, threads: int = 1
+) -> tuple[dict[str, list[dict[str, Any]]], float]:
+    """``{"rag": rows, "crag": rows}`` in question order, and the wall time of the whole run."""
+    started = time.perf_counter()
+    rows = map_questions(
+        lambda q: run_question(q, rag, crag, lm, check_duplicates=threads == 1),
+        questions,
+        num_threads=threads,
+        desc=f"questions ({threads} thread{'s' if threads > 1 else ''})",
     )
-    print(f"{'':10} {'plain RAG':>10} {'CRAG':>10} {'ratio':>7}")
-    summary = {}
-    for key in ("seconds", "calls", "prompt_tokens", "cached_prompt_tokens", "completion_tokens"):
-        r, c = mean("rag", key), mean("crag", key)
+    return {name: [r[name] for r in rows] for name in ("rag", "crag")}, time.perf_counter() - started
+
+
+def stage_seconds(crag_rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    total: dict[str, float] = defaultdict(float)
+    for r in crag_rows:
+        for stage, seconds in r.get("stage_seconds", {}).items():
+            total[stage] += seconds
+    return dict(total)
+
+
+def by_action(rows: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Per CRAG action: CRAG's and plain RAG's seconds summed over its questions, and their number."""
+    out: dict[str, dict[str, float]] = {}
+    for rag, crag in zip(rows["rag"], rows["crag"], strict=True):
+        a = out.setdefault(crag["action"], {"crag_s": 0.0, "rag_s": 0.0, "n": 0})
+        a["crag_s"] += crag["seconds"]
+        a["rag_s"] += rag["seconds"]
+        a["n"] += 1
+    return out
+
+
+def summarize(rows: dict[str, list[dict[str, Any]]], stages: dict[str, float]) -> dict[str, Any]:
+    """Means per question and CRAG / RAG ratios, accuracies with intervals and McNemar's p, grading's share."""
+    summary: dict[str, Any] = {}
+    for key in ("seconds", *USAGE):
+        r, c = (statistics.fmean(row[key] for row in rows[name]) for name in ("rag", "crag"))
         summary[key] = {"rag": r, "crag": c, "ratio": c / r if r else None}
-        print(f"{key:<22} {r:10.1f} {c:10.1f} {c / r if r else float('nan'):7.2f}x")
+    right = {name: [bool(row["correct"]) for row in rows[name]] for name in ("rag", "crag")}
     for name in ("rag", "crag"):
-        summary[f"{name}_accuracy"] = mean(name, "correct")
-    print(
-        f"accuracy (gold alias match): plain RAG {summary['rag_accuracy']:.2f}, CRAG {summary['crag_accuracy']:.2f}"
+        summary[f"{name}_accuracy"] = harness.rate(sum(right[name]), len(right[name]))
+    summary["mcnemar_p"] = mcnemar_exact(right["crag"], right["rag"])
+    rag_total = sum(row["seconds"] for row in rows["rag"])
+    # The floor of the ratio: grading alone reads every retrieved passage, as plain RAG's answer does.
+    summary["grading_vs_rag"] = stages.get("grade", 0.0) / rag_total if rag_total else None
+    summary["grade_seconds_per_question"] = stages.get("grade", 0.0) / len(rows["crag"])
+    summary["actions"] = dict(Counter(row["action"] for row in rows["crag"]))
+    checked = [row["duplicates"] for name in ("rag", "crag") for row in rows[name] if "duplicates" in row]
+    summary["duplicate_requests"] = sum(checked) if checked else None
+    return summary
+
+
+def same_outcomes(a: dict[str, list[dict[str, Any]]], b: dict[str, list[dict[str, Any]]]) -> bool:
+    """Whether two runs gave every question the same answers, actions and LM call counts."""
+    keys = ("id", "answer", "correct", "action", "calls")
+    return all(
+        [{k: r.get(k) for k in keys} for r in a[name]] == [{k: r.get(k) for k in keys} for r in b[name]]
+        for name in ("rag", "crag")
     )
-    total = sum(stage_time.values())
+
+
+def report(results: dict[str, Any]) -> None:
+    s = results["summary"]
+    print(
+        f"\n{results['questions']} {results['split']} questions of `{results['domain']}`, k={results['k']}, "
+        f"{results['program'] or 'uncompiled defaults'} (lower={results['thresholds']['lower']:.3f}, "
+        f"upper={results['thresholds']['upper']:.3f}), grade source {results['grade_source']}"
+    )
+    print(f"{'per question':<22} {'plain RAG':>10} {'CRAG':>10} {'ratio':>7}")
+    for key in ("seconds", *USAGE):
+        r, c, ratio = s[key]["rag"], s[key]["crag"], s[key]["ratio"]
+        print(f"{key:<22} {r:10.1f} {c:10.1f} {ratio if ratio is not None else float('nan'):7.2f}x")
+    print(
+        f"accuracy: plain RAG {harness.fmt_rate(s['rag_accuracy'])}, CRAG {harness.fmt_rate(s['crag_accuracy'])}"
+    )
+    verdict = "a difference" if s["mcnemar_p"] < 0.05 else "no measured difference"
+    print(f"CRAG vs plain RAG, exact McNemar p = {s['mcnemar_p']:.3f} ({verdict})")
+    stages = results["stage_seconds"]
+    total = sum(stages.values()) or 1.0
     print(
         "CRAG time by stage: "
-        + ", ".join(f"{s} {t / total:.0%}" for s, t in sorted(stage_time.items(), key=lambda x: -x[1]))
+        + ", ".join(f"{k} {v / total:.0%}" for k, v in sorted(stages.items(), key=lambda x: -x[1]))
     )
-    # The floor of the ratio: grading alone reads every retrieved passage, as plain RAG's answer does.
-    rag_total = sum(r["seconds"] for r in rows["rag"])
-    summary["grading_vs_rag"] = stage_time.get("grade", 0.0) / rag_total if rag_total else None
-    print(f"CRAG grading alone / plain RAG wall time: {summary['grading_vs_rag']:.2f}x")
-    summary["grade_seconds_per_question"] = stage_time.get("grade", 0.0) / len(questions)
-    sources = Counter(d.score_source for d in pred.trace.documents)
-    print(
-        f"grading {crag.k} passages: {summary['grade_seconds_per_question']:.3f} s per question "
-        f"(grade source {crag.grading.mode}; last question's scores from {dict(sources)})"
-    )
-    print(
-        "CRAG actions: "
-        + ", ".join(f"{a} {n}" for a, n in Counter(r["action"] for r in rows["crag"]).items())
-    )
-    for action, (crag_s, rag_s, n) in sorted(by_action.items()):
+    if s["grading_vs_rag"] is not None:
+        print(f"CRAG grading alone / plain RAG wall time: {s['grading_vs_rag']:.2f}x")
+    for action, a in sorted(results["by_action"].items()):
+        ratio = a["crag_s"] / a["rag_s"] if a["rag_s"] else float("nan")
         print(
-            f"  {action}: {n} questions, CRAG {crag_s / n:.1f} s vs RAG {rag_s / n:.1f} s ({crag_s / rag_s:.2f}x)"
+            f"  {action}: {a['n']} questions, CRAG {a['crag_s'] / a['n']:.1f} s vs RAG {a['rag_s'] / a['n']:.1f} s ({ratio:.2f}x)"
         )
-    dup = sum(r["duplicates"] for r in rows["crag"]) + sum(r["duplicates"] for r in rows["rag"])
-    print(f"identical LM requests repeated within a question: {dup}")
-    if args.out:
-        args.out.write_text(
-            json.dumps(
-                {
-                    "program": str(args.program) if args.program else None,
-                    "thresholds": crag.thresholds.dump_state(),
-                    "text_adapter": crag.text_adapter,
-                    "summary": summary,
-                    "rows": rows,
-                    "stage_seconds": stage_time,
-                    "by_action": {a: dict(zip(("crag_s", "rag_s", "n"), v)) for a, v in by_action.items()},
+    if s["duplicate_requests"] is not None:
+        print(f"identical LM requests repeated within a question: {s['duplicate_requests']}")
+    for threads, t in results.get("threads", {}).items():
+        extra = f", {t['speedup']:.2f}x, same outcomes: {t['same_outcomes']}" if "speedup" in t else ""
+        print(f"{threads} thread(s): {t['seconds']:.1f} s wall{extra}")
+
+
+def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int:
+    p = harness.parser(__doc__, cache_flag=False, program=True)
+    p.add_argument("--split", default="test", help="QA split (default test)")
+    p.add_argument(
+        "--limit", type=int, help="N questions of the split, taken evenly across kinds (default: all)"
+    )
+    p.add_argument("--threads", type=int, default=1, help="also run on N threads and compare (default 1)")
+    p.add_argument(
+        "--hosted-latency", type=float, metavar="S", help="a simulated hosted LM, S seconds per request"
+    )
+    args = harness.parse(p, argv)
+    if args.threads < 1:
+        p.error("--threads must be at least 1")
+    if args.limit is not None and args.limit < 1:
+        p.error("--limit must be at least 1")
+    document = harness.read_document(args.program)
+    server = None
+    if args.hosted_latency is not None and lm is None:
+        engine = FakeHostedEngine(latency=0.0)  # no latency while warming up
+        server = OpenAIServer(engine, "fake-hosted")
+        extra = {"lm": "openai/fake-hosted", "lm_api_base": f"http://127.0.0.1:{server.port}/v1"}
+        settings = harness.settings_for(args, document, **extra)
+    else:
+        settings = harness.settings_for(args, document)
+    try:
+        # Every call real: the model is measured, not DSPy's cache.
+        lm = harness.lm_for(settings, args, lm, cache=False)
+        crag, domain = harness.open_crag(settings, lm, document, args.program)
+        questions = qa_split(domain, args.split, args.limit)
+        if not questions:
+            p.error(f"domain `{domain.name}` has no {args.split} questions")
+        rag = PlainRAG(crag.retriever, lm=lm, k=crag.config.k, answer_units=crag.config.answer_units)
+        rag(question="warm-up")  # the model's start and the first prompt prefixes count for neither system
+        crag(question="warm-up")
+        if server is not None:
+            engine.latency = args.hosted_latency
+        rows, wall = run_questions(questions, rag, crag, lm)
+        stages = stage_seconds(rows["crag"])
+        results: dict[str, Any] = {
+            "domain": domain.name,
+            "split": args.split,
+            "questions": len(questions),
+            "program": str(args.program) if args.program else None,
+            "k": crag.config.k,
+            "thresholds": crag.thresholds.dump_state(),
+            "grade_source": crag.grading.mode,
+            "config": crag.config.model_dump(mode="json"),
+            "hosted_latency": args.hosted_latency,
+            "summary": summarize(rows, stages),
+            "stage_seconds": stages,
+            "by_action": by_action(rows),
+            "rows": rows,
+        }
+        if args.threads > 1:
+            parallel, parallel_wall = run_questions(questions, rag, crag, lm, threads=args.threads)
+            results["threads"] = {
+                "1": {"seconds": wall},
+                str(args.threads): {
+                    "seconds": parallel_wall,
+                    "speedup": wall / parallel_wall,
+                    "same_outcomes": same_outcomes(rows, parallel),
                 },
-                indent=2,
-            )
-        )
+            }
+    finally:
+        if server is not None:
+            server.close()
+    report(results)
+    if args.hosted_latency is None or args.out is not None:
+        harness.write_result(harness.result_path(args, SCRIPT, domain.name), SCRIPT, argv, results, lm=lm)
+    same = results.get("threads", {}).get(str(args.threads), {}).get("same_outcomes", True)
+    return 0 if same else 1
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

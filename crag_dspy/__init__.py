@@ -12,6 +12,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "true")
 __version__ = "0.1.0"
 
 from .app import build_crag, load_program  # noqa: E402
+from .config import CRAGConfig, GraderView, LMCalls
 from .domain import Domain, DomainDataError, load_domain
 from .faults import CRAGRunError, LMUnavailableError, RetrievalError
 from .module import CRAG, Thresholds
@@ -24,9 +25,12 @@ from .validation import QuestionError, normalize_question
 __all__ = [
     "CRAG",
     "Action",
+    "CRAGConfig",
     "CRAGRunError",
     "Domain",
     "DomainDataError",
+    "GraderView",
+    "LMCalls",
     "LMUnavailableError",
     "Passage",
     "QuestionError",

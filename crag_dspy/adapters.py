@@ -12,13 +12,12 @@ from __future__ import annotations
 from typing import Any
 
 from dspy.adapters.base import Adapter
-from dspy.adapters.chat_adapter import ChatAdapter
 from dspy.utils.exceptions import AdapterParseError
 
 from .scoring import NO_WORDS, YES_WORDS
 from .untrusted import neutralize
 
-__all__ = ["ADAPTERS", "LabelAdapter", "TextAdapter"]
+__all__ = ["LabelAdapter", "TextAdapter"]
 
 
 class _FieldsAdapter(Adapter):
@@ -143,6 +142,3 @@ class TextAdapter(_FieldsAdapter):
                 message=f"Expected the {name} as text, got nothing.",
             )
         return {name: line}
-
-
-ADAPTERS: dict[str, type[Adapter]] = {"label": LabelAdapter, "text": TextAdapter, "chat": ChatAdapter}

@@ -102,24 +102,9 @@ def assemble(
     crag = CRAG(
         backends.retriever("kb"),
         build_web_search(settings, backends),
+        backends.domain.config.crag_config(settings.config),
         lm=lm,
-        k=backends.domain.config.k or settings.k,
-        lower=settings.lower,
-        upper=settings.upper,
-        strip_threshold=settings.strip_threshold,
-        grade_sentences=settings.grade_sentences,
-        grade_term_weight=settings.grade_term_weight,
-        grade_term_stems=settings.grade_term_stems,
         embedder=backends.embedder,
-        max_strips=settings.max_strips,
-        fallback_web_strips=settings.fallback_web_strips,
-        sentences_per_strip=backends.domain.config.sentences_per_strip,
-        web_results=settings.web_results,
-        use_logprobs=settings.use_logprobs,
-        retries=settings.lm_retries,
-        max_question_chars=settings.max_question_chars,
-        answer_units=settings.answer_units,
-        internal_retries=settings.internal_retries,
     )
     return crag, backends
 
@@ -148,7 +133,8 @@ def load_program(
     """
     if retriever is not None and web_search is not None:
         document = read_program(path)
-        crag = CRAG(retriever, web_search, lm=lm or build_lm(settings or Settings()))
+        settings = settings or Settings()
+        crag = CRAG(retriever, web_search, settings.config, lm=lm or build_lm(settings))
         return apply_program(crag, document, Path(path).parent)
     return open_program(path, settings, domain_from_program=settings is None, lm=lm, progress=progress).crag
 
@@ -191,7 +177,9 @@ def open_program(
         settings = settings.model_copy(update=_program_domain(document))
     crag, backends = assemble(settings, lm, progress)
     check_domain(document, backends.domain.name, path)
-    return LoadedProgram(apply_program(crag, document, Path(path).parent), backends.domain.name, Path(path), document)
+    return LoadedProgram(
+        apply_program(crag, document, Path(path).parent), backends.domain.name, Path(path), document
+    )
 
 
 def _program_domain(document: dict[str, Any]) -> dict[str, Any]:

@@ -31,11 +31,10 @@ class PlainRAG(dspy.Module):
         *,
         lm: dspy.BaseLM | None = None,
         k: int = 5,
-        text_adapter: str = "text",
         answer_units: bool = True,
     ):
         super().__init__()
-        self.retriever, self.lm, self.k, self.text_adapter = retriever, lm, k, text_adapter
+        self.retriever, self.lm, self.k = retriever, lm, k
         self.answer_units = answer_units  # as CRAG: both answerers' replies are read the same way
         self.answerer = dspy.Predict(AnswerFromContext)
 
@@ -44,7 +43,7 @@ class PlainRAG(dspy.Module):
         context = format_context(passage_strips(passages), [])
         with (
             dspy.context(lm=self.lm) if self.lm is not None else nullcontext(),
-            text_format(self.text_adapter),
+            text_format(),
         ):
             answer = self.answerer(question=question, context=context).answer
         if self.answer_units:
@@ -56,15 +55,15 @@ class NoRetrieval(dspy.Module):
     """Answer from the model's own (parametric) knowledge, without any context: the floor a retrieval
     system must clear, and close to zero on a domain the model cannot have seen."""
 
-    def __init__(self, *, lm: dspy.BaseLM | None = None, text_adapter: str = "text"):
+    def __init__(self, *, lm: dspy.BaseLM | None = None):
         super().__init__()
-        self.lm, self.text_adapter = lm, text_adapter
+        self.lm = lm
         self.answerer = dspy.Predict(AnswerWithoutContext)
 
     def forward(self, question: str) -> dspy.Prediction:
         with (
             dspy.context(lm=self.lm) if self.lm is not None else nullcontext(),
-            text_format(self.text_adapter),
+            text_format(),
         ):
             answer = self.answerer(question=question).answer
         return dspy.Prediction(answer=answer)

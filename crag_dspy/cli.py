@@ -135,11 +135,9 @@ _SETTING_FLAGS = (
     "embedded_model",
     "embedded_engine",
     "web_search",
-    "k",
-    "lower",
-    "upper",
-    "internal_retries",
 )
+# Flags that set a CRAGConfig field (Settings.config).
+_CONFIG_FLAGS = ("k", "lower", "upper", "internal_retries")
 
 
 def settings_from_args(args: argparse.Namespace, **extra: Any):
@@ -150,6 +148,9 @@ def settings_from_args(args: argparse.Namespace, **extra: Any):
         name: getattr(args, name) for name in _SETTING_FLAGS if getattr(args, name, None) is not None
     }
     overrides.update(extra)
+    config = {name: getattr(args, name) for name in _CONFIG_FLAGS if getattr(args, name, None) is not None}
+    if config:
+        overrides["config"] = Settings().config.replace(**config)
     return Settings(**overrides)
 
 
@@ -226,12 +227,15 @@ def program_from_args(args: argparse.Namespace, *, lm=None, progress: bool = Tru
         thresholds = loaded.crag.thresholds
         thresholds.load_state(
             {
-                "lower": settings.lower if args.lower is not None else thresholds.lower,
-                "upper": settings.upper if args.upper is not None else thresholds.upper,
+                "lower": settings.config.lower if args.lower is not None else thresholds.lower,
+                "upper": settings.config.upper if args.upper is not None else thresholds.upper,
             }
         )
     if loaded.compiled and getattr(args, "internal_retries", None) is not None:
-        loaded.crag.internal_retries = settings.internal_retries
+        crag = loaded.crag
+        thresholds = crag.thresholds.dump_state()  # a new config resets them; the program's stay
+        crag.config = crag.config.replace(internal_retries=settings.config.internal_retries)
+        crag.thresholds.load_state(thresholds)
     return loaded
 
 

@@ -18,6 +18,8 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from .config import CRAGConfig
+
 __all__ = [
     "CorpusDoc",
     "Domain",
@@ -82,7 +84,12 @@ class DomainConfig(BaseModel):
     description: str = ""
     k: int | None = Field(None, ge=1, le=50)
     chunk_words: int = Field(120, ge=20, le=1000, description="most words per indexed chunk")
-    sentences_per_strip: int = Field(3, ge=1, le=10)
+    sentences_per_strip: int | None = Field(None, ge=1, le=10)
+
+    def crag_config(self, config: CRAGConfig) -> CRAGConfig:
+        """``config`` with the settings this domain fixes (``k``, ``sentences_per_strip``) applied."""
+        fixed = {"k": self.k, "sentences_per_strip": self.sentences_per_strip}
+        return config.replace(**{key: value for key, value in fixed.items() if value is not None})
 
     @field_validator("name")
     @classmethod

@@ -17,12 +17,8 @@ programs compiled before it unchanged.
 
 from __future__ import annotations
 
-import functools
 import re
-import threading
 from collections.abc import Callable, Iterable
-
-import snowballstemmer
 
 from .strips import split_sentences
 
@@ -34,8 +30,6 @@ __all__ = [
     "evidence_features",
     "number_coverage",
     "sentence_coverage",
-    "stem",
-    "stemmed_terms",
     "term_coverage",
     "terms_beyond_title",
 ]
@@ -56,26 +50,6 @@ _STOP_WORDS = frozenset(
 def content_terms(text: str) -> set[str]:
     """Lower-cased runs of letters and digits of ``text``, without question and function words."""
     return {token for token in _TOKEN.findall(text.lower()) if token not in _STOP_WORDS}
-
-
-# Snowball stemmers keep the word being stemmed in the instance: one per thread, since one CRAG
-# serves many threads at once.
-_stemmers = threading.local()
-
-
-@functools.lru_cache(maxsize=65536)
-def stem(word: str) -> str:
-    """``word``'s English Snowball stem ("chairs" and "chair" -> "chair", "effective" -> "effect")."""
-    stemmer = getattr(_stemmers, "english", None)
-    if stemmer is None:
-        stemmer = _stemmers.english = snowballstemmer.stemmer("english")
-    return stemmer.stemWord(word)
-
-
-def stemmed_terms(text: str) -> set[str]:
-    """The stems (:func:`stem`) of ``text``'s :func:`content_terms`, so that "Who chairs ..." finds "The
-    chair of ..." and "take effect" finds "effective"."""
-    return {stem(term) for term in content_terms(text)}
 
 
 def _coverage(wanted: set[str], text: str) -> float:
@@ -104,14 +78,12 @@ def digit_term_coverage(question: str, text: str) -> float:
     return _coverage({term for term in content_terms(question) if any(c.isdigit() for c in term)}, text)
 
 
-def terms_beyond_title(
-    question: str, title: str, terms: Callable[[str], set[str]] = content_terms
-) -> set[str]:
-    """The question's ``terms`` (:func:`content_terms` or :func:`stemmed_terms`) that ``title`` lacks:
+def terms_beyond_title(question: str, title: str) -> set[str]:
+    """The question's :func:`content_terms` that ``title`` lacks:
     what a passage's sentences must supply (a title names the entity, a sentence holds what is asked
     of it); all of them when the title holds every one, since then the sentence must repeat them."""
-    wanted = terms(question)
-    return (wanted - terms(title)) or wanted
+    wanted = content_terms(question)
+    return (wanted - content_terms(title)) or wanted
 
 
 def sentence_coverage(question: str, text: str) -> float:

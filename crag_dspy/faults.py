@@ -29,6 +29,7 @@ __all__ = [
     "CONSECUTIVE_LM_FAILURES",
     "CRAGRunError",
     "LMFault",
+    "LMHealth",
     "LMUnavailableError",
     "RetrievalError",
     "classify_lm_error",
@@ -87,3 +88,35 @@ def describe_error(exc: BaseException, limit: int = 300) -> str:
     """
     lines = str(exc).strip().splitlines()
     return redact(f"{type(exc).__name__}: {lines[0][:limit] if lines else ''}".rstrip(": "))
+
+
+class LMHealth:
+    """Decides, for one question, when the LM is down: a fatal error, or ``CONSECUTIVE_LM_FAILURES``
+    failed calls in a row (each already retried by DSPy). An unusable answer is not a failed call: the
+    LM answered. Never shared between threads, like the question's trace it writes to."""
+
+    def __init__(self, trace: CRAGTrace):
+        self.trace = trace
+        self.failures_in_a_row = 0
+
+    def succeeded(self) -> None:
+        self.failures_in_a_row = 0
+
+    def failed(self, stage: str, exc: BaseException) -> None:
+        """Count an LM call that failed after DSPy's retries; raise :class:`LMUnavailableError` (the
+        message also goes into the trace's errors) once the LM is down."""
+        kind = classify_lm_error(exc)
+        if kind == "output":
+            self.succeeded()
+            return
+        self.failures_in_a_row += 1
+        if kind != "fatal" and self.failures_in_a_row < CONSECUTIVE_LM_FAILURES:
+            return
+        why = (
+            "refuses the requests"
+            if kind == "fatal"
+            else f"failed {self.failures_in_a_row} calls in a row, each after retries with backoff"
+        )
+        message = f"the LM {self.trace.lm_model} {why}; stopped at stage {stage!r}: {describe_error(exc)}"
+        self.trace.errors.append(message)
+        raise LMUnavailableError(message, self.trace, stage) from exc

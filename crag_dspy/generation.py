@@ -1,4 +1,4 @@
-"""How the free-text predictors (query rewriter, answerers) are called: their format and retries."""
+"""How the free-text predictors (query rewriter, reviser, answerers) are called: format and retries."""
 
 from __future__ import annotations
 
@@ -6,23 +6,19 @@ from typing import Any
 
 import dspy
 
-from .adapters import ADAPTERS
+from .adapters import TextAdapter
 
-__all__ = ["TEXT_ADAPTERS", "check_text_adapter", "text_config", "text_format"]
-
-TEXT_ADAPTERS = ("text", "chat")  # "text": the bare value (adapters.TextAdapter); "chat": DSPy's ChatAdapter
+__all__ = ["text_config", "text_format"]
 
 
-def check_text_adapter(adapter: str) -> str:
-    """Return ``adapter`` if it is one of :data:`TEXT_ADAPTERS`, else raise ValueError naming the choices."""
-    if adapter not in TEXT_ADAPTERS:
-        raise ValueError(f"unknown text adapter {adapter!r}; choose one of {list(TEXT_ADAPTERS)}")
-    return adapter
+def text_format():
+    """A DSPy context in which free-text predictors reply with the bare value (:class:`TextAdapter`),
+    unless the caller chose an adapter with ``dspy.context(adapter=...)`` or ``dspy.configure``.
 
-
-def text_format(adapter: str):
-    """A DSPy context in which free-text predictors use ``adapter`` (one of :data:`TEXT_ADAPTERS`)."""
-    return dspy.context(adapter=ADAPTERS[check_text_adapter(adapter)]())
+    DSPy's default ``[[ ## field ## ]]`` format costs a small model ~15 output tokens of markers per
+    reply and leaks them into answers (docs/experiments.md); a chosen adapter is the caller's call.
+    """
+    return dspy.context(adapter=dspy.settings.adapter or TextAdapter())
 
 
 def text_config(attempt: int = 0) -> dict[str, Any]:

@@ -16,13 +16,13 @@ from typing import Any
 
 import dspy
 
-from .adapters import ADAPTERS, LabelAdapter
+from .adapters import LabelAdapter
 from .calibration import Calibration
 from .evidence import FITTED_FEATURES, evidence_features
 from .faults import classify_lm_error, describe_error
 from .scoring import clamp_score, yes_probability
 
-__all__ = ["ADAPTERS", "BinaryJudge", "Judgement", "LabelAdapter"]
+__all__ = ["BinaryJudge", "Judgement", "LabelAdapter"]
 
 _judging = contextvars.ContextVar("crag_dspy_judging", default=False)
 
@@ -70,7 +70,6 @@ class BinaryJudge(dspy.Module):
         self,
         signature: type[dspy.Signature],
         *,
-        adapter: str = "label",
         use_logprobs: bool = True,
         retries: int = 2,
         view: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
@@ -80,17 +79,13 @@ class BinaryJudge(dspy.Module):
         self.view = view
         self.calibration = Calibration()
         (self.output_name,) = signature.output_fields
-        self.adapter_name = adapter
         self.use_logprobs = use_logprobs
         self.retries = retries
 
     def _config(self, attempt: int) -> dict[str, Any]:
-        if self.adapter_name == "label":
-            # The first token decides, so the first attempt generates only that one; a retry allows a
-            # few more in case the model opened with markup ("**Yes").
-            config: dict[str, Any] = {"max_tokens": 3 if attempt else 1}
-        else:
-            config = {"max_tokens": 40}
+        # The first token decides, so the first attempt generates only that one; a retry allows a few
+        # more in case the model opened with markup ("**Yes").
+        config: dict[str, Any] = {"max_tokens": 3 if attempt else 1}
         if self.use_logprobs:
             config.update(logprobs=True, top_logprobs=10)
         if attempt:
@@ -135,7 +130,7 @@ class BinaryJudge(dspy.Module):
         started = time.perf_counter()
         errors: list[str] = []
         lm_error: BaseException | None = None
-        adapter = ADAPTERS[self.adapter_name]()
+        adapter = LabelAdapter()
         evidence = self.evidence(inputs)
         shown, view_error = self.shown_inputs(inputs)
         changed = {k: v for k, v in shown.items() if inputs.get(k) != v} or None

@@ -14,39 +14,25 @@ from dspy.predict.parameter import Parameter
 from signatures import AnswerFromContext, FilterStrip, GradeDocument, ReviseQuery, RewriteQuery
 
 from .answer_form import attach_unit
+from .config import CRAGConfig
 from .embeddings import Embedder
-from .faults import LMUnavailableError, RetrievalError, classify_lm_error, describe_error
-from .focus import (
-    DEFAULT_TERM_WEIGHT,
-    SentenceFocus,
-    check_grade_sentences,
-    check_term_stems,
-    check_term_weight,
-)
-from .generation import check_text_adapter, text_config, text_format
+from .faults import LMHealth, LMUnavailableError, RetrievalError, classify_lm_error, describe_error
+from .focus import SentenceFocus
+from .generation import text_config, text_format
 from .grading import Grading
 from .judging import BinaryJudge, Judgement
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
-from .retry import check_internal_retries, is_new_query
+from .retry import is_new_query
 from .routing import QUESTION_TYPES, Action, decide_action, question_type, validate_thresholds
-from .strips import Strip, check_fallback_web_strips, decompose, format_context, recompose, select_strips
+from .strips import Strip, decompose, format_context, recompose, select_strips
 from .trace import CRAGTrace, DocumentGrade, InternalRound, StripRecord, TraceRecorder, WebRecord
 from .untrusted import sanitize_passage, sanitize_web_result
-from .validation import DEFAULT_MAX_QUESTION_CHARS, normalize_question
+from .validation import normalize_question
 
-__all__ = ["CRAG", "UNKNOWN_ANSWER", "RetryRound", "Thresholds", "WebKnowledge", "knowledge_for"]
+__all__ = ["CRAG", "UNKNOWN_ANSWER", "QuestionRun", "RetryRound", "Thresholds", "knowledge_for"]
 
 UNKNOWN_ANSWER = "I don't know"
 _SHARED = frozenset({"retriever", "web_search", "lm", "embedder"})
-
-
-@dataclass(frozen=True)
-class WebKnowledge:
-    """Refined web knowledge: ``strips`` reached the strip threshold; ``reserve`` holds the best of
-    the others, which an answer falls back to only when no other knowledge survived refinement."""
-
-    strips: list[Strip]
-    reserve: list[Strip] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -75,22 +61,13 @@ class RetryRound:
 
 
 def knowledge_for(
-    action: Action, internal: list[Strip], external: WebKnowledge | None
+    action: Action, internal: list[Strip], external: list[Strip] | None
 ) -> tuple[list[Strip], list[Strip]]:
     """The (internal, external) strips an action answers from; ``external`` is None when web search
-    produced nothing, and then INCORRECT falls back to internal knowledge.
-
-    When nothing else survived refinement, the web's reserve strips are the context: the route
-    searched the web because internal knowledge looked wrong, and a small model's strip filter scores
-    the strip that answers close to its threshold. Next to surviving internal knowledge they are left
-    out: on the default domain they made the 1.5B model doubt answers it had.
-    """
+    produced nothing, and then INCORRECT falls back to internal knowledge."""
     if action is Action.CORRECT or external is None:
         return internal, []
-    inside = [] if action is Action.INCORRECT else internal
-    if inside or external.strips:
-        return inside, external.strips
-    return inside, external.reserve
+    return ([] if action is Action.INCORRECT else internal), external
 
 
 def _before_marker(value: object) -> str:
@@ -102,6 +79,14 @@ def _clean_query(pred: dspy.Prediction | None) -> str:
     """A rewriter's or reviser's query on one line, without quotes or stray separators ("" for none)."""
     raw = _before_marker(pred.query) if pred is not None and pred.query else ""
     return " ".join(raw.split()).strip(" ;\"'")[:300]
+
+
+class QuestionRun(TraceRecorder):
+    """One question's trace recorder and the health of its LM calls (:class:`~crag_dspy.faults.LMHealth`)."""
+
+    def __init__(self, trace: CRAGTrace):
+        super().__init__(trace)
+        self.lm = LMHealth(trace)
 
 
 class Thresholds(Parameter):
@@ -154,30 +139,14 @@ class CRAG(dspy.Module):
     Args:
         retriever: internal knowledge (:class:`~crag_dspy.protocols.Retriever`).
         web_search: external knowledge (:class:`~crag_dspy.protocols.WebSearch`).
+        config: every setting (:class:`~crag_dspy.config.CRAGConfig`; its defaults when omitted).
         lm: the LM for every stage; ``None`` uses ``dspy.settings.lm``.
-        k: documents retrieved and graded per question.
-        lower, upper: action thresholds on the grader's P(relevant).
-        strip_threshold: strips scoring below this are dropped.
-        max_strips: most strips kept per source (paper: 5).
-        fallback_web_strips: when no knowledge reaches ``strip_threshold`` on a route that searched the
-            web, answer from this many of the best-scored web strips below it (:func:`knowledge_for`;
-            0: answer "I don't know").
-        sentences_per_strip: decomposition window for passages longer than two sentences.
-        web_results: results requested from web search.
-        judge_adapter: how grader and strip filter ask ("label": one word + logprobs; "chat": DSPy's ChatAdapter).
-        text_adapter: how rewriter and answerer reply ("text": the bare value; "chat": DSPy's ChatAdapter).
-        grade_sentences: the grader reads a passage's title and this many of its sentences that best
-            match the question (:mod:`~crag_dspy.focus`); 0 reads whole passages.
-        grade_term_weight: how much the question's words (those the title lacks) count, next to embedding
-            similarity, in choosing those sentences (0: similarity alone).
-        grade_term_stems: compare those words by their stems ("chairs" finds "chair").
-        embedder: sentence embeddings for ``grade_sentences`` (default: the bundled MiniLM, loaded on
+        embedder: sentence embeddings for the grader's view (default: the bundled MiniLM, loaded on
             first use).
-        max_question_chars: longer questions are refused with :class:`~crag_dspy.validation.QuestionError`.
-        answer_units: a bare-number answer gets the unit its context states ("260" -> "260 velds",
-            :func:`~crag_dspy.answer_form.attach_unit`); the LM's own reply stays in the trace.
-        internal_retries: on AMBIGUOUS or INCORRECT, search the internal store again with a rewritten
-            query for at most this many rounds before the web (:meth:`retry_internal`); 0: off.
+
+    The rewriter and answerer reply in :class:`~crag_dspy.adapters.TextAdapter`'s bare format unless
+    an adapter is set with ``dspy.context(adapter=...)`` or ``dspy.configure``; the judges always ask
+    for one word and read its probability (:class:`~crag_dspy.adapters.LabelAdapter`).
 
     Calling the module raises :class:`~crag_dspy.validation.QuestionError` for a bad question,
     :class:`~crag_dspy.faults.RetrievalError` when the store fails and
@@ -190,96 +159,43 @@ class CRAG(dspy.Module):
         self,
         retriever: Retriever,
         web_search: WebSearch,
+        config: CRAGConfig | None = None,
         *,
         lm: dspy.BaseLM | None = None,
-        k: int = 5,
-        lower: float = 0.3,
-        upper: float = 0.7,
-        strip_threshold: float = 0.5,
-        max_strips: int = 5,
-        fallback_web_strips: int = 1,
-        sentences_per_strip: int = 3,
-        web_results: int = 3,
-        judge_adapter: str = "label",
-        text_adapter: str = "text",
-        grade_sentences: int = 1,
-        grade_term_weight: float = DEFAULT_TERM_WEIGHT,
-        grade_term_stems: bool = True,
         embedder: Embedder | None = None,
-        use_logprobs: bool = True,
-        retries: int = 2,
-        max_question_chars: int = DEFAULT_MAX_QUESTION_CHARS,
-        answer_units: bool = True,
-        internal_retries: int = 0,
     ):
         super().__init__()
         # Plain attributes, not DSPy parameters: they are infrastructure, never saved into program JSON.
         self.retriever = retriever
         self.web_search = web_search
         self.lm = lm
-        self.k, self.strip_threshold, self.max_strips = k, strip_threshold, max_strips
-        self.fallback_web_strips = check_fallback_web_strips(fallback_web_strips)
-        self.sentences_per_strip, self.web_results, self.retries = sentences_per_strip, web_results, retries
-        self.max_question_chars, self.answer_units = max_question_chars, answer_units
-        self.internal_retries = check_internal_retries(internal_retries)
-        if judge_adapter not in ("label", "chat"):
-            raise ValueError(f"unknown judge adapter {judge_adapter!r}; choose 'label' or 'chat'")
-        self.text_adapter = check_text_adapter(text_adapter)
         self.embedder = embedder
-
-        self.thresholds = Thresholds(lower, upper)
         # The LLM judge, the trained evaluator or both fused (set by the compile, saved with the program).
         self.grading = Grading()
-        self.grader = BinaryJudge(
-            GradeDocument, adapter=judge_adapter, use_logprobs=use_logprobs, retries=retries
-        )
-        self.strip_filter = BinaryJudge(
-            FilterStrip, adapter=judge_adapter, use_logprobs=use_logprobs, retries=retries
-        )
-        self._grade_term_weight = check_term_weight(grade_term_weight)
-        self._grade_term_stems = check_term_stems(grade_term_stems)
-        self.grade_sentences = grade_sentences
+        self.grader = BinaryJudge(GradeDocument)
+        self.strip_filter = BinaryJudge(FilterStrip)
         self.rewriter = dspy.Predict(RewriteQuery)
         # Writes the query of a later internal retry round; never called with internal_retries < 2.
         self.reviser = dspy.Predict(ReviseQuery)
         self.answerer = dspy.Predict(AnswerFromContext)
+        self.config = config or CRAGConfig()
 
     @property
-    def grade_sentences(self) -> int:
-        """How many sentences of each passage the grader reads besides its title (0: all of it)."""
-        view = self.grader.view
-        return view.sentences if isinstance(view, SentenceFocus) else 0
+    def config(self) -> CRAGConfig:
+        """The settings this module runs with. Assigning a new one resets the thresholds to its pair
+        (per-type pairs included) and rebuilds the grader's view; demos and calibrations stay."""
+        return self._config
 
-    @grade_sentences.setter
-    def grade_sentences(self, sentences: int) -> None:
-        sentences = check_grade_sentences(sentences)
-        if sentences and self.embedder is None:
+    @config.setter
+    def config(self, config: CRAGConfig) -> None:
+        view = config.grader_view
+        if view.sentences and self.embedder is None:
             self.embedder = Embedder()  # lazy: the model loads on the first passage that needs it
-        self.grader.view = (
-            SentenceFocus(sentences, self.embedder, self._grade_term_weight, self._grade_term_stems)
-            if sentences
-            else None
-        )
-
-    @property
-    def grade_term_weight(self) -> float:
-        """How much the question's words count, next to similarity, in choosing the sentences graded."""
-        return self._grade_term_weight
-
-    @grade_term_weight.setter
-    def grade_term_weight(self, weight: float) -> None:
-        self._grade_term_weight = check_term_weight(weight)
-        self.grade_sentences = self.grade_sentences  # rebuild the view with the new weight
-
-    @property
-    def grade_term_stems(self) -> bool:
-        """Whether the question's words are compared by their stems in choosing the sentences graded."""
-        return self._grade_term_stems
-
-    @grade_term_stems.setter
-    def grade_term_stems(self, term_stems: bool) -> None:
-        self._grade_term_stems = check_term_stems(term_stems)
-        self.grade_sentences = self.grade_sentences  # rebuild the view
+        for judge in (self.grader, self.strip_filter):
+            judge.use_logprobs, judge.retries = config.lm_calls.use_logprobs, config.lm_calls.retries
+        self.grader.view = SentenceFocus(view.sentences, self.embedder) if view.sentences else None
+        self.thresholds = Thresholds(config.lower, config.upper)
+        self._config = config
 
     def __deepcopy__(self, memo: dict) -> CRAG:
         # Optimizers copy programs often; stores, clients and the LM are shared infrastructure, not state.
@@ -291,14 +207,15 @@ class CRAG(dspy.Module):
 
     # -- the algorithm --------------------------------------------------------------------------
     def forward(self, question: str) -> dspy.Prediction:
-        question = normalize_question(question, max_chars=self.max_question_chars)
+        # Any length: the length limit is the app's (CLI, server), which knows its users and budget.
+        question = normalize_question(question, max_chars=None)
         run = self.new_run(question)
         with self.lm_scope(run.trace):
             passages, scores = self.grade_documents(question, run)
             bounds = run.trace.lower, run.trace.upper  # this question's pair (per type when tuned so)
             action = decide_action(scores, *bounds)
             query = None  # the web query, when the internal retries wrote it already
-            if action.uses_web and self.internal_retries:
+            if action.uses_web and self.config.internal_retries:
                 passages, scores, query = self.retry_internal(question, passages, scores, run)
                 action = decide_action(scores, *bounds)
             run.trace.action = action.value
@@ -308,16 +225,13 @@ class CRAG(dspy.Module):
                 if action is Action.INCORRECT:
                     run.fallback("web search gave nothing; answered from internal knowledge instead")
                 internal = self.internal_knowledge(question, passages, scores, run)
-            inside, outside = knowledge_for(action, internal, external)
-            if external is not None and outside and outside == external.reserve:
-                self._note_reserve_used(outside, run)
-            self.generate(question, inside, outside, run)
+            self.generate(question, *knowledge_for(action, internal, external), run)
         return run.prediction()
 
     # -- stages (public so that threshold tuning can run each once and re-route offline) ------------
-    def new_run(self, question: str) -> TraceRecorder:
+    def new_run(self, question: str) -> QuestionRun:
         lower, upper, kind = self.thresholds.for_question(question)
-        return TraceRecorder(
+        return QuestionRun(
             CRAGTrace(
                 question=question,
                 lower=lower,
@@ -325,7 +239,7 @@ class CRAG(dspy.Module):
                 question_type=kind,
                 retriever=getattr(self.retriever, "name", type(self.retriever).__name__),
                 web_backend=getattr(self.web_search, "name", type(self.web_search).__name__),
-                internal_retries=self.internal_retries,
+                internal_retries=self.config.internal_retries,
             )
         )
 
@@ -336,11 +250,13 @@ class CRAG(dspy.Module):
         trace.lm_model = getattr(lm, "model", type(lm).__name__)
         return dspy.context(lm=self.lm) if self.lm is not None else nullcontext()
 
-    def grade_documents(self, question: str, run: TraceRecorder) -> tuple[list[Passage], list[float | None]]:
+    def grade_documents(self, question: str, run: QuestionRun) -> tuple[list[Passage], list[float | None]]:
         """Retrieve top-k and grade each passage; a failed grade is None (unknown) and an error in the trace."""
         with run.stage("retrieve"):
             try:
-                passages = self._untrusted(self.retriever.retrieve(question, self.k), sanitize_passage, run)
+                passages = self._untrusted(
+                    self.retriever.retrieve(question, self.config.k), sanitize_passage, run
+                )
             except Exception as exc:  # noqa: BLE001 - any store failure becomes one typed error
                 message = f"retriever {run.trace.retriever} failed: {describe_error(exc)}"
                 run.error(message)
@@ -349,9 +265,7 @@ class CRAG(dspy.Module):
             scores = self._grade_passages(question, passages, run)
         return passages, scores
 
-    def _grade_passages(
-        self, question: str, passages: list[Passage], run: TraceRecorder
-    ) -> list[float | None]:
+    def _grade_passages(self, question: str, passages: list[Passage], run: QuestionRun) -> list[float | None]:
         # The trained evaluator scores all the passages in one batched pass, before any LLM call.
         logits = self.grading.evaluator_logits(question, [p.display for p in passages]) if passages else None
         return [
@@ -359,9 +273,7 @@ class CRAG(dspy.Module):
             for i, passage in enumerate(passages)
         ]
 
-    def _grade(
-        self, question: str, passage: Passage, logit: float | None, run: TraceRecorder
-    ) -> float | None:
+    def _grade(self, question: str, passage: Passage, logit: float | None, run: QuestionRun) -> float | None:
         """One passage's grade from the grade source's signals, recorded in the trace."""
         judgement = (
             self.grader(question=question, document=passage.display).judgement
@@ -404,7 +316,7 @@ class CRAG(dspy.Module):
         return graded.score
 
     def retry_internal(
-        self, question: str, passages: list[Passage], scores: list[float | None], run: TraceRecorder
+        self, question: str, passages: list[Passage], scores: list[float | None], run: QuestionRun
     ) -> tuple[list[Passage], list[float | None], str]:
         """Rewrite and retry internal retrieval before the web, for at most ``internal_retries`` rounds.
 
@@ -420,7 +332,7 @@ class CRAG(dspy.Module):
         run.trace.first_action = decide_action(scores, lower, upper).value
         with run.stage("rewrite"):
             web_query = self._rewrite(question, run)
-        for number in range(1, self.internal_retries + 1):
+        for number in range(1, self.config.internal_retries + 1):
             query = web_query if number == 1 else self.revise_query(question, tried, run)
             found = self.retry_round(question, query, tried, passages, run)
             passages += found.passages
@@ -432,7 +344,7 @@ class CRAG(dspy.Module):
                 break
         return passages, scores, web_query
 
-    def revise_query(self, question: str, tried: Sequence[str], run: TraceRecorder) -> str | None:
+    def revise_query(self, question: str, tried: Sequence[str], run: QuestionRun) -> str | None:
         """A search query for a later internal retry round, written knowing the queries ``tried`` (the
         question first): its input differs from every earlier request, so it is never the same LM call
         again. None when the reviser failed; the fallback says so."""
@@ -452,7 +364,7 @@ class CRAG(dspy.Module):
         query: str | None,
         tried: Sequence[str],
         graded: Sequence[Passage],
-        run: TraceRecorder,
+        run: QuestionRun,
     ) -> RetryRound:
         """Search the internal store with ``query`` and grade the passages that are not in ``graded``.
 
@@ -468,7 +380,7 @@ class CRAG(dspy.Module):
             return RetryRound(query, error="no new query: it repeats one already searched")
         with run.stage("internal_retry"):
             try:
-                found = self.retriever.retrieve(query, self.k)
+                found = self.retriever.retrieve(query, self.config.k)
             except Exception as exc:  # noqa: BLE001 - any store failure degrades this round only
                 run.error(
                     f"retriever {run.trace.retriever} failed in an internal retry: {describe_error(exc)}"
@@ -486,7 +398,7 @@ class CRAG(dspy.Module):
         return RetryRound(query, new, scores, repeated=len(found) - len(new))
 
     def internal_knowledge(
-        self, question: str, passages: list[Passage], scores: list[float | None], run: TraceRecorder
+        self, question: str, passages: list[Passage], scores: list[float | None], run: QuestionRun
     ) -> list[Strip]:
         """Decompose, filter and recompose the retrieved passages into internal knowledge.
 
@@ -503,10 +415,10 @@ class CRAG(dspy.Module):
         best = max(graded, key=lambda i: scores[i], default=None)  # ties: the higher-ranked passage
         with run.stage("refine_internal"):
             for i, (passage, score) in enumerate(zip(passages, scores)):
-                below = score is not None and score < self.strip_threshold
+                below = score is not None and score < self.config.strip_threshold
                 if below and i != best:
                     continue
-                pieces = decompose(passage.text, self.sentences_per_strip)
+                pieces = decompose(passage.text, self.config.sentences_per_strip)
                 for j, text in enumerate(pieces):
                     strips.append(
                         Strip(text, "internal", passage.doc_id, passage.title, passage.rank, j, passage.url)
@@ -514,18 +426,18 @@ class CRAG(dspy.Module):
                     if len(pieces) == 1 and not below:
                         # The grader already judged this passage whole: asking again would be the same question.
                         reuse[strips[-1]] = score
-            kept, _, run.trace.internal_strips = self._filter(question, strips, reuse, run)
+            kept, run.trace.internal_strips = self._filter(question, strips, reuse, run)
         return kept
 
-    def rewrite_query(self, question: str, run: TraceRecorder) -> str:
+    def rewrite_query(self, question: str, run: QuestionRun) -> str:
         """The web search query for ``question`` (the question itself when rewriting fails)."""
         with run.stage("rewrite"):
             run.trace.web_query = self._rewrite(question, run)
         return run.trace.web_query
 
     def external_knowledge(
-        self, question: str, run: TraceRecorder, *, query: str | None = None, select: bool = True
-    ) -> WebKnowledge | None:
+        self, question: str, run: QuestionRun, *, query: str | None = None, select: bool = True
+    ) -> list[Strip] | None:
         """Rewrite, search, decompose and filter web results; None when web search produced nothing.
 
         ``query`` searches with that query instead of rewriting the question, and ``select=False`` keeps
@@ -535,7 +447,7 @@ class CRAG(dspy.Module):
         trace.web_query = self.rewrite_query(question, run) if query is None else query
         with run.stage("web_search"):
             try:
-                found = self.web_search.search(trace.web_query, self.web_results)
+                found = self.web_search.search(trace.web_query, self.config.web_results)
                 results: list[WebResult] = self._untrusted(found, sanitize_web_result, run)
             except WebSearchError as exc:
                 run.fallback(f"web search failed ({exc}); internal knowledge only")
@@ -551,16 +463,12 @@ class CRAG(dspy.Module):
             strips = [
                 Strip(text, "web", r.url, r.title, rank, i, r.url)
                 for rank, r in enumerate(results)
-                for i, text in enumerate(decompose(r.content, self.sentences_per_strip))
+                for i, text in enumerate(decompose(r.content, self.config.sentences_per_strip))
             ]
-            kept, reserve, trace.external_strips = self._filter(
-                question, strips, {}, run, select=select, reserve=self.fallback_web_strips
-            )
-        return WebKnowledge(kept, reserve)
+            kept, trace.external_strips = self._filter(question, strips, {}, run, select=select)
+        return kept
 
-    def generate(
-        self, question: str, internal: list[Strip], external: list[Strip], run: TraceRecorder
-    ) -> str:
+    def generate(self, question: str, internal: list[Strip], external: list[Strip], run: QuestionRun) -> str:
         """Answer from the refined, source-tagged knowledge only."""
         with run.stage("answer"):
             run.trace.context = format_context(internal, external)
@@ -572,13 +480,11 @@ class CRAG(dspy.Module):
         question: str,
         strips: list[Strip],
         reuse: dict[Strip, float | None],
-        run: TraceRecorder,
+        run: QuestionRun,
         *,
         select: bool = True,
-        reserve: int = 0,
-    ) -> tuple[list[Strip], list[Strip], list[StripRecord]]:
-        """(kept strips, the best-scored strips below the threshold that make up ``reserve`` strips in
-        all, trace records)."""
+    ) -> tuple[list[Strip], list[StripRecord]]:
+        """(kept strips, trace records)."""
         # (strip, score, where the score came from, lexical evidence the strip filter weighed)
         scored: list[tuple[Strip, float | None, str, dict[str, float] | None]] = []
         for strip in strips:
@@ -597,12 +503,10 @@ class CRAG(dspy.Module):
             origin = "strip_filter" if judgement.score is not None else "error"
             scored.append((strip, judgement.score, origin, judgement.evidence))
         pairs = [(s, score) for s, score, _, _ in scored]
-        kept = recompose(select_strips(pairs, self.strip_threshold, self.max_strips) if select else strips)
-        kept_set = set(kept)
-        spare = (
-            select_strips(pairs, self.strip_threshold, self.max_strips, at_least=reserve) if select else []
+        kept = recompose(
+            select_strips(pairs, self.config.strip_threshold, self.config.max_strips) if select else strips
         )
-        spare = recompose(s for s in spare if s not in kept_set)
+        kept_set = set(kept)
         records = [
             StripRecord(
                 source=s.source,
@@ -618,21 +522,9 @@ class CRAG(dspy.Module):
             )
             for s, score, origin, evidence in scored
         ]
-        return kept, spare, records
+        return kept, records
 
-    def _note_reserve_used(self, reserve: list[Strip], run: TraceRecorder) -> None:
-        # A web page can come back as several results under one URL, each starting at position 0.
-        used = {(s.doc_id, s.position, s.text) for s in reserve}
-        records = [r for r in run.trace.external_strips if (r.doc_id, r.position, r.text) in used]
-        for record in records:
-            record.kept = True
-        scores = ", ".join(f"{r.score:.2f}" for r in records if r.score is not None)
-        run.fallback(
-            f"no knowledge reached the strip threshold {self.strip_threshold}; answered from the "
-            f"best-scored web strips below it ({scores})"
-        )
-
-    def _rewrite(self, question: str, run: TraceRecorder) -> str:
+    def _rewrite(self, question: str, run: QuestionRun) -> str:
         pred = self._predict_with_retries(self.rewriter, "query rewrite", run, question=question)
         query = _clean_query(pred)
         if not query:
@@ -640,7 +532,7 @@ class CRAG(dspy.Module):
             return question
         return query
 
-    def _answer(self, question: str, context: str, run: TraceRecorder) -> str:
+    def _answer(self, question: str, context: str, run: QuestionRun) -> str:
         if not context:
             unjudged = sum(s.score is None for s in [*run.trace.internal_strips, *run.trace.external_strips])
             detail = (
@@ -653,12 +545,12 @@ class CRAG(dspy.Module):
         if not answer:
             # No made-up "I don't know": the knowledge was there, the LM failed to use it.
             raise LMUnavailableError(
-                f"the LM {run.trace.lm_model} gave no usable answer after {self.retries + 1} attempts "
+                f"the LM {run.trace.lm_model} gave no usable answer after {self.config.lm_calls.retries + 1} attempts "
                 f"(last: {run.trace.errors[-1] if run.trace.errors else 'an empty answer'})",
                 run.trace,
                 "answer",
             )
-        if self.answer_units:
+        if self.config.answer_units:
             with_unit = attach_unit(answer, context)
             if with_unit != answer:
                 run.trace.lm_answer = answer
@@ -669,25 +561,25 @@ class CRAG(dspy.Module):
         self,
         predictor: dspy.Predict,
         what: str,
-        run: TraceRecorder,
+        run: QuestionRun,
         **inputs: Any,
     ) -> dspy.Prediction | None:
-        for attempt in range(self.retries + 1):
+        for attempt in range(self.config.lm_calls.retries + 1):
             try:
-                with text_format(self.text_adapter):
+                with text_format():
                     pred = predictor(**inputs, config=text_config(attempt))
             except Exception as exc:  # noqa: BLE001 - recorded, retried, then degraded
                 run.error(f"{what} attempt {attempt + 1} failed: {describe_error(exc)}")
                 if classify_lm_error(exc) != "output":
-                    run.lm_call_failed(what, exc)  # DSPy already retried it with backoff; may stop the run
+                    run.lm.failed(what, exc)  # DSPy already retried it with backoff; may stop the run
                     return None
                 continue
-            run.lm_call_succeeded()
+            run.lm.succeeded()
             return pred
         return None
 
     @staticmethod
-    def _untrusted(items: list, sanitize, run: TraceRecorder) -> list:
+    def _untrusted(items: list, sanitize, run: QuestionRun) -> list:
         """Passages or web results made inert (see ``untrusted.py``); defused injections are traced."""
         clean = []
         for item in items:
@@ -699,8 +591,8 @@ class CRAG(dspy.Module):
         return clean
 
     @staticmethod
-    def _count_lm_outcome(judgement: Judgement, stage: str, run: TraceRecorder) -> None:
+    def _count_lm_outcome(judgement: Judgement, stage: str, run: QuestionRun) -> None:
         if judgement.lm_error is not None:
-            run.lm_call_failed(stage, judgement.lm_error)
+            run.lm.failed(stage, judgement.lm_error)
         else:
-            run.lm_call_succeeded()
+            run.lm.succeeded()

@@ -6,20 +6,17 @@ No pickle, ever: the file is plain JSON that :func:`load_program` applies to a f
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import dspy
+from pydantic import ValidationError
 
 from . import __version__
+from .config import CRAGConfig
 from .evaluator import EvaluatorError, RelevanceEvaluator
-from .focus import check_grade_sentences, check_term_stems, check_term_weight
-from .generation import check_text_adapter
 from .module import CRAG
-from .retry import check_internal_retries
-from .strips import check_fallback_web_strips
 
 __all__ = [
     "PROGRAM_FORMAT",
@@ -28,20 +25,15 @@ __all__ = [
     "apply_program",
     "check_domain",
     "program_config",
+    "program_crag_config",
     "read_program",
     "save_program",
 ]
 
 PROGRAM_FORMAT = "crag-dspy-program"
-# 2: judges carry a fitted calibration; 3: a calibration may weigh lexical evidence; 4: the grade
-# source (LLM judge, trained evaluator or fused) with the evaluator's weights folder. Versions 2 and 3
-# load as LLM-judge programs; older readers refuse version 4 instead of ignoring its evaluator.
-# 5: per-question-type thresholds and internal retry rounds; older readers refuse them instead of
-# routing every question with one pair and no retries.
-PROGRAM_FORMAT_VERSION = 5
-SUPPORTED_FORMAT_VERSIONS = (2, 3, 4, 5)
-_LLM_GRADING = {"mode": "llm", "evaluator": None, "evaluator_score": None, "fused_score": None}
-_CONFIG_KEYS = ("k", "strip_threshold", "max_strips", "sentences_per_strip", "web_results")
+# 6: the config is a CRAGConfig as-is. Programs of earlier versions are refused: recompiling is one
+# command, and a program's numbers hold only for the code that measured them.
+PROGRAM_FORMAT_VERSION = 6
 
 
 class ProgramError(ValueError):
@@ -49,16 +41,9 @@ class ProgramError(ValueError):
 
 
 def program_config(crag: CRAG) -> dict[str, Any]:
-    return {key: getattr(crag, key) for key in _CONFIG_KEYS} | {
-        "judge_adapter": crag.grader.adapter_name,
-        "text_adapter": crag.text_adapter,
-        "grade_sentences": crag.grade_sentences,
-        "grade_term_weight": crag.grade_term_weight,
-        "grade_term_stems": crag.grade_term_stems,
-        "answer_units": crag.answer_units,
-        "fallback_web_strips": crag.fallback_web_strips,
-        "internal_retries": crag.internal_retries,
-    }
+    """``crag``'s config as a program stores it, with the (lower, upper) its thresholds route with."""
+    thresholds = crag.thresholds
+    return crag.config.replace(lower=thresholds.lower, upper=thresholds.upper).model_dump(mode="json")
 
 
 def evaluator_folder(path: Path) -> Path:
@@ -121,11 +106,12 @@ def read_program(path: Path | str, *, domain: str | None = None) -> dict[str, An
     if not isinstance(document, dict) or document.get("format") != PROGRAM_FORMAT:
         raise ProgramError(f'{path}: not a crag-dspy program (missing "format": "{PROGRAM_FORMAT}")')
     version = document.get("format_version")
-    if version not in SUPPORTED_FORMAT_VERSIONS:
-        supported = ", ".join(map(str, SUPPORTED_FORMAT_VERSIONS))
+    if version != PROGRAM_FORMAT_VERSION:
+        domain_name = (document.get("metadata") or {}).get("domain") or "<domain>"
         raise ProgramError(
-            f"{path}: program format version {version!r} is not supported by this crag-dspy "
-            f"(supports {supported}); recompile with python -m optimize.compile"
+            f"{path}: program format version {version!r}; this crag-dspy reads version "
+            f"{PROGRAM_FORMAT_VERSION} only. Recompile it: python -m optimize.compile --domain {domain_name} "
+            f"--out {path}"
         )
     for key in ("state", "config", "metadata"):
         if not isinstance(document.get(key), dict):
@@ -145,53 +131,25 @@ def check_domain(document: dict[str, Any], domain: str, path: Path | str) -> Non
         )
 
 
-def _checked(config: dict[str, Any], key: str, default: Any, check: Callable[[Any], Any]) -> Any:
-    """``config[key]`` (``default`` for programs saved before the key existed), validated by ``check``,
-    which raises ValueError for a bad value."""
-    value = config.get(key, default)
+def program_crag_config(document: dict[str, Any], lm_calls: Any = None) -> CRAGConfig:
+    """The :class:`~crag_dspy.config.CRAGConfig` a validated program stores, with the app's
+    ``lm_calls`` (how the app's LM is called) instead of the compile's when given."""
     try:
-        check(value)
-    except ValueError as exc:
-        raise ProgramError(f"program config has an invalid {key} {value!r}: {exc}") from exc
-    return value
+        config = CRAGConfig.model_validate(document["config"])
+    except ValidationError as exc:
+        raise ProgramError(f"program config is invalid: {exc}") from exc
+    return config if lm_calls is None else config.replace(lm_calls=lm_calls)
 
 
 def apply_program(crag: CRAG, document: dict[str, Any], program_dir: Path | str | None = None) -> CRAG:
-    """Apply a validated program's state and config to ``crag`` (raises ProgramError, leaves it untouched).
+    """Apply a validated program's config and state to ``crag`` (raises ProgramError, leaves it untouched).
 
-    ``program_dir`` is the folder of the program file: a program with a trained evaluator finds its
-    weights there, and they are verified against the program's sha256s before anything is applied.
+    ``crag`` keeps its own ``lm_calls`` (they describe the app's LM). ``program_dir`` is the folder of
+    the program file: a program with a trained evaluator finds its weights there, and they are verified
+    against the program's sha256s before anything is applied.
     """
-    config = document["config"]
-    if config.get("judge_adapter", crag.grader.adapter_name) != crag.grader.adapter_name:
-        raise ProgramError(
-            f"program uses judge adapter {config['judge_adapter']!r}, the module {crag.grader.adapter_name!r}"
-        )
-    try:
-        text_adapter = check_text_adapter(config.get("text_adapter", "chat"))
-    except ValueError as exc:
-        raise ProgramError(f"program uses an {exc}") from exc
-    # Programs from before the grader's sentence focus existed graded whole passages.
-    grade_sentences = _checked(config, "grade_sentences", 0, check_grade_sentences)
-    # Programs from before the question's words counted chose the graded sentences by similarity alone.
-    grade_term_weight = _checked(config, "grade_term_weight", 0.0, check_term_weight)
-    # Programs from before stems were compared matched the question's words exactly.
-    grade_term_stems = _checked(config, "grade_term_stems", False, check_term_stems)
-    # Programs from before the web's reserve strips existed answered "I don't know" instead.
-    fallback_web_strips = _checked(config, "fallback_web_strips", 0, check_fallback_web_strips)
-    # Programs from before the internal retries existed went to the web at once.
-    internal_retries = _checked(config, "internal_retries", 0, check_internal_retries)
-    answer_units = config.get("answer_units", False)
-    if not isinstance(answer_units, bool):
-        raise ProgramError(
-            f"program config has an invalid answer_units {answer_units!r}: expected true or false"
-        )
-    state = dict(document["state"])
-    if document.get("format_version", PROGRAM_FORMAT_VERSION) < 4:
-        state.setdefault("grading", _LLM_GRADING)  # programs before the evaluator graded with the LLM
-    # Programs from before the internal retries' query reviser existed: it keeps its uncompiled prompt
-    # (they never call it unless internal_retries is set to 2 or more).
-    state.setdefault("reviser", crag.reviser.dump_state(json_mode=True))
+    config = program_crag_config(document, crag.config.lm_calls)
+    state = document["state"]
     evaluator = _load_evaluator(state.get("grading"), program_dir)
     expected = {name for name, _ in crag.named_parameters()}
     missing = expected - state.keys()
@@ -205,27 +163,18 @@ def apply_program(crag: CRAG, document: dict[str, Any], program_dir: Path | str 
             f"program state of {with_lm} names its own LM: programs never choose the LM (it would decide "
             "where your API keys are sent); the app passes it to load_program"
         )
+    previous, thresholds = crag.config, crag.thresholds.dump_state()
+    crag.config = config
     try:
-        # dspy's load_state does a trial run on a copy first, so a bad state leaves `crag` untouched.
+        # dspy's load_state does a trial run on a copy first, so a bad state leaves the state untouched.
         crag.load_state({name: state[name] for name in expected})
     except Exception as exc:  # noqa: BLE001 - any malformed state is one clear error
+        crag.config = previous
+        crag.thresholds.load_state(thresholds)
         raise ProgramError(
             f"program state does not fit this CRAG module: {type(exc).__name__}: {exc}"
         ) from exc
     crag.grading.evaluator = evaluator
-    for key in _CONFIG_KEYS:
-        if key in config:
-            setattr(crag, key, config[key])
-    # The format the program was compiled and measured with; programs from before the text adapter
-    # existed answered through DSPy's ChatAdapter.
-    crag.text_adapter = text_adapter
-    crag.grade_term_weight = grade_term_weight
-    crag.grade_term_stems = grade_term_stems
-    crag.grade_sentences = grade_sentences
-    # Programs from before units were attached were measured with the LM's bare replies.
-    crag.answer_units = answer_units
-    crag.fallback_web_strips = fallback_web_strips
-    crag.internal_retries = internal_retries
     return crag
 
 

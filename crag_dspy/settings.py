@@ -1,24 +1,29 @@
 """All configuration in one typed place.
 
 Every field can be set by an environment variable ``CRAG_<FIELD>`` (e.g. ``CRAG_LM=openai/gpt-4o-mini``)
-or a ``.env`` file; CLI flags override them. Secrets are never fields here: provider keys
+or a ``.env`` file, and the CRAG program's own settings (:class:`~crag_dspy.config.CRAGConfig`) by
+``CRAG_CONFIG__<FIELD>`` (e.g. ``CRAG_CONFIG__K=8``); CLI flags override them. Secrets are never fields here: provider keys
 (``OPENAI_API_KEY``, ``TAVILY_API_KEY``, ...) are read from the environment by the client that needs them,
 so they cannot leak into traces, reports or saved programs.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .focus import DEFAULT_TERM_WEIGHT
+from .config import CRAGConfig
 from .validation import DEFAULT_MAX_QUESTION_CHARS
 
 __all__ = ["DEFAULT_DATA_DIR", "Settings", "default_cache_dir"]
+
+log = logging.getLogger(__name__)
+_WARNED: set[tuple[str, ...]] = set()
 
 # Bundled domains live in the repository's data/ folder; an installed wheel has no such folder, so
 # users then point --domain-dir at their own copy.
@@ -33,7 +38,27 @@ def default_cache_dir() -> Path:
 class Settings(BaseSettings):
     """Runtime configuration of crag-dspy (environment prefix ``CRAG_``)."""
 
-    model_config = SettingsConfigDict(env_prefix="CRAG_", env_file=".env", extra="ignore")
+    # "ignore": a .env file may hold other programs' variables. Unknown keyword arguments are an error
+    # and unknown CRAG_ variables a warning (__init__), so a misspelt or moved setting is never silent.
+    model_config = SettingsConfigDict(
+        env_prefix="CRAG_", env_nested_delimiter="__", env_file=".env", extra="ignore"
+    )
+
+    def __init__(self, **values: Any):
+        fields = type(self).model_fields
+        unknown = sorted(key for key in values if key not in fields and not key.startswith("_"))
+        if unknown:
+            raise TypeError(f"unknown settings {unknown}{_moved_hint(unknown)}")
+        stray = sorted(
+            key
+            for key in os.environ
+            if key.startswith("CRAG_") and key[len("CRAG_") :].split("__")[0].lower() not in fields
+        )
+        if stray and tuple(stray) not in _WARNED:
+            _WARNED.add(tuple(stray))
+            names = [key[len("CRAG_") :].lower() for key in stray]
+            log.warning("ignoring unknown environment variables %s%s", stray, _moved_hint(names))
+        super().__init__(**values)
 
     # --- language model -------------------------------------------------------------------------
     lm: str = Field(
@@ -59,10 +84,7 @@ class Settings(BaseSettings):
     embedded_ctx: int = Field(8192, ge=1024, description="Context window of the embedded model, in tokens.")
     lm_timeout_s: float = Field(120.0, gt=0, description="Seconds before an LM request is abandoned.")
     lm_retries: int = Field(
-        2, ge=0, le=5, description="Extra attempts after an unparseable or failed LM output."
-    )
-    use_logprobs: bool = Field(
-        True, description="Read grades from token probabilities when the LM returns them."
+        2, ge=0, le=5, description="Retries of a failed LM request, with backoff (DSPy's num_retries)."
     )
 
     # --- retrieval ------------------------------------------------------------------------------
@@ -78,52 +100,16 @@ class Settings(BaseSettings):
     embedding_model: str | None = Field(
         None, description="sentence-transformers model path or name (default: the bundled all-MiniLM-L6-v2)."
     )
-    k: int = Field(5, ge=1, le=50, description="Documents retrieved per question.")
     max_question_chars: int = Field(
         DEFAULT_MAX_QUESTION_CHARS, ge=1, description="Longer questions are refused (not truncated)."
     )
 
     # --- CRAG -----------------------------------------------------------------------------------
-    lower: float = Field(0.3, ge=0.0, le=1.0, description="Below this for every document: INCORRECT.")
-    upper: float = Field(0.7, ge=0.0, le=1.0, description="Any document at or above this: CORRECT.")
-    strip_threshold: float = Field(0.5, ge=0.0, le=1.0, description="Strips scoring below this are dropped.")
-    grade_sentences: int = Field(
-        1,
-        ge=0,
-        description="The grader reads a passage's title and this many of its sentences that best match "
-        "the question (0: whole passages).",
+    config: CRAGConfig = Field(
+        default_factory=CRAGConfig,
+        description="The CRAG program's settings (environment CRAG_CONFIG__K, CRAG_CONFIG__UPPER, "
+        "CRAG_CONFIG__GRADER_VIEW__SENTENCES, ...); a compiled program brings its own.",
     )
-    grade_term_weight: float = Field(
-        DEFAULT_TERM_WEIGHT,
-        ge=0.0,
-        allow_inf_nan=False,
-        description="How much the question's words count, next to embedding similarity, in choosing "
-        "the sentences the grader reads (0: similarity alone).",
-    )
-    grade_term_stems: bool = Field(
-        True,
-        description="Compare the question's words by their stems in choosing the sentences the grader "
-        'reads ("chairs" finds "chair").',
-    )
-    answer_units: bool = Field(
-        True, description='A bare-number answer gets the unit its context states ("260" -> "260 velds").'
-    )
-    max_strips: int = Field(5, ge=1, description="Most knowledge strips kept per source (paper: top 5).")
-    fallback_web_strips: int = Field(
-        1,
-        ge=0,
-        description="When no knowledge reaches strip_threshold on a route that searched the web, answer "
-        'from this many of the best-scored web strips below it (0: answer "I don\'t know").',
-    )
-    internal_retries: int = Field(
-        0,
-        ge=0,
-        le=5,
-        description="On AMBIGUOUS or INCORRECT, search the internal store again with a rewritten query for "
-        "at most this many rounds before the web, grading only new passages (0: off; a compiled program "
-        "records its value).",
-    )
-    web_results: int = Field(3, ge=1, le=10, description="Web results requested per search.")
     web_timeout_s: float = Field(15.0, gt=0, description="Seconds before a web search is abandoned.")
     web_domains: list[str] = Field(
         default_factory=list,
@@ -137,12 +123,6 @@ class Settings(BaseSettings):
         default_factory=default_cache_dir, description="Joined model weights and Chroma data."
     )
 
-    @model_validator(mode="after")
-    def _thresholds_ordered(self) -> Settings:
-        if self.lower > self.upper:
-            raise ValueError(f"lower ({self.lower}) must not exceed upper ({self.upper})")
-        return self
-
     @property
     def resolved_domain_dir(self) -> Path:
         return self.domain_dir if self.domain_dir is not None else DEFAULT_DATA_DIR / self.domain
@@ -150,3 +130,11 @@ class Settings(BaseSettings):
     @property
     def resolved_chroma_path(self) -> Path:
         return self.chroma_path if self.chroma_path is not None else self.cache_dir / "chroma"
+
+
+def _moved_hint(names: list[str]) -> str:
+    moved = [name for name in names if name in CRAGConfig.model_fields]
+    if not moved:
+        return ""
+    examples = ", ".join(f"CRAG_CONFIG__{name.upper()}" for name in moved)
+    return f"; CRAG's own settings are Settings(config=CRAGConfig(...)), in the environment {examples}"

@@ -9,7 +9,6 @@ from typing import Literal
 
 __all__ = [
     "Strip",
-    "check_fallback_web_strips",
     "decompose",
     "format_context",
     "recompose",
@@ -107,24 +106,15 @@ class Strip:
 
 
 def select_strips(
-    scored: Sequence[tuple[Strip, float | None]], threshold: float, max_strips: int, *, at_least: int = 0
+    scored: Sequence[tuple[Strip, float | None]], threshold: float, max_strips: int
 ) -> list[Strip]:
     """Keep strips scoring >= threshold, at most ``max_strips`` of the highest (ties: earlier first).
 
-    When fewer than ``at_least`` reach the threshold, the highest-scoring others make up the number.
     Unknown scores (None) are never kept: a strip the filter could not judge is not trusted as context.
     """
-    known = [(s, score) for s, score in scored if score is not None]
+    known = [(s, score) for s, score in scored if score is not None and score >= threshold]
     known.sort(key=lambda item: (-item[1], item[0].rank, item[0].position))
-    passing = sum(score >= threshold for _, score in known)
-    return [s for s, _ in known[: min(max(passing, at_least), max_strips)]]
-
-
-def check_fallback_web_strips(count: object) -> int:
-    """Return ``count`` if it is a valid ``fallback_web_strips`` (an integer >= 0), else raise ValueError."""
-    if not isinstance(count, int) or isinstance(count, bool) or count < 0:
-        raise ValueError(f"fallback_web_strips must be an integer >= 0, got {count!r}")
-    return count
+    return [s for s, _ in known[:max_strips]]
 
 
 def recompose(strips: Iterable[Strip]) -> list[Strip]:

@@ -11,7 +11,6 @@ from typing import Any
 import dspy
 from pydantic import BaseModel, Field
 
-from .faults import CONSECUTIVE_LM_FAILURES, LMUnavailableError, classify_lm_error, describe_error
 from .redaction import redact
 
 __all__ = [
@@ -173,7 +172,8 @@ def usage_from_tracker(tracker: Any) -> StageUsage:
 
 
 class TraceRecorder:
-    """Times stages and counts their LM usage into a :class:`CRAGTrace`; decides when the LM is down.
+    """Times stages and counts their LM usage into a :class:`CRAGTrace`, and records fallbacks and
+    errors with keys redacted. When the LM counts as down is :class:`~crag_dspy.faults.LMHealth`'s call.
 
     One recorder per question: it is never shared between threads.
     """
@@ -181,7 +181,6 @@ class TraceRecorder:
     def __init__(self, trace: CRAGTrace):
         self.trace = trace
         self._timings: dict[str, float] = defaultdict(float)
-        self._lm_failures_in_a_row = 0
 
     @contextmanager
     def stage(self, name: str) -> Iterator[None]:
@@ -206,23 +205,3 @@ class TraceRecorder:
     def error(self, message: str) -> None:
         # Providers echo keys in error messages; traces are logged and shown, so they never hold one.
         self.trace.errors.append(redact(message))
-
-    def lm_call_succeeded(self) -> None:
-        self._lm_failures_in_a_row = 0
-
-    def lm_call_failed(self, stage: str, exc: BaseException) -> None:
-        """Count an LM call that failed after DSPy's retries; raise :class:`LMUnavailableError` once
-        the LM is down (a fatal error, or ``CONSECUTIVE_LM_FAILURES`` failed calls in a row)."""
-        kind = classify_lm_error(exc)
-        if kind == "output":
-            self.lm_call_succeeded()  # the LM answered; only its answer was unusable
-            return
-        self._lm_failures_in_a_row += 1
-        if kind == "fatal" or self._lm_failures_in_a_row >= CONSECUTIVE_LM_FAILURES:
-            if kind == "fatal":
-                why = "refuses the requests"
-            else:
-                why = f"failed {self._lm_failures_in_a_row} calls in a row, each after retries with backoff"
-            message = f"the LM {self.trace.lm_model} {why}; stopped at stage {stage!r}: {describe_error(exc)}"
-            self.trace.errors.append(message)
-            raise LMUnavailableError(message, self.trace, stage) from exc

@@ -1,4 +1,4 @@
-"""Validation of user questions: one pure function shared by the module, the CLI and any service.
+"""Validation of user questions: one pure function shared by the module, the CLI and the server.
 
 A question is user input headed into prompts. It is normalised (Unicode NFC, control and bidi-override
 characters removed, whitespace collapsed, forged prompt markers neutralised) and refused when it is not
@@ -32,12 +32,14 @@ def _is_control(char: str) -> bool:
     return unicodedata.category(char) == "Cc" or char == "\ufeff"
 
 
-def normalize_question(question: object, *, max_chars: int = DEFAULT_MAX_QUESTION_CHARS) -> str:
+def normalize_question(question: object, *, max_chars: int | None = DEFAULT_MAX_QUESTION_CHARS) -> str:
     """Return ``question`` normalised for prompting, or raise :class:`QuestionError` saying why not.
 
     Control characters (including NUL, escape sequences and the BOM) become spaces, bidi controls are
     removed, runs of whitespace become one space, and DSPy field markers or passage fences are
-    neutralised so a question cannot forge the prompt format. Pure: no I/O, no model.
+    neutralised so a question cannot forge the prompt format. ``max_chars=None`` sets no limit: the
+    module itself takes any length, and apps (CLI, server) enforce ``CRAG_MAX_QUESTION_CHARS``. Pure: no
+    I/O, no model.
     """
     if not isinstance(question, str):
         raise QuestionError(f"the question must be a string, not {type(question).__name__}")
@@ -49,7 +51,7 @@ def normalize_question(question: object, *, max_chars: int = DEFAULT_MAX_QUESTIO
         raise QuestionError(
             "the question is empty: ask something (whitespace and control characters do not count)"
         )
-    if len(text) > max_chars:
+    if max_chars is not None and len(text) > max_chars:
         raise QuestionError(
             f"the question is {len(text)} characters long; the limit is {max_chars} "
             "(setting CRAG_MAX_QUESTION_CHARS): shorten it, or raise the limit"

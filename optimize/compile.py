@@ -381,7 +381,9 @@ def _internal_retry_stage(
     without, with_retry = [a for a, _ in pairs], [b for _, b in pairs]
     ship, p = beats_beyond_noise(with_retry, without)
     if ship:
-        crag.internal_retries = INTERNAL_RETRY_ROUNDS
+        thresholds = crag.thresholds.dump_state()  # a new config resets them; the tuned ones stay
+        crag.config = crag.config.replace(internal_retries=INTERNAL_RETRY_ROUNDS)
+        crag.thresholds.load_state(thresholds)
     n = len(questions)
     return {
         "rounds": INTERNAL_RETRY_ROUNDS,
@@ -483,7 +485,7 @@ def compile_program(
             evaluator = report["stages"]["grade_source"].pop("_evaluator", None)
             clock.lap("grade source")
         if "strips" in stages:
-            spp = crag.sentences_per_strip
+            spp = crag.config.sentences_per_strip
             train = interleave_balanced(strip_examples(domain, "train", spp), "keep", seed)
             val = spread(strip_examples(domain, "val", spp), _question, judge_val_limit)
             if train and val:
@@ -550,9 +552,8 @@ def compile_program(
                     PlainRAG(
                         crag.retriever,
                         lm=lm,
-                        k=crag.k,
-                        text_adapter=crag.text_adapter,
-                        answer_units=crag.answer_units,
+                        k=crag.config.k,
+                        answer_units=crag.config.answer_units,
                     ),
                     test,
                     progress=progress,

@@ -48,9 +48,9 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
 
 
-def _no_retrieval(work: SharedWork, lm: dspy.BaseLM, text_adapter: str) -> Callable[[str], Outcome]:
-    program = NoRetrieval(lm=lm, text_adapter=text_adapter)
-    key = state_key(program.answerer.dump_state(), text_adapter)
+def _no_retrieval(work: SharedWork, lm: dspy.BaseLM) -> Callable[[str], Outcome]:
+    program = NoRetrieval(lm=lm)
+    key = state_key(program.answerer.dump_state())
 
     def answer(question: str) -> Outcome:
         try:
@@ -246,7 +246,7 @@ def evaluate_domain(
         else pieces["default"]
     )
     variants = table_variants(document is not None, rows)
-    no_retrieval = _no_retrieval(work, lm, default_crag.text_adapter)
+    no_retrieval = _no_retrieval(work, lm)
 
     per_question = map_questions(
         lambda q: _question_rows(q, variants, pieces, work, no_retrieval),

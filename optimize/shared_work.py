@@ -25,7 +25,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from crag_dspy.baselines import passage_strips
-from crag_dspy.module import CRAG, RetryRound, WebKnowledge, knowledge_for
+from crag_dspy.module import CRAG, RetryRound, knowledge_for
 from crag_dspy.protocols import Passage, Retriever, WebResult, WebSearch
 from crag_dspy.retry import route_with_retries
 from crag_dspy.routing import Action
@@ -355,18 +355,20 @@ class CRAGPieces:
 
         def judge(j):
             view = getattr(j.view, "key", None)  # None without a view, or for a view that names no key
-            return state_key(j.dump_state(), j.adapter_name, j.use_logprobs, j.retries, view)
+            return state_key(j.dump_state(), j.use_logprobs, j.retries, view)
 
         grader, strip_filter = judge(c.grader), judge(c.strip_filter)
-        refine = (c.strip_threshold, c.max_strips, c.sentences_per_strip)
+        cfg = c.config
+        refine = (cfg.strip_threshold, cfg.max_strips, cfg.sentences_per_strip)
         evaluator = c.grading.evaluator.fingerprint if c.grading.evaluator is not None else None
-        self._grader = state_key(grader, c.grading.dump_state(), evaluator, c.k, c.retriever.name)
+        self._grader = state_key(grader, c.grading.dump_state(), evaluator, cfg.k, c.retriever.name)
         self._internal = state_key(self._grader, strip_filter, refine)
-        self._rewriter = state_key(c.rewriter.dump_state(), c.retries, c.text_adapter)
-        self._reviser = state_key(c.reviser.dump_state(), c.retries, c.text_adapter)
-        self._web = state_key(strip_filter, refine, c.fallback_web_strips, c.web_results, c.web_search.name)
-        self._raw_web = state_key(c.sentences_per_strip, c.web_results, c.web_search.name)
-        self._answerer = state_key(c.answerer.dump_state(), c.retries, c.text_adapter, c.answer_units)
+        retries = cfg.lm_calls.retries
+        self._rewriter = state_key(c.rewriter.dump_state(), retries)
+        self._reviser = state_key(c.reviser.dump_state(), retries)
+        self._web = state_key(strip_filter, refine, cfg.web_results, c.web_search.name)
+        self._raw_web = state_key(cfg.sentences_per_strip, cfg.web_results, c.web_search.name)
+        self._answerer = state_key(c.answerer.dump_state(), retries, cfg.answer_units)
         # Plain attributes on the working copy: the stages call them like the judges they wrap.
         c.grader = SharedJudge(c.grader, work, grader)
         c.strip_filter = SharedJudge(c.strip_filter, work, strip_filter)
@@ -386,7 +388,7 @@ class CRAGPieces:
 
     def retrieve(self, question: str) -> list[Passage]:
         """The top-k passages, ungraded (plain RAG's view of the retrieval)."""
-        return self.crag.retriever.retrieve(question, self.crag.k)
+        return self.crag.retriever.retrieve(question, self.crag.config.k)
 
     def documents(self, question: str) -> tuple[list[Passage], list[float | None]]:
         """The top-k passages and their grades."""
@@ -464,7 +466,7 @@ class CRAGPieces:
             return question
         return self._stage(("rewrite", question, self._rewriter), question, self.crag.rewrite_query)
 
-    def external(self, question: str, *, rewrite: bool = True, select: bool = True) -> WebKnowledge | None:
+    def external(self, question: str, *, rewrite: bool = True, select: bool = True) -> list[Strip] | None:
         """Selected (or with ``select=False`` all) web strips for the rewritten (or original) question;
         None when web search produced nothing."""
         query = self.web_query(question, rewrite=rewrite)

@@ -65,7 +65,7 @@ class Variant:
     refine: bool = True
     rewrite: bool = True
     select: bool = True
-    internal_retries: int | None = None  # None: the program's own (``CRAG.internal_retries``)
+    internal_retries: int | None = None  # None: the program's own (``CRAG.config.internal_retries``)
 
 
 ROW_SETS = ("all", "main", "main+retry")
@@ -139,8 +139,8 @@ def run_variant(
         return Outcome(p.answer(question, passage_strips(p.retrieve(question)), []))
     if variant.kind == "rag_web":
         web = p.external(question, rewrite=False, select=False)
-        return Outcome(p.answer(question, passage_strips(p.retrieve(question)), web.strips if web else []))
-    retries = p.crag.internal_retries if variant.internal_retries is None else variant.internal_retries
+        return Outcome(p.answer(question, passage_strips(p.retrieve(question)), web or []))
+    retries = p.crag.config.internal_retries if variant.internal_retries is None else variant.internal_retries
     _, rounds = p.retry_route(question, retries)
     # The rounds ran on the program's own actions; an ablation then removes an action from the last one.
     scores = [*p.documents(question)[1], *(x for r in rounds for x in r.scores)]

@@ -62,10 +62,10 @@ def test_missing_api_key_names_the_variable(monkeypatch, capsys):
 def test_flags_override_environment(monkeypatch):
     from crag_dspy.cli import settings_from_args
 
-    monkeypatch.setenv("CRAG_K", "9")
-    monkeypatch.setenv("CRAG_LOWER", "0.1")
+    monkeypatch.setenv("CRAG_CONFIG__K", "9")
+    monkeypatch.setenv("CRAG_CONFIG__LOWER", "0.1")
     settings = settings_from_args(build_parser().parse_args(["ask", "q", "--k", "3"]))
-    assert settings.k == 3 and settings.lower == 0.1
+    assert settings.config.k == 3 and settings.config.lower == 0.1
 
 
 def test_ask_with_a_corrupt_program_is_a_clear_error(tmp_path, capsys):

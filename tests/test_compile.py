@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from fakes import ScriptedLM, field
 
+from crag_dspy.config import CRAGConfig
 from crag_dspy.routing import decide_action
 from crag_dspy.settings import Settings
 from optimize.compile import compile_program, main
@@ -231,7 +232,7 @@ def test_precompute_answers_each_distinct_context_once():
     # Standalone LM requests per action: 2 grades, + a rewrite and the web strip's judgement for the
     # web actions, + an answer unless no knowledge survived refinement ("b"'s documents are both graded
     # irrelevant: the better-graded one, kb-1 by rank, still reaches the strip filter, which drops it;
-    # "a"'s web strip is about omega and dropped: fallback_web_strips=0, so nothing makes up for it).
+    # "a"'s web strip is about omega and dropped, so nothing survives).
     for web, answer_calls, requests in (
         (
             ListWebSearch([WebResult("O", "u", "The omega code is W700.")]),
@@ -246,7 +247,7 @@ def test_precompute_answers_each_distinct_context_once():
     ):  # no web: all three actions share one context
         lm.calls.clear()
         routes, usage = precompute_routes(
-            CRAG(retriever, web, lm=lm, k=2, fallback_web_strips=0), questions, progress=False
+            CRAG(retriever, web, CRAGConfig(k=2), lm=lm), questions, progress=False
         )
         answers = [u for s, u in lm.calls if "Answer the question" in s]
         assert len(answers) == len(set(answers)) <= answer_calls

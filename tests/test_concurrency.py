@@ -17,6 +17,7 @@ from fakes import ListWebSearch, ScriptedLM, field
 
 from crag_dspy import CRAG
 from crag_dspy.app import load_program
+from crag_dspy.config import CRAGConfig
 from crag_dspy.domain import CorpusDoc
 from crag_dspy.program import save_program
 from crag_dspy.settings import Settings
@@ -66,7 +67,7 @@ def retriever(tmp_path_factory, embedder):
 
 @pytest.fixture()
 def program(tmp_path, retriever):
-    original = CRAG(retriever, ListWebSearch(), k=3, lower=0.2, upper=0.8)
+    original = CRAG(retriever, ListWebSearch(), CRAGConfig(k=3, lower=0.2, upper=0.8))
     return save_program(original, tmp_path / "program.json", {"domain": "codes"})
 
 
@@ -143,7 +144,9 @@ def test_concurrent_questions_on_the_real_embedded_engine(tmp_path_factory):
     crag = build_crag(settings, lm=build_lm(settings, cache=False), progress=False)
     qa = {q.id: q for q in load_domain(DEFAULT_DATA_DIR / "default").qa}
     chosen = [qa["qa-kb-058"], qa["qa-web-009"], qa["qa-kb-001"]]
-    expected_docs = {q.id: [p.doc_id for p in crag.retriever.retrieve(q.question, crag.k)] for q in chosen}
+    expected_docs = {
+        q.id: [p.doc_id for p in crag.retriever.retrieve(q.question, crag.config.k)] for q in chosen
+    }
 
     with ThreadPoolExecutor(len(chosen)) as pool:
         preds = list(pool.map(lambda q: crag(question=q.question), chosen))

@@ -7,6 +7,7 @@ import pytest
 from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 
 from crag_dspy import CRAG, Action
+from crag_dspy.config import CRAGConfig, LMCalls
 from crag_dspy.protocols import WebResult, WebSearchError
 
 GOOD = "The AquaProbe 220 has a range of 0 to 25 mg/L."
@@ -38,9 +39,10 @@ def make_script(doc_scores=None, strip_scores=None, answer="0 to 25 mg/L", query
     return script
 
 
-def run(texts, script, web=None, **kwargs):
+def run(texts, script, web=None, retries=2, **config):
     lm = ScriptedLM(script)
-    crag = CRAG(ListRetriever(texts), web or ListWebSearch([WEB]), lm=lm, k=5, **kwargs)
+    config = CRAGConfig(k=5, lm_calls=LMCalls(retries=retries), **config)
+    crag = CRAG(ListRetriever(texts), web or ListWebSearch([WEB]), config, lm=lm)
     return crag(question="What is the range of the AquaProbe 220?"), lm
 
 
@@ -103,76 +105,25 @@ WEB_TWO = [
 ]
 
 
-def test_when_no_strip_reaches_the_threshold_incorrect_answers_from_the_best_web_strip():
+def test_when_no_strip_reaches_the_threshold_the_answer_is_unknown_without_an_lm_call():
     script = make_script({}, {"90 days": 0.41, "day ticket": 0.2}, answer="every 90 days")
     pred, lm = run([("kb-1", BAD)], script, web=ListWebSearch(WEB_TWO))
     assert pred.action == Action.INCORRECT.value
     assert [(s.doc_id, s.kept, s.score) for s in pred.trace.external_strips] == [
         ("https://fares.example", False, 0.2),
-        ("https://ihsc.example/wq17", True, 0.41),  # the trace says what the answer was built from
+        ("https://ihsc.example/wq17", False, 0.41),
     ]
-    (context,) = answer_contexts(lm)
-    assert context == "[web] (WQ-17) IHSC WQ-17 requires recalibration every 90 days."
-    assert pred.answer == "every 90 days"
-    assert pred.trace.fallbacks == [
-        "no knowledge reached the strip threshold 0.5; answered from the best-scored web strips below it (0.41)"
-    ]
+    assert answer_contexts(lm) == [] and pred.answer == "I don't know"
+    assert any("no knowledge survived refinement" in f for f in pred.trace.fallbacks)
 
 
-def test_the_trace_marks_only_the_reserve_strip_kept_when_results_share_a_url():
-    page = "https://wiki.example/Kestrel"
-    web = ListWebSearch(
-        [WebResult("K", page, "The CEO is Iver Hask."), WebResult("K", page, "It was founded in 2009.")]
-    )
-    pred, lm = run(
-        [("kb-1", BAD)], make_script({}, {"Iver": 0.41, "founded": 0.39}, answer="Iver Hask"), web=web
-    )
-    assert [(s.position, s.kept) for s in pred.trace.external_strips] == [(0, True), (0, False)]
-    assert answer_contexts(lm) == ["[web] (K) The CEO is Iver Hask."]
-    assert pred.trace.fallbacks[-1].endswith("below it (0.41)")
-
-
-def test_ambiguous_uses_the_web_reserve_only_when_no_internal_knowledge_survived():
+def test_ambiguous_answers_from_internal_knowledge_when_no_web_strip_survived():
     script = make_script({"0 to 25": 0.5}, {"90 days": 0.41, "0 to 25": 0.9})
     pred, lm = run([("kb-1", GOOD)], script)
     assert pred.action == Action.AMBIGUOUS.value
     (context,) = answer_contexts(lm)
-    assert context.startswith("[internal]") and "[web]" not in context  # internal knowledge, no reserve
+    assert context.startswith("[internal]") and "[web]" not in context
     assert not pred.trace.fallbacks and not pred.trace.external_strips[0].kept
-
-    # graded below the strip threshold, so the strip filter judges it (and drops it)
-    script = make_script({"0 to 25": 0.45}, {"90 days": 0.41, "0 to 25": 0.1})
-    pred, lm = run([("kb-1", GOOD)], script)
-    assert pred.action == Action.AMBIGUOUS.value
-    (context,) = answer_contexts(lm)
-    assert context.startswith("[web] (WQ-17)") and "[internal]" not in context
-    assert any("best-scored web strips below it (0.41)" in f for f in pred.trace.fallbacks)
-
-
-def test_fallback_web_strips_zero_answers_unknown_when_nothing_reaches_the_threshold():
-    script = make_script({}, {"90 days": 0.41}, answer="every 90 days")
-    pred, lm = run([("kb-1", BAD)], script, fallback_web_strips=0)
-    assert pred.action == Action.INCORRECT.value and not pred.trace.external_strips[0].kept
-    assert answer_contexts(lm) == [] and pred.answer == "I don't know"
-    assert not any("strip threshold" in f for f in pred.trace.fallbacks)
-
-
-def test_the_web_reserve_never_holds_an_unjudged_strip():
-    def script(system, user):
-        if "You judge short knowledge strips" in system and "day ticket" in field(user, "strip"):
-            return "perhaps"  # never a yes/no: unknown
-        return make_script({}, {"90 days": 0.3}, answer="every 90 days")(system, user)
-
-    pred, lm = run([("kb-1", BAD)], script, web=ListWebSearch(WEB_TWO), fallback_web_strips=2, retries=0)
-    assert [s.kept for s in pred.trace.external_strips] == [False, True]
-    (context,) = answer_contexts(lm)
-    assert "day ticket" not in context and "90 days" in context
-    assert any("strip filter failed" in e for e in pred.trace.errors)
-
-
-def test_fallback_web_strips_is_validated():
-    with pytest.raises(ValueError, match="fallback_web_strips must be an integer >= 0, got -1"):
-        CRAG(ListRetriever([]), ListWebSearch(), fallback_web_strips=-1)
 
 
 def test_trace_shows_the_evidence_a_compiled_grader_and_strip_filter_weighed():
@@ -269,7 +220,7 @@ def test_missing_lm_is_a_clear_error():
 
 
 def test_thresholds_are_saved_state(tmp_path):
-    crag = CRAG(ListRetriever([]), ListWebSearch(), lower=0.2, upper=0.9)
+    crag = CRAG(ListRetriever([]), ListWebSearch(), CRAGConfig(lower=0.2, upper=0.9))
     crag.save(str(tmp_path / "p.json"))
     state = json.loads((tmp_path / "p.json").read_text())
     assert state["thresholds"] == {"lower": 0.2, "upper": 0.9}
@@ -289,23 +240,16 @@ def test_deepcopy_shares_infrastructure_but_not_state():
 
 
 def test_knowledge_for_each_action():
-    from crag_dspy.module import WebKnowledge, knowledge_for
+    from crag_dspy.module import knowledge_for
 
-    internal, web, reserve = ["kb"], ["web"], ["weak web"]
-    for external in (WebKnowledge(web), WebKnowledge(web, reserve)):
-        assert knowledge_for(Action.CORRECT, internal, external) == (internal, [])
-        assert knowledge_for(Action.INCORRECT, internal, external) == ([], web)
-        assert knowledge_for(Action.AMBIGUOUS, internal, external) == (internal, web)
-        assert knowledge_for(Action.AMBIGUOUS, [], external) == ([], web)
+    internal, web = ["kb"], ["web"]
+    assert knowledge_for(Action.CORRECT, internal, web) == (internal, [])
+    assert knowledge_for(Action.INCORRECT, internal, web) == ([], web)
+    assert knowledge_for(Action.AMBIGUOUS, internal, web) == (internal, web)
+    assert knowledge_for(Action.AMBIGUOUS, [], web) == ([], web)
+    assert knowledge_for(Action.AMBIGUOUS, internal, []) == (internal, [])  # no web strip survived
     assert knowledge_for(Action.INCORRECT, internal, None) == (internal, [])  # web gave nothing
     assert knowledge_for(Action.AMBIGUOUS, internal, None) == (internal, [])
-    # Nothing reached the strip threshold: the reserve, but never next to internal knowledge.
-    weak = WebKnowledge([], reserve)
-    assert knowledge_for(Action.INCORRECT, internal, weak) == ([], reserve)
-    assert knowledge_for(Action.AMBIGUOUS, [], weak) == ([], reserve)
-    assert knowledge_for(Action.AMBIGUOUS, internal, weak) == (internal, [])
-    assert knowledge_for(Action.CORRECT, [], weak) == ([], [])
-    assert knowledge_for(Action.INCORRECT, internal, WebKnowledge([])) == ([], [])
 
 
 def test_completion_marker_run_into_the_answer_is_cut_off():
@@ -345,19 +289,18 @@ def test_free_text_calls_ask_for_the_bare_value_and_parse_it():
     assert "context:\n<<<\n[web] (WQ-17)" in texts[1][1]  # untrusted context stays fenced
 
 
-def test_chat_text_adapter_is_still_available():
-    pred, lm = run(
-        [("kb-1", BAD)], make_script({}, {"90 days": 0.9}, answer="every 90 days"), text_adapter="chat"
-    )
+def test_an_adapter_chosen_with_dspy_context_formats_the_free_text_replies():
+    # DSPy's own idiom chooses the format of the rewriter and answerer; the judges keep one word.
+    with dspy.context(adapter=dspy.ChatAdapter()):
+        pred, lm = run(
+            [("kb-1", BAD)],
+            make_script({}, {"90 days": 0.9}, answer="every 90 days"),
+            web=ListWebSearch([WEB]),
+        )
     assert pred.answer == "every 90 days"
-    assert any("[[ ## answer ## ]]" in system for system, _ in lm.calls)
-
-
-def test_unknown_adapters_are_refused_by_name():
-    with pytest.raises(ValueError, match="unknown text adapter 'json'"):
-        CRAG(ListRetriever([]), ListWebSearch([]), text_adapter="json")
-    with pytest.raises(ValueError, match="unknown judge adapter"):
-        CRAG(ListRetriever([]), ListWebSearch([]), judge_adapter="text")
+    answers = [system for system, _ in lm.calls if "Answer the question" in system]
+    assert answers and all("[[ ## answer ## ]]" in system for system in answers)
+    assert not any("[[ ##" in system for system, _ in lm.calls if "You judge" in system)
 
 
 def test_judges_generate_one_token_first_and_more_only_on_a_retry():

@@ -9,6 +9,7 @@ from test_compile import key_of, make_domain, script
 
 from crag_dspy import CRAG
 from crag_dspy.baselines import NoRetrieval, PlainRAG
+from crag_dspy.config import CRAGConfig
 from crag_dspy.program import save_program
 from crag_dspy.settings import Settings
 from optimize.evaluate import evaluate_domain, main
@@ -45,7 +46,7 @@ def setup(tmp_path_factory):
     domain = make_domain(tmp / "tiny")
     settings = Settings(domain_dir=domain, chroma_path=tmp / "chroma", web_search="offline")
     # A "compiled" program with a wide AMBIGUOUS band: grades are 0.9 / 0.1, so every question is AMBIGUOUS.
-    program = CRAG(None, None, lower=0.05, upper=0.95, k=2)
+    program = CRAG(None, None, CRAGConfig(lower=0.05, upper=0.95, k=2))
     save_program(program, tmp / "program.json", {"domain": "tiny"})
     return tmp, settings
 
@@ -176,7 +177,7 @@ def test_the_internal_retry_row_is_computed_from_the_programs_shared_pieces(eval
     rounds = [k for k in by_retry if k[0] == "retry"]
     assert len(rounds) == 2 and set(work.owned()) == {"program", "retry"}
     # The same answer as the module itself with two rounds on.
-    program.internal_retries = 2
+    program.config = program.config.replace(internal_retries=2)
     program.lm = ScriptedLM(eval_script)
     pred = program(question=q.question)
     assert (pred.answer, pred.action) == (outcome.answer, outcome.action.value)
@@ -190,7 +191,7 @@ def test_plain_rag_row_answers_like_the_plain_rag_module(evaluated, setup):
 
     lm = ScriptedLM(eval_script)
     crag, _ = assemble(settings, lm, progress=False)
-    rag = PlainRAG(crag.retriever, lm=lm, k=crag.k)
+    rag = PlainRAG(crag.retriever, lm=lm, k=crag.config.k)
     questions = {row["id"]: row for row in report["rows"] if row["variant"] == "plain RAG"}
     from crag_dspy.domain import load_domain
 

@@ -14,6 +14,7 @@ import pytest
 from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 
 from crag_dspy import CRAG
+from crag_dspy.config import CRAGConfig, GraderView
 from crag_dspy.evaluator import (
     EvaluatorError,
     RelevanceEvaluator,
@@ -232,8 +233,8 @@ def _evaluator_crag(evaluator, mode="evaluator", lm=None):
     crag = CRAG(
         ListRetriever([("kb-yes", "the river answer yes"), ("kb-no", "the river answer no")]),
         ListWebSearch(),
+        CRAGConfig(grader_view=GraderView(sentences=0)),
         lm=lm or ScriptedLM(_script),
-        grade_sentences=0,
     )
     fused = LinearScore({"llm": 0.5, "evaluator": 1.0, "similarity": 0.1}, 0.0) if mode == "fused" else None
     crag.grading.use(mode, evaluator, LinearScore({"evaluator": 1.0}, 0.0), fused)
@@ -289,11 +290,12 @@ import json, sys
 sys.path.insert(0, {str(TESTS)!r})
 from test_evaluator import _evaluator_crag
 from crag_dspy import CRAG
+from crag_dspy.config import CRAGConfig, GraderView
 from fakes import ListRetriever, ListWebSearch, ScriptedLM
 from test_evaluator import _script
 from crag_dspy.program import apply_program, read_program
 crag = CRAG(ListRetriever([("kb-yes", "the river answer yes"), ("kb-no", "the river answer no")]),
-            ListWebSearch(), lm=ScriptedLM(_script), grade_sentences=0)
+            ListWebSearch(), CRAGConfig(grader_view=GraderView(sentences=0)), lm=ScriptedLM(_script))
 apply_program(crag, read_program({str(path)!r}), {str(tmp_path)!r})
 pred = crag(question="what is the river")
 print(json.dumps([[d.score for d in pred.trace.documents], pred.action]))
@@ -308,7 +310,11 @@ def test_tampered_program_weights_are_refused_and_nothing_is_applied(tmp_path, t
     path = save_program(_evaluator_crag(trained[0]), tmp_path / "program.json", {"domain": "default"})
     weights = tmp_path / "program.evaluator" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-8] + b"\x00" * 8)
-    target = CRAG(ListRetriever([]), ListWebSearch(), lower=0.11, upper=0.88, grade_sentences=0)
+    target = CRAG(
+        ListRetriever([]),
+        ListWebSearch(),
+        CRAGConfig(lower=0.11, upper=0.88, grader_view=GraderView(sentences=0)),
+    )
     with pytest.raises(ProgramError, match="model.safetensors: altered or foreign"):
         apply_program(target, read_program(path), tmp_path)
     assert target.grading.mode == "llm" and target.thresholds.lower == 0.11

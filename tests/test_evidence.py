@@ -10,8 +10,6 @@ from crag_dspy.evidence import (
     evidence_features,
     number_coverage,
     sentence_coverage,
-    stem,
-    stemmed_terms,
     term_coverage,
     terms_beyond_title,
 )
@@ -118,27 +116,6 @@ def test_terms_beyond_title():
     # A title holding every term leaves them all to the sentences.
     assert terms_beyond_title("Dunmore surcharge?", "Dunmore surcharge table") == {"dunmore", "surcharge"}
     assert terms_beyond_title("How much?", "Anything") == set()
-
-
-def test_terms_beyond_title_by_stems():
-    question = "Who chairs the Sarnland Water Authority?"
-    assert terms_beyond_title(question, "About the Sarnland Water Authority") == {"chairs"}
-    assert terms_beyond_title(question, "About the Sarnland Water Authority", stemmed_terms) == {"chair"}
-    # The title's words are stemmed too: "authorities" holds what "authority" asks for.
-    assert terms_beyond_title(question, "Sarnland water authorities", stemmed_terms) == {"chair"}
-
-
-@pytest.mark.parametrize(
-    ("word", "expected"),
-    [("chairs", "chair"), ("chair", "chair"), ("effective", "effect"), ("meeting", "meet"), ("v4", "v4")],
-)
-def test_stem(word, expected):
-    assert stem(word) == expected
-
-
-def test_stemmed_terms_are_the_content_terms_stems():
-    assert stemmed_terms("When did the guideline take effect?") == {"guidelin", "take", "effect"}
-    assert stemmed_terms("The chair of the board") == {"chair", "board"}
 
 
 SURCHARGE = "How much is the surcharge per unit for expedited service at Dunmore?"

@@ -10,6 +10,7 @@ from fakes import ListWebSearch, ScriptedLM, field
 
 from crag_dspy import CRAG
 from crag_dspy.cli import build_parser, format_trace, settings_from_args
+from crag_dspy.config import CRAGConfig
 from crag_dspy.program import ProgramError, apply_program, save_program
 from crag_dspy.protocols import Passage, WebResult
 from crag_dspy.retry import check_internal_retries, is_new_query, route_with_retries
@@ -86,13 +87,13 @@ def test_route_with_retries_validates_its_input():
         route_with_retries([[0.5]], 0.8, 0.2, 2)
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, True, "2", None])
+@pytest.mark.parametrize("bad", [-1, 1.5, None, "two"])
 def test_check_internal_retries(bad):
     assert check_internal_retries(3) == 3
     with pytest.raises(ValueError, match="internal_retries must be an integer >= 0"):
         check_internal_retries(bad)
     with pytest.raises(ValueError, match="internal_retries"):
-        CRAG(None, None, internal_retries=bad)
+        CRAGConfig(internal_retries=bad)
 
 
 def test_a_query_is_new_unless_it_repeats_one_tried_ignoring_case_and_spacing():
@@ -150,7 +151,7 @@ STORE = {Q: [("c0", BAD)], REWRITE: [("c0", BAD), ("c1", MID)], "query v2": [("c
 def run(table=STORE, *, retries=2, fail=(), script=None, lower=0.3, upper=0.7):
     lm = ScriptedLM(script or make_script())
     retriever, web = QueryRetriever(table, fail), ListWebSearch([WEB])
-    crag = CRAG(retriever, web, lm=lm, k=3, internal_retries=retries, lower=lower, upper=upper)
+    crag = CRAG(retriever, web, CRAGConfig(k=3, internal_retries=retries, lower=lower, upper=upper), lm=lm)
     return crag(question=Q), lm, retriever, web
 
 
@@ -172,7 +173,7 @@ def agrees_with_the_pure_rule(trace):
 def test_off_is_todays_behaviour():
     pred, lm, retriever, web = run(retries=0)
     _default, default_lm, _, _ = run(retries=0)
-    assert CRAG(None, None).internal_retries == 0  # off by default
+    assert CRAG(None, None).config.internal_retries == 0  # off by default
     assert pred.action == "INCORRECT" and retriever.queries == [Q] and web.queries == [REWRITE]
     assert pred.trace.internal_rounds == [] and pred.trace.first_action is None
     assert "internal_retry" not in pred.trace.timings
@@ -314,29 +315,24 @@ def test_a_revised_query_that_repeats_one_tried_is_not_searched():
 
 # -- program JSON and command line ----------------------------------------------------------------
 def test_the_option_travels_with_the_program(tmp_path):
-    crag = CRAG(None, None, internal_retries=2)
+    crag = CRAG(None, None, CRAGConfig(internal_retries=2))
     doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
     assert doc["config"]["internal_retries"] == 2 and "reviser" in doc["state"]
-    assert apply_program(CRAG(None, None), doc).internal_retries == 2
+    assert apply_program(CRAG(None, None), doc).config.internal_retries == 2
     doc["config"]["internal_retries"] = 0
-    assert apply_program(CRAG(None, None, internal_retries=3), doc).internal_retries == 0
-    # A program saved before the option existed: no key, no reviser state. It goes to the web at once.
-    del doc["config"]["internal_retries"]
-    del doc["state"]["reviser"]
-    old = apply_program(CRAG(None, None, internal_retries=2), doc)
-    assert old.internal_retries == 0 and old.reviser.demos == []
-    for bad in (-1, 1.5, True, "2"):
+    assert apply_program(CRAG(None, None, CRAGConfig(internal_retries=3)), doc).config.internal_retries == 0
+    for bad in (-1, 1.5, "two"):
         doc["config"]["internal_retries"] = bad
-        fresh = CRAG(None, None, internal_retries=1)
-        with pytest.raises(ProgramError, match="invalid internal_retries"):
+        fresh = CRAG(None, None, CRAGConfig(internal_retries=1))
+        with pytest.raises(ProgramError, match="internal_retries"):
             apply_program(fresh, doc)
-        assert fresh.internal_retries == 1  # refused before anything changed
+        assert fresh.config.internal_retries == 1  # refused before anything changed
 
 
 def test_the_reviser_demos_round_trip(tmp_path):
     import dspy
 
-    crag = CRAG(None, None, internal_retries=2)
+    crag = CRAG(None, None, CRAGConfig(internal_retries=2))
     crag.reviser.demos = [dspy.Example(question="q", tried_queries="q", query="other")]
     doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
     assert apply_program(CRAG(None, None), doc).reviser.demos[0]["query"] == "other"
@@ -344,10 +340,11 @@ def test_the_reviser_demos_round_trip(tmp_path):
 
 def test_the_flag_and_environment_reach_the_settings(monkeypatch):
     parse = build_parser().parse_args
-    assert settings_from_args(parse(["ask", "q"])).internal_retries == 0
-    assert settings_from_args(parse(["ask", "q", "--internal-retries", "2"])).internal_retries == 2
-    monkeypatch.setenv("CRAG_INTERNAL_RETRIES", "1")
-    assert settings_from_args(parse(["ask", "q"])).internal_retries == 1
+    assert settings_from_args(parse(["ask", "q"])).config.internal_retries == 0
+    assert settings_from_args(parse(["ask", "q", "--internal-retries", "2"])).config.internal_retries == 2
+    monkeypatch.setenv("CRAG_CONFIG__INTERNAL_RETRIES", "1")
+    assert settings_from_args(parse(["ask", "q"])).config.internal_retries == 1
+    assert settings_from_args(parse(["ask", "q", "--k", "3"])).config.internal_retries == 1  # kept
     with pytest.raises(ValueError, match="internal_retries"):
         settings_from_args(parse(["ask", "q", "--internal-retries", "-1"]))
 
@@ -357,15 +354,17 @@ def test_the_flag_overrides_a_compiled_programs_value(monkeypatch, tmp_path):
     from crag_dspy.cli import program_from_args
 
     def fake_open(path, settings, **kwargs):
-        crag = CRAG(None, None, internal_retries=settings.internal_retries)
-        crag.internal_retries = 2  # what the program recorded
+        crag = CRAG(None, None, CRAGConfig(internal_retries=2))  # what the program recorded
+        crag.thresholds.load_state({"lower": 0.1, "upper": 0.9})
         return app.LoadedProgram(crag, "default", tmp_path / "p.json", {"metadata": {}})
 
     monkeypatch.setattr(app, "open_program", fake_open)
     parse = build_parser().parse_args
-    assert program_from_args(parse(["ask", "q", "--program", "p.json"])).crag.internal_retries == 2
+    assert program_from_args(parse(["ask", "q", "--program", "p.json"])).crag.config.internal_retries == 2
     flagged = parse(["ask", "q", "--program", "p.json", "--internal-retries", "0"])
-    assert program_from_args(flagged).crag.internal_retries == 0
+    crag = program_from_args(flagged).crag
+    assert crag.config.internal_retries == 0
+    assert (crag.thresholds.lower, crag.thresholds.upper) == (0.1, 0.9)  # the program's stay
 
 
 # -- shared pieces ------------------------------------------------------------------------------------
@@ -373,7 +372,7 @@ def test_pieces_route_like_forward_and_re_route_other_thresholds_without_the_lm(
     pred, _, _, _ = run(retries=2)
     lm = ScriptedLM(make_script())
     retriever = QueryRetriever(STORE)
-    crag = CRAG(retriever, ListWebSearch([WEB]), lm=lm, k=3, internal_retries=2)
+    crag = CRAG(retriever, ListWebSearch([WEB]), CRAGConfig(k=3, internal_retries=2), lm=lm)
     pieces = CRAGPieces(crag, SharedWork())
     action, rounds = pieces.retry_route(Q, 2)
     assert action.value == pred.action and [r.query for r in rounds] == [REWRITE, "query v2"]
@@ -391,7 +390,10 @@ def test_pieces_route_like_forward_and_re_route_other_thresholds_without_the_lm(
 
 def test_no_round_follows_one_that_ended_the_retries():
     crag = CRAG(
-        QueryRetriever(STORE, fail={REWRITE}), ListWebSearch([WEB]), lm=ScriptedLM(make_script()), k=3
+        QueryRetriever(STORE, fail={REWRITE}),
+        ListWebSearch([WEB]),
+        CRAGConfig(k=3),
+        lm=ScriptedLM(make_script()),
     )
     pieces = CRAGPieces(crag, SharedWork())
     action, rounds = pieces.retry_route(Q, 3)

@@ -12,6 +12,7 @@ from fakes import ListRetriever, ListWebSearch, ScriptedLM
 
 from crag_dspy import CRAG
 from crag_dspy.app import load_program
+from crag_dspy.config import CRAGConfig
 from crag_dspy.program import (
     PROGRAM_FORMAT_VERSION,
     ProgramError,
@@ -24,7 +25,7 @@ TESTS = Path(__file__).parent
 
 
 def compiled_crag() -> CRAG:
-    crag = CRAG(ListRetriever([]), ListWebSearch(), lower=0.12, upper=0.83, k=4, max_strips=3)
+    crag = CRAG(ListRetriever([]), ListWebSearch(), CRAGConfig(lower=0.12, upper=0.83, k=4, max_strips=3))
     crag.grader.predict.demos = [
         dspy.Example(question="q1", document="d1", relevant=True).with_inputs("question", "document"),
         dspy.Example(question="q2", document="d2", relevant=False).with_inputs("question", "document"),
@@ -65,7 +66,7 @@ from fakes import ListRetriever, ListWebSearch, ScriptedLM
 crag = load_program({path!r}, retriever=ListRetriever([]), web_search=ListWebSearch(), lm=ScriptedLM(lambda s, u: 0.5))
 print(json.dumps({{
     "state": crag.dump_state(),
-    "k": crag.k, "max_strips": crag.max_strips,
+    "k": crag.config.k, "max_strips": crag.config.max_strips,
     "routes": [decide_action(s, crag.thresholds.lower, crag.thresholds.upper).value for s in ([0.1], [0.5], [0.9])],
 }}))
 """
@@ -112,7 +113,10 @@ def _write(tmp_path, name, content):
         (
             "p.json",
             '{"format": "crag-dspy-program", "format_version": 99}',
-            "format version 99 is not supported by this crag-dspy \\(supports 2, 3, 4, 5\\)",
+            (
+                f"format version 99; this crag-dspy reads version {PROGRAM_FORMAT_VERSION} only. Recompile it: "
+                "python -m optimize.compile --domain <domain>"
+            ),
         ),
         (
             "p.json",
@@ -130,25 +134,22 @@ def test_bad_program_files_are_clear_errors(tmp_path, name, content, message):
         read_program(path)
 
 
-def test_format_2_programs_load_and_evidence_weights_round_trip(tmp_path):
+def test_programs_of_earlier_formats_are_refused_with_how_to_recompile(tmp_path):
     crag = compiled_crag()
     crag.grader.calibration.load_state({"slope": 1.3, "intercept": -6.1, "weights": {"term_coverage": 6.9}})
-    path = save_program(crag, tmp_path / "p.json", {"domain": "default"})
+    path = save_program(crag, tmp_path / "p.json", {"domain": "hr"})
     doc = read_program(path)
-    assert doc["format_version"] == PROGRAM_FORMAT_VERSION == 5
-    loaded = apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc)
-    assert loaded.grader.calibration.weights == {"term_coverage": 6.9}
-    # Format 2 and 3 programs have no grade source: they grade with the LLM judge.
-    doc["state"].pop("grading")
-    doc["format_version"] = 3
-    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).grading.mode == "llm"
-    # A format-2 program: calibrations without evidence weights, read as such.
-    doc["format_version"] = 2
-    for name in ("grader.calibration", "strip_filter.calibration"):
-        doc["state"][name].pop("weights")
-    path.write_text(json.dumps(doc))
-    loaded = apply_program(CRAG(ListRetriever([]), ListWebSearch()), read_program(path))
-    assert loaded.grader.calibration.weights == {} and loaded.grader.calibration.slope == 1.3
+    assert doc["format_version"] == PROGRAM_FORMAT_VERSION == 6
+    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).grader.calibration.weights == {
+        "term_coverage": 6.9
+    }
+    for old in (2, 3, 4, 5):
+        doc["format_version"] = old
+        path.write_text(json.dumps(doc))
+        with pytest.raises(
+            ProgramError, match=f"format version {old};.*python -m optimize.compile --domain hr"
+        ):
+            read_program(path)
 
 
 def test_other_domain_is_refused(tmp_path):
@@ -172,51 +173,40 @@ def test_state_of_another_structure_is_refused_and_leaves_the_module_untouched(t
     assert target.grader.predict.demos == []
 
 
-def test_the_answer_format_travels_with_the_program(tmp_path):
+def test_the_config_travels_with_the_program_as_is(tmp_path):
     crag = compiled_crag()
-    crag.text_adapter = "chat"
+    crag.config = crag.config.replace(answer_units=False, internal_retries=2, grader_view={"sentences": 2})
+    crag.thresholds.load_state({"lower": 0.2, "upper": 0.6})
     doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
-    assert doc["config"]["text_adapter"] == "chat"
-    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).text_adapter == "chat"
-    del doc["config"]["text_adapter"]  # a program saved before the bare-text format existed
-    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).text_adapter == "chat"
-    doc["config"]["text_adapter"] = "json"
+    assert doc["config"] == {**crag.config.model_dump(mode="json"), "lower": 0.2, "upper": 0.6}
+    loaded = apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc)
+    assert loaded.config == crag.config.replace(lower=0.2, upper=0.6)
+    assert loaded.grader.view.sentences == 2
+    assert (loaded.thresholds.lower, loaded.thresholds.upper) == (0.2, 0.6)
+
+
+def test_the_app_keeps_its_own_lm_calls(tmp_path):
+    crag = compiled_crag()
+    doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
+    app = CRAG(ListRetriever([]), ListWebSearch(), CRAGConfig(lm_calls={"retries": 0, "use_logprobs": False}))
+    loaded = apply_program(app, doc)
+    assert loaded.config.lm_calls.retries == 0 and loaded.grader.use_logprobs is False
+    assert loaded.config.k == 4  # everything else is the program's
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"answer_units": "maybe"}, "answer_units"),
+        ({"fallback_web_strips": 1}, "fallback_web_strips"),  # a removed setting is not silently ignored
+        ({"lower": 0.9, "upper": 0.1}, "must not exceed upper"),
+        ({"grader_view": {"sentences": -1}}, "sentences"),
+    ],
+)
+def test_an_invalid_config_is_refused_and_leaves_the_module_untouched(tmp_path, change, message):
+    doc = json.loads(save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"}).read_text())
+    doc["config"].update(change)
     fresh = CRAG(ListRetriever([]), ListWebSearch())
-    with pytest.raises(ProgramError, match="unknown text adapter 'json'"):
+    with pytest.raises(ProgramError, match=f"(?s)program config is invalid.*{message}"):
         apply_program(fresh, doc)
-    assert fresh.text_adapter == "text"  # refused before anything changed
-
-
-def test_answer_units_travel_with_the_program(tmp_path):
-    crag = compiled_crag()
-    crag.answer_units = False
-    doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
-    assert doc["config"]["answer_units"] is False
-    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).answer_units is False
-    doc["config"]["answer_units"] = True
-    assert (
-        apply_program(CRAG(ListRetriever([]), ListWebSearch(), answer_units=False), doc).answer_units is True
-    )
-    del doc["config"]["answer_units"]  # a program measured before units were attached
-    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).answer_units is False
-    doc["config"]["answer_units"] = "yes"
-    fresh = CRAG(ListRetriever([]), ListWebSearch())
-    with pytest.raises(ProgramError, match="invalid answer_units 'yes'"):
-        apply_program(fresh, doc)
-    assert fresh.answer_units is True  # refused before anything changed
-
-
-def test_fallback_web_strips_travels_with_the_program(tmp_path):
-    crag = compiled_crag()
-    crag.fallback_web_strips = 2
-    doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
-    assert doc["config"]["fallback_web_strips"] == 2
-    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).fallback_web_strips == 2
-    del doc["config"]["fallback_web_strips"]  # a program from before the web's reserve
-    assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).fallback_web_strips == 0
-    for bad in (-1, 1.5, True, "1"):
-        doc["config"]["fallback_web_strips"] = bad
-        fresh = CRAG(ListRetriever([]), ListWebSearch())
-        with pytest.raises(ProgramError, match="invalid fallback_web_strips"):
-            apply_program(fresh, doc)
-        assert fresh.fallback_web_strips == 1  # refused before anything changed
+    assert fresh.config == CRAGConfig() and fresh.grader.predict.demos == []

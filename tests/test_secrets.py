@@ -118,9 +118,7 @@ def test_program_json_and_compile_report_never_hold_keys(tmp_path, keys):
         domain_dir=make_domain(tmp_path / "tiny"), chroma_path=tmp_path / "chroma", web_search="offline"
     )
     out = tmp_path / "out" / "program.json"
-    compile_program(
-        settings, lm=ScriptedLM(compile_script), out=out, progress=False, evaluate_test=False
-    )
+    compile_program(settings, lm=ScriptedLM(compile_script), out=out, progress=False, evaluate_test=False)
     written = [p for p in out.parent.iterdir() if p.suffix in {".json", ".md"}]
     assert {p.name for p in written} >= {"program.json", "program.report.json", "program.report.md"}
     for path in written:

@@ -18,6 +18,7 @@ from serving import free_port, serving, write_domain
 
 from crag_dspy import CRAG
 from crag_dspy.app import LoadedProgram
+from crag_dspy.config import CRAGConfig
 from crag_dspy.program import read_program, save_program
 from crag_dspy.protocols import WebResult, WebSearchError
 from crag_dspy.serve import QUESTION_MAX_CHARS, AskResponse, ProgramInfo, ProgramService, create_app
@@ -38,10 +39,9 @@ def script(system: str, user: str):
     return {"answer": "0 to 25 mg/L" if "0 to 25" in field(user, "context") else "every 90 days"}
 
 
-def make_service(texts=(GOOD, BAD), web=None, lm=None, **crag_kwargs) -> ProgramService:
-    crag = CRAG(
-        ListRetriever(list(texts)), web or ListWebSearch([WEB]), lm=lm or ScriptedLM(script), **crag_kwargs
-    )
+def make_service(texts=(GOOD, BAD), web=None, lm=None, retries=2) -> ProgramService:
+    config = CRAGConfig(lm_calls={"retries": retries})
+    crag = CRAG(ListRetriever(list(texts)), web or ListWebSearch([WEB]), config, lm=lm or ScriptedLM(script))
     return ProgramService(LoadedProgram(crag, "default"))
 
 
@@ -107,7 +107,7 @@ def test_health_and_program_of_the_uncompiled_default(client):
 
 def test_program_of_a_compiled_program_shows_its_thresholds_metadata_and_scores(tmp_path):
     scores = {"val_accuracy": 0.708, "test": {"crag": 0.5, "plain_rag": 0.54}}
-    compiled = CRAG(ListRetriever([]), ListWebSearch(), lower=0.12, upper=0.83, k=4)
+    compiled = CRAG(ListRetriever([]), ListWebSearch(), CRAGConfig(lower=0.12, upper=0.83, k=4))
     path = save_program(
         compiled, tmp_path / "program.json", {"domain": "default", "seed": 3, "scores": scores}
     )
@@ -334,7 +334,7 @@ def test_program_flags_keep_the_programs_domain_and_honour_storage_and_threshold
     from crag_dspy.serve.cli import build_parser
 
     domain = write_domain(tmp_path / "harbour")
-    compiled = CRAG(ListRetriever([]), ListWebSearch(), lower=0.12, upper=0.83)
+    compiled = CRAG(ListRetriever([]), ListWebSearch(), CRAGConfig(lower=0.12, upper=0.83))
     path = save_program(compiled, tmp_path / "p.json", {"domain": "harbour", "domain_dir": str(domain)})
     chroma = tmp_path / "chroma"
     args = build_parser().parse_args(["--program", str(path), "--chroma-path", str(chroma), "--lower", "0.2"])

@@ -17,6 +17,7 @@ import pytest
 from serving import FESTIVAL_Q, LEAVE_Q, harbour_lm, serving, write_domain
 
 from crag_dspy.app import open_program
+from crag_dspy.config import CRAGConfig
 from crag_dspy.serve import ProgramService, create_app
 from crag_dspy.settings import Settings
 
@@ -155,7 +156,7 @@ def test_the_page_shows_every_internal_retry_round(chromium, tmp_path):
         domain_dir=write_domain(tmp_path / "harbour"),
         chroma_path=tmp_path / "chroma",
         web_search="offline",
-        internal_retries=1,
+        config=CRAGConfig(internal_retries=1),
     )
     loaded = open_program(None, settings, lm=harbour_lm(), progress=False)
     problems: list[str] = []

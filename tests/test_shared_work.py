@@ -7,6 +7,7 @@ import pytest
 from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 
 from crag_dspy import CRAG
+from crag_dspy.config import CRAGConfig
 from crag_dspy.protocols import WebResult, WebSearchError
 from crag_dspy.routing import Action
 from optimize.shared_work import CRAGPieces, SharedWebSearch, SharedWork
@@ -99,8 +100,10 @@ def test_shared_web_search_gives_every_variant_the_same_results_or_error():
     assert failing.inner.queries == ["q2"]
 
 
-def make(lm, **kwargs):
-    return CRAG(ListRetriever([("kb-1", GOOD), ("kb-2", BAD)]), ListWebSearch([WEB]), lm=lm, k=2, **kwargs)
+def make(lm, **config):
+    return CRAG(
+        ListRetriever([("kb-1", GOOD), ("kb-2", BAD)]), ListWebSearch([WEB]), CRAGConfig(k=2, **config), lm=lm
+    )
 
 
 def test_programs_with_the_same_predictors_share_pieces_and_the_crag_is_not_changed():
@@ -135,10 +138,10 @@ def test_one_strip_is_judged_once_whatever_knowledge_it_came_from():
 def test_stage_knobs_original_query_and_unselected_web_strips():
     lm = ScriptedLM(script)
     web = ListWebSearch([WEB, WebResult("Canteen", "https://c.example", BAD)])
-    crag = CRAG(ListRetriever([("kb-1", BAD)]), web, lm=lm, k=1)
+    crag = CRAG(ListRetriever([("kb-1", BAD)]), web, CRAGConfig(k=1), lm=lm)
     run = crag.new_run(Q)
     with crag.lm_scope(run.trace):
-        strips = crag.external_knowledge(Q, run, query=Q, select=False).strips
+        strips = crag.external_knowledge(Q, run, query=Q, select=False)
     assert web.queries == [Q]
     assert [s.doc_id for s in strips] == ["https://x.example", "https://c.example"]  # nothing dropped
     assert lm.calls == []  # no rewrite, no strip judged
@@ -170,18 +173,16 @@ def test_passages_with_one_excerpt_share_a_judgement_unless_their_evidence_diffe
     assert first.score > second.score
 
 
-@pytest.mark.parametrize("reserve", [1, 0])
-def test_a_route_answers_from_the_web_reserve_exactly_as_forward_does(reserve):
-    # The web's only strip scores 0.1: below the strip threshold, so it is the reserve.
+def test_a_route_with_no_surviving_knowledge_answers_exactly_as_forward_does():
+    # The web's only strip scores 0.1: below the strip threshold, so nothing survives refinement.
     web = WebResult("Fares", "https://f.example", "A day ticket costs 9 velds.")
-    crag = CRAG(ListRetriever([("kb-1", BAD)]), ListWebSearch([web]), lm=ScriptedLM(script), k=1)
-    crag.fallback_web_strips = reserve
+    crag = CRAG(ListRetriever([("kb-1", BAD)]), ListWebSearch([web]), CRAGConfig(k=1), lm=ScriptedLM(script))
     pred = crag(question=Q)
     assert pred.action == Action.INCORRECT.value
-    assert pred.trace.context == ("[web] (Fares) A day ticket costs 9 velds." if reserve else "")
+    assert pred.trace.context == "" and pred.answer == "I don't know"
 
     lm = ScriptedLM(script)
     crag.lm = lm
     assert CRAGPieces(crag, SharedWork()).route(Q, Action.INCORRECT) == pred.answer
     contexts = [field(user, "context") for system, user in lm.calls if "Answer the question" in system]
-    assert contexts == ([pred.trace.context] if reserve else [])
+    assert contexts == []

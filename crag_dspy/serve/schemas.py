@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from ..trace import CRAGTrace
+from ..validation import DEFAULT_MAX_QUESTION_CHARS
 
 __all__ = [
     "QUESTION_MAX_CHARS",
@@ -20,7 +21,7 @@ __all__ = [
     "ValidationErrorResponse",
 ]
 
-QUESTION_MAX_CHARS = 2000
+QUESTION_MAX_CHARS = DEFAULT_MAX_QUESTION_CHARS
 """Longest question accepted: longer input is a 422, never silently truncated."""
 
 Dependency = Literal["lm", "store"]

@@ -1,0 +1,265 @@
+"""How well the grader tells relevant passages from the rest, on every labelled relevance pair of a split.
+
+For the uncompiled grader and, with ``--program``, the compiled program's (through its grade source:
+LLM judge, trained evaluator or both fused), on the same pairs: accuracy at 0.5 (Wilson 95% interval),
+precision, recall and ROC AUC (bootstrap over questions), the exact McNemar p of compiled against
+uncompiled, and the seconds per pair and per question (each question's pairs graded together, as CRAG
+grades its k passages; the trained evaluator's own share when it grades). Next to them, without an
+LM: the ROC AUC of the bundled MiniLM's question/passage cosine similarity (the baseline a grader must
+beat), and how often the excerpt the grader reads still shows a gold answer its passage holds.
+
+    python benchmarks/grader_quality.py --program runs/default/program.json
+    python benchmarks/grader_quality.py --program runs/popqa/program.json --domain-dir ../shared/data/popqa-dev
+    python benchmarks/grader_quality.py --domain default --no-cache --judges grader,strip_filter
+
+The domain is the program's own unless ``--domain``/``--domain-dir`` name one. DSPy's cache is on by
+default: when the compile kept the zero-shot prompt, both graders read the same LM answers and reruns
+are free; ``--no-cache`` makes every call (and so the seconds per pair) real. ``--judges`` adds the strip
+filter on the split's strips. Writes benchmarks/results/grader_quality_<domain>.json.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import dspy
+import harness
+import numpy as np
+from tqdm.auto import tqdm
+
+from crag_dspy import CRAG
+from crag_dspy.config import CRAGConfig
+from crag_dspy.embeddings import Embedder
+from optimize.datasets import answers_by_question, relevance_examples, strip_examples
+from optimize.evaluation import judge_scores
+from optimize.grade_source import measured, program_grades
+from optimize.metrics import bootstrap_auc_interval, contains_answer, mcnemar_exact, roc_auc
+
+SCRIPT = "grader_quality"
+JUDGES = ("grader", "strip_filter")
+
+
+def by_question(examples: Sequence[dspy.Example]) -> list[list[int]]:
+    """Indices of ``examples`` grouped by question, groups in order of first appearance."""
+    groups: dict[str, list[int]] = {}
+    for i, e in enumerate(examples):
+        groups.setdefault(e.question, []).append(i)
+    return list(groups.values())
+
+
+def timed_grades(
+    crag: CRAG, examples: Sequence[dspy.Example], embedder: Embedder, *, desc: str, progress: bool = True
+) -> tuple[list[float | None], dict[str, Any]]:
+    """What ``crag`` grades each example (as :func:`~optimize.grade_source.program_grades`), one question's
+    pairs at a time, and the seconds it took: per pair, per question, and the trained evaluator's share."""
+    scores: list[float | None] = [None] * len(examples)
+    per_question, evaluator = [], []
+    for group in tqdm(by_question(examples), desc=desc, disable=not progress):
+        chosen = [examples[i] for i in group]
+        started = time.perf_counter()
+        for i, score in zip(group, program_grades(crag, chosen, embedder, progress=False), strict=True):
+            scores[i] = score
+        per_question.append(time.perf_counter() - started)
+        if crag.grading.uses_evaluator:  # its batched pass alone, as CRAG makes it per question
+            started = time.perf_counter()
+            crag.grading.evaluator_logits_for([(e.question, e.document) for e in chosen])
+            evaluator.append(time.perf_counter() - started)
+    timing: dict[str, Any] = {
+        "seconds_per_pair": sum(per_question) / max(len(examples), 1),
+        "seconds_per_question": _spread(per_question),
+    }
+    if evaluator:
+        timing["evaluator_seconds_per_question"] = _spread(evaluator)
+    return scores, timing
+
+
+def _spread(seconds: Sequence[float]) -> dict[str, float] | None:
+    if not seconds:
+        return None
+    return {"median": statistics.median(seconds), "max": max(seconds), "n": len(seconds)}
+
+
+def cosine_baseline(embedder: Embedder, examples: Sequence[dspy.Example]) -> dict[str, Any]:
+    """ROC AUC (bootstrap interval over questions) of the question/passage cosine similarity: no LM."""
+    q = np.asarray(embedder.encode([e.question for e in examples]))
+    d = np.asarray(embedder.encode([e.document for e in examples]))
+    scores = [float(x) for x in (q * d).sum(axis=1)]  # the vectors are normalised
+    gold = [int(bool(e.relevant)) for e in examples]
+    return {
+        "roc_auc": roc_auc(scores, gold),
+        "roc_auc_ci": bootstrap_auc_interval(scores, gold, [e.question for e in examples]),
+    }
+
+
+def excerpt_recall(
+    crag: CRAG, examples: Sequence[dspy.Example], aliases: dict[str, list[str]]
+) -> dict[str, Any]:
+    """Of the positive pairs whose passage text holds a gold answer of its question, how many show it in
+    what the grader reads (its view of the passage: the title and the chosen sentences). No LM."""
+    held = [
+        e
+        for e in examples
+        if e.relevant and contains_answer(e.document.partition("\n")[2], aliases.get(e.question, []))
+    ]
+    shown = sum(
+        contains_answer(
+            crag.grader.shown_inputs({"question": e.question, "document": e.document})[0]["document"],
+            aliases[e.question],
+        )
+        for e in held
+    )
+    return harness.rate(shown, len(held))
+
+
+def graders(
+    lm: dspy.BaseLM,
+    config: CRAGConfig | None = None,
+    document: dict[str, Any] | None = None,
+    program_dir: Path | None = None,
+    embedder: Embedder | None = None,
+) -> dict[str, CRAG]:
+    """The judges to measure: the uncompiled ones with ``config`` and, with a program ``document``, the
+    compiled ones. The uncompiled side then has the program's config (the grader's view) with a fresh
+    module's state: what the compile measured as "uncompiled" before it fitted anything."""
+    if document is None:
+        return {"uncompiled": harness.judges_only(lm, config, embedder=embedder)}
+    fresh = harness.judges_only(lm, config).dump_state(json_mode=True)
+    return {
+        "uncompiled": harness.judges_only(lm, config, {**document, "state": fresh}, embedder=embedder),
+        "compiled": harness.judges_only(lm, config, document, program_dir, embedder),
+    }
+
+
+def measure(
+    sides: dict[str, CRAG],
+    examples: Sequence[dspy.Example],
+    lm: dspy.BaseLM,
+    *,
+    strips: Sequence[dspy.Example] | None = None,
+    embedder: Embedder | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """``{judge: {side: metrics}}`` for the grader of each of ``sides`` on ``examples`` (and the strip
+    filter on ``strips`` when given); metrics as :func:`optimize.grade_source.measured` gives them, the
+    grader's with its seconds, the compiled side's with McNemar's p against the uncompiled one."""
+    embedder = embedder or Embedder()
+    work = {"grader": (examples, "relevant")}
+    if strips is not None:
+        work["strip_filter"] = (strips, "keep")
+    results: dict[str, Any] = {}
+    for judge, (exs, label) in work.items():
+        gold = [int(bool(e[label])) for e in exs]
+        right: dict[str, list[bool]] = {}
+        for name, crag in sides.items():
+            timing: dict[str, Any] = {}
+            with dspy.context(lm=lm):
+                if judge == "grader":
+                    scores, timing = timed_grades(
+                        crag, exs, embedder, desc=f"grader ({name})", progress=progress
+                    )
+                else:
+                    scores = judge_scores(crag.strip_filter, exs, desc=f"{judge} ({name})", progress=progress)
+            results.setdefault(judge, {})[name] = measured(scores, gold, [e.question for e in exs]) | timing
+            right[name] = [s is not None and (s >= 0.5) == bool(g) for s, g in zip(scores, gold, strict=True)]
+        if "compiled" in right:  # paired: the same examples judged by both
+            results[judge]["compiled"]["mcnemar_p"] = mcnemar_exact(right["compiled"], right["uncompiled"])
+    return results
+
+
+def report(results: dict[str, Any]) -> None:
+    print(
+        f"\n{results['program'] or 'uncompiled defaults'} on the {results['split']} split of `{results['domain']}` "
+        f"({results['pairs']} pairs, {results['positives']} relevant); grade source {results['grade_source']}"
+    )
+    print("95% intervals: Wilson (accuracy), bootstrap over questions (ROC AUC)")
+    print(
+        f"{'judge':<13} {'program':<11} {'n':>4} {'accuracy [95% CI]':>23} {'prec':>6} {'recall':>6} {'ROC AUC [95% CI]':>22} {'s/pair':>7} failed"
+    )
+    for judge in JUDGES:
+        for name, r in results.get(judge, {}).items():
+            low, high = r["accuracy_ci"]
+            auc = "-" if r["roc_auc"] is None else f"{r['roc_auc']:.3f}"
+            if r["roc_auc_ci"]:
+                auc += f" [{r['roc_auc_ci'][0]:.3f}, {r['roc_auc_ci'][1]:.3f}]"
+            seconds = f"{r['seconds_per_pair']:.2f}" if "seconds_per_pair" in r else "-"
+            print(
+                f"{judge:<13} {name:<11} {r['n']:>4} {r['accuracy']:>7.1%} [{low:.1%}, {high:.1%}] "
+                f"{r['precision']:>6.1%} {r['recall']:>6.1%} {auc:>22} {seconds:>7} {r['unknown']:>6}"
+            )
+        if "compiled" in results.get(judge, {}):
+            p = results[judge]["compiled"]["mcnemar_p"]
+            print(
+                f"{judge}: compiled vs uncompiled, exact McNemar p = {p:.4f} ({'a difference' if p < 0.05 else 'no measured difference'})"
+            )
+    shipped = results["grader"].get("compiled", results["grader"]["uncompiled"])
+    if shipped["seconds_per_question"]:
+        q = shipped["seconds_per_question"]
+        print(
+            f"grading one question's pairs: median {q['median']:.3f} s, max {q['max']:.3f} s ({q['n']} questions)"
+        )
+    if shipped.get("evaluator_seconds_per_question"):
+        q = shipped["evaluator_seconds_per_question"]
+        print(
+            f"  of which the trained evaluator's batched pass: median {q['median']:.3f} s, max {q['max']:.3f} s"
+        )
+    cosine = results["cosine"]
+    ci = cosine["roc_auc_ci"]
+    interval = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+    print(
+        f"cosine similarity baseline (no LM): ROC AUC {cosine['roc_auc']:.3f}{interval}"
+        if cosine["roc_auc"] is not None
+        else "cosine baseline: -"
+    )
+    print(
+        f"the grader's excerpt shows the gold answer its passage holds: {harness.fmt_rate(results['excerpt_shows_answer'])}"
+    )
+
+
+def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int:
+    p = harness.parser(__doc__, program=True, store=False)
+    p.add_argument("--split", default="val", help="relevance split (default val)")
+    p.add_argument(
+        "--judges", default="grader", help="comma-separated: grader, strip_filter (default grader)"
+    )
+    args = harness.parse(p, argv)
+    judges = [j.strip() for j in args.judges.split(",") if j.strip()]
+    if not judges or set(judges) - set(JUDGES) or "grader" not in judges:
+        p.error(f"--judges takes grader and optionally strip_filter, got {args.judges!r}")
+    document = harness.read_document(args.program)
+    settings = harness.settings_for(args, document)
+    domain = harness.domain_of(settings)
+    examples = relevance_examples(domain.relevance, args.split)
+    if not examples:
+        p.error(f"domain `{domain.name}` has no {args.split} relevance pairs")
+    lm = harness.lm_for(settings, args, lm)
+    embedder = Embedder(settings.embedding_model)
+    config = domain.config.crag_config(settings.config)  # the uncompiled program's, as the app builds it
+    sides = graders(lm, config, document, args.program.parent if args.program else None, embedder)
+    shipped = sides.get("compiled", sides["uncompiled"])
+    strips = (
+        strip_examples(domain, args.split, shipped.config.sentences_per_strip)
+        if "strip_filter" in judges
+        else None
+    )
+    results = {
+        "domain": domain.name,
+        "split": args.split,
+        "program": str(args.program) if args.program else None,
+        "grade_source": shipped.grading.mode,
+        "pairs": len(examples),
+        "positives": sum(bool(e.relevant) for e in examples),
+        **measure(sides, examples, lm, strips=strips, embedder=embedder),
+        "cosine": cosine_baseline(embedder, examples),
+        "excerpt_shows_answer": excerpt_recall(shipped, examples, answers_by_question(domain)),
+    }
+    report(results)
+    harness.write_result(harness.result_path(args, SCRIPT, domain.name), SCRIPT, argv, results, lm=lm)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""CRAG's configuration: one frozen, typed object with one default per setting.
+
+:class:`CRAGConfig` is what :class:`~crag_dspy.module.CRAG` is built from, what
+:class:`~crag_dspy.settings.Settings` embeds (environment ``CRAG_CONFIG__K=8``,
+``CRAG_CONFIG__GRADER_VIEW__SENTENCES=0``), and what a compiled program file stores as-is.
+
+The paper's settings (Yan et al., 2024) come first; the rest each paid on a measured domain
+(docs/experiments.md, "Settings beyond the paper").
+
+    >>> from crag_dspy.config import CRAGConfig
+    >>> config = CRAGConfig(k=8)
+    >>> config.replace(upper=0.8).upper
+    0.8
+    >>> CRAGConfig(lower=0.9, upper=0.1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    pydantic_core._pydantic_core.ValidationError: 1 validation error for CRAGConfig
+      Value error, lower (0.9) must not exceed upper (0.1) ...
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["CRAGConfig", "GraderView", "LMCalls"]
+
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+
+class GraderView(BaseModel):
+    """What the LLM grader reads of a passage (:class:`~crag_dspy.focus.SentenceFocus`)."""
+
+    model_config = _FROZEN
+
+    sentences: int = Field(
+        1,
+        ge=0,
+        description="The grader reads a passage's title and this many of its sentences most similar to "
+        "the question; 0 reads whole passages.",
+    )
+
+
+class LMCalls(BaseModel):
+    """How CRAG calls the LM: properties of the LM an app runs, so a loaded program takes the app's."""
+
+    model_config = _FROZEN
+
+    retries: int = Field(
+        2, ge=0, le=5, description="Extra attempts (new rollouts) after an unparseable LM output."
+    )
+    use_logprobs: bool = Field(
+        True, description="Read grades from token probabilities when the LM returns them."
+    )
+
+
+class CRAGConfig(BaseModel):
+    """Every setting of one CRAG program. Frozen: change one with :meth:`replace`."""
+
+    model_config = _FROZEN
+
+    # --- the paper's ---------------------------------------------------------------------------
+    k: int = Field(5, ge=1, le=50, description="Documents retrieved and graded per question.")
+    lower: float = Field(
+        0.3, ge=0.0, le=1.0, description="INCORRECT when every document's grade is below this."
+    )
+    upper: float = Field(0.7, ge=0.0, le=1.0, description="CORRECT when any document's grade reaches this.")
+    strip_threshold: float = Field(0.5, ge=0.0, le=1.0, description="Strips scoring below this are dropped.")
+    max_strips: int = Field(5, ge=1, description="Most knowledge strips kept per source (paper: 5).")
+    sentences_per_strip: int = Field(
+        3, ge=1, description="Decomposition window for passages longer than two sentences."
+    )
+    web_results: int = Field(3, ge=1, le=10, description="Web results requested per search.")
+
+    # --- beyond the paper -----------------------------------------------------------------------
+    grader_view: GraderView = Field(default_factory=GraderView)
+    answer_units: bool = Field(
+        True,
+        description='A bare-number answer gets the unit its context states ("260" -> "260 velds").',
+    )
+    internal_retries: int = Field(
+        0,
+        ge=0,
+        le=5,
+        description="On AMBIGUOUS or INCORRECT, search the internal store again with a rewritten query "
+        "for at most this many rounds before the web (0: off).",
+    )
+    lm_calls: LMCalls = Field(default_factory=LMCalls)
+
+    @model_validator(mode="after")
+    def _thresholds_ordered(self) -> CRAGConfig:
+        if self.lower > self.upper:
+            raise ValueError(f"lower ({self.lower}) must not exceed upper ({self.upper})")
+        return self
+
+    def replace(self, **changes: Any) -> CRAGConfig:
+        """A validated copy with ``changes`` (nested groups as dicts or models)."""
+        data = self.model_dump()
+        for key, value in changes.items():
+            data[key] = value.model_dump() if isinstance(value, BaseModel) else value
+        return type(self).model_validate(data)

@@ -1,0 +1,403 @@
+"""The benchmark suite (benchmarks/): its harness and what each script computes, on tiny domains with
+scripted LMs and fake embedders. Control flow only: the numbers the scripts measure are in BENCHMARKS.md."""
+
+import ast
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
+from test_compile import make_domain
+from test_compile import script as tiny_script
+from test_parallel_evaluate import make_wide_domain, wide_script
+
+from crag_dspy import CRAG
+from crag_dspy.domain import load_domain
+from crag_dspy.program import save_program
+from crag_dspy.settings import Settings
+from optimize.threshold_search import RouteTable
+from optimize.thresholds import QuestionRoutes
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS = ROOT / "benchmarks"
+
+
+def load(name):
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))  # the scripts import their harness as a neighbour
+    return importlib.import_module(name)
+
+
+def test_the_suite_is_at_most_six_scripts_on_public_names_and_one_harness():
+    scripts = {p.stem: p for p in BENCHMARKS.glob("*.py") if p.name != "knob_ablation.py"}
+    assert len(scripts) <= 6 and "harness" in scripts
+    for name, path in scripts.items():
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.ImportFrom):
+                modules, names = [node.module or ""], [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                modules, names = [a.name for a in node.names], []
+            else:
+                continue
+            for module in modules:
+                parts = module.split(".")
+                assert not any(part.startswith("_") and part != "__future__" for part in parts), (
+                    name,
+                    module,
+                )
+                assert parts[0] not in set(scripts) - {"harness"}, f"{name} imports the script {module}"
+                if parts[0] in ("crag_dspy", "optimize", "signatures"):
+                    assert not [n for n in names if n.startswith("_")], (name, module, names)
+        assert name == "harness" or f"python benchmarks/{path.name}" in ast.get_docstring(ast.parse(source))
+
+
+# --- the harness ------------------------------------------------------------------------------------------
+
+
+def test_rates_carry_their_wilson_interval():
+    harness = load("harness")
+    r = harness.rate(7, 10)
+    assert r["k"] == 7 and r["rate"] == 0.7
+    assert r["interval"] == pytest.approx([0.3968, 0.8922], abs=1e-4)  # the Wilson score interval
+    assert harness.fmt_rate(r) == "70.0% [39.7%, 89.2%] (7 of 10)"
+    assert harness.rate(0, 0)["rate"] is None and harness.fmt_rate(harness.rate(0, 0)) == "-"
+
+
+def test_a_program_brings_its_domain_unless_a_flag_names_one(tmp_path):
+    harness = load("harness")
+    root = make_domain(tmp_path / "tiny")
+    document = {"metadata": {"domain": "tiny", "domain_dir": str(root)}}
+    args = harness.parser("doc", program=True).parse_args([])
+    assert harness.settings_for(args, document).resolved_domain_dir == root
+    gone = {"metadata": {"domain": "popqa-dev", "domain_dir": str(tmp_path / "moved")}}
+    assert harness.settings_for(args, gone).domain == "popqa-dev"
+    flagged = harness.parser("doc", program=True).parse_args(["--domain", "default"])
+    assert harness.settings_for(flagged, document).resolved_domain_dir.name == "default"
+    assert harness.settings_for(args).resolved_domain_dir == Settings().resolved_domain_dir
+
+
+def test_the_result_file_says_where_when_how_and_with_which_lm(tmp_path):
+    harness = load("harness")
+    args = harness.parser("doc").parse_args(["--out", str(tmp_path / "r.json")])
+    assert harness.result_path(args, "x", "tiny") == tmp_path / "r.json"
+    args.out = None
+    assert harness.result_path(args, "x", "tiny") == BENCHMARKS / "results" / "x_tiny.json"
+    assert harness.result_path(args, "x") == BENCHMARKS / "results" / "x.json"
+    path = harness.write_result(
+        tmp_path / "r.json", "x", ["--limit", "2", "a b"], {"n": 1}, lm=ScriptedLM(lambda s, u: 0.5)
+    )
+    written = json.loads(path.read_text())
+    assert written["benchmark"] == "x" and written["results"] == {"n": 1}
+    meta = written["metadata"]
+    assert meta["command"] == "python benchmarks/x.py --limit 2 'a b'"
+    assert meta["lm"] == "scripted/fake" and meta["dspy_cache"] is False
+    assert meta["machine"]["cpus"] >= 1 and meta["machine"]["python"] and meta["date"].endswith("+00:00")
+    assert meta["git"] is None or len(meta["git"]["commit"]) == 40
+
+
+def test_judges_only_never_retrieves_or_searches():
+    harness = load("harness")
+    crag = harness.judges_only(ScriptedLM(lambda s, u: 0.5))
+    with pytest.raises(RuntimeError, match="does not retrieve"):
+        crag.retriever.retrieve("q", 1)
+    with pytest.raises(RuntimeError, match="does not search"):
+        crag.web_search.search("q", 1)
+
+
+# --- crag_vs_rag.py ---------------------------------------------------------------------------------------
+
+
+def test_the_fake_hosted_lm_answers_each_prompt_kind():
+    bench = load("crag_vs_rag")
+    user = "question: What is the alpha code?\n\ndocument:\n<<<\nThe alpha code is A1.\n>>>"
+    text, logprobs = bench.fake_reply("Reply with exactly one word: yes or no.", user, True)
+    assert text == "yes" and logprobs[0].token == "yes" and np.exp(logprobs[0].logprob) > 0.9
+    text, logprobs = bench.fake_reply("... yes or no.", user.replace("alpha code", "gamma rule", 1), False)
+    assert text == "no" and logprobs is None
+    assert bench.fake_reply("Reply with the query only, on one line.", user, False)[0] == "alpha code"
+    context = "question: What is the alpha code?\n\ncontext:\n<<<\n[1] Beta sheet: soup\n[2] The alpha code is A1.\n>>>"
+    assert (
+        bench.fake_reply("Reply with the answer only, on one line.", context, False)[0]
+        == "The alpha code is A1."
+    )
+    assert (
+        bench.fake_reply("Reply with the answer only.", "question: Who?\n<<<\nnothing\n>>>", False)[0]
+        == "I don't know"
+    )
+
+
+def rows(rag, crag):
+    """Rows of (seconds, calls, correct) for plain RAG and (seconds, calls, correct, action) for CRAG."""
+    usage = {"prompt_tokens": 10, "cached_prompt_tokens": 0, "completion_tokens": 1}
+    return {
+        "rag": [{"seconds": s, "calls": c, "correct": ok, **usage} for s, c, ok in rag],
+        "crag": [{"seconds": s, "calls": c, "correct": ok, "action": a, **usage} for s, c, ok, a in crag],
+    }
+
+
+def test_crag_vs_rag_summary_ratios_accuracies_and_actions():
+    bench = load("crag_vs_rag")
+    r = rows(
+        [(1.0, 1, False), (1.0, 1, True), (2.0, 1, False)],
+        [(2.0, 4, True, "CORRECT"), (1.0, 3, True, "CORRECT"), (3.0, 8, True, "INCORRECT")],
+    )
+    summary = bench.summarize(r, {"grade": 2.0, "answer": 4.0})
+    assert summary["seconds"] == pytest.approx({"rag": 4 / 3, "crag": 2.0, "ratio": 1.5})
+    assert summary["calls"]["ratio"] == 5.0
+    assert summary["rag_accuracy"]["k"] == 1 and summary["crag_accuracy"]["k"] == 3
+    assert summary["mcnemar_p"] == 0.5  # two questions right only by CRAG: 2 of 2, two-sided
+    assert summary["grading_vs_rag"] == 0.5 and summary["grade_seconds_per_question"] == pytest.approx(2 / 3)
+    assert summary["actions"] == {"CORRECT": 2, "INCORRECT": 1} and summary["duplicate_requests"] is None
+    assert bench.by_action(r) == {
+        "CORRECT": {"crag_s": 3.0, "rag_s": 2.0, "n": 2},
+        "INCORRECT": {"crag_s": 3.0, "rag_s": 2.0, "n": 1},
+    }
+    assert bench.stage_seconds(
+        [{"stage_seconds": {"grade": 1.0}}, {"stage_seconds": {"grade": 0.5, "answer": 1}}]
+    ) == {
+        "grade": 1.5,
+        "answer": 1,
+    }
+
+
+def test_identical_requests_within_a_question_are_counted():
+    bench = load("crag_vs_rag")
+    a = {"messages": [{"role": "user", "content": "q"}], "kwargs": {"temperature": 0}}
+    b = {"messages": [{"role": "user", "content": "q"}], "kwargs": {"temperature": 0.7}}
+    assert bench.duplicates([a, b]) == 0 and bench.duplicates([a, b, dict(a), a]) == 2
+
+
+def with_warm_up(script):
+    """``script``, and a plain reply to the warm-up question the benchmark asks before its clock starts."""
+
+    def reply(system, user):
+        if field(user, "question") != "warm-up":
+            return script(system, user)
+        if "You judge" in system:
+            return 0.5
+        return {"query": "warm-up"} if "web search query" in system else {"answer": "I don't know"}
+
+    return reply
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("crag-vs-rag")
+    return make_wide_domain(tmp / "wide"), tmp / "chroma"
+
+
+def test_crag_vs_rag_on_one_and_two_threads(wide, tmp_path):
+    bench = load("crag_vs_rag")
+    root, chroma = wide
+    out = tmp_path / "r.json"
+    lm = ScriptedLM(with_warm_up(wide_script))
+    argv = ["--domain-dir", str(root), "--chroma-path", str(chroma), "--web-search", "offline"]
+    assert bench.main([*argv, "--threads", "2", "--out", str(out)], lm=lm) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results["domain"] == "wide" and results["questions"] == 12 and results["program"] is None
+    summary = results["summary"]
+    assert summary["rag_accuracy"]["k"] == 6 and summary["crag_accuracy"]["k"] >= 10
+    assert summary["calls"]["rag"] == 1.0 and summary["calls"]["crag"] > 1
+    assert summary["duplicate_requests"] == 0 and set(summary["actions"]) >= {"CORRECT", "INCORRECT"}
+    assert [r["id"] for r in results["rows"]["crag"]] == [r["id"] for r in results["rows"]["rag"]]
+    assert sum(a["n"] for a in results["by_action"].values()) == 12 and "grade" in results["stage_seconds"]
+    assert results["threads"]["2"]["same_outcomes"] is True and results["threads"]["2"]["speedup"] > 0
+
+
+def test_the_hosted_lm_serves_threads_and_writes_nothing_unless_asked(wide, tmp_path, monkeypatch, capsys):
+    bench = load("crag_vs_rag")
+    monkeypatch.setattr(load("harness"), "RESULTS", tmp_path / "results")
+    root, chroma = wide
+    argv = ["--domain-dir", str(root), "--chroma-path", str(chroma), "--web-search", "offline"]
+    assert bench.main([*argv, "--hosted-latency", "0.001", "--threads", "2", "--limit", "4"]) == 0
+    printed = capsys.readouterr().out
+    assert "4 test questions of `wide`" in printed and "same outcomes: True" in printed
+    assert not (tmp_path / "results").exists()
+
+
+def test_crag_vs_rag_refuses_bad_counts(capsys):
+    bench = load("crag_vs_rag")
+    for flag in ("--threads", "--limit"):
+        with pytest.raises(SystemExit) as exit_:
+            bench.main([flag, "0"])
+        assert exit_.value.code == 2 and f"{flag} must be at least 1" in capsys.readouterr().err
+
+
+# --- thresholds.py ----------------------------------------------------------------------------------------
+
+
+def test_synthetic_tuning_finds_the_brute_force_optimum_without_the_lm(tmp_path):
+    bench = load("thresholds")
+    out = tmp_path / "t.json"
+    assert bench.main(["--questions", "30", "--seeds", "2", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results["questions"] == 30 and set(results["summary"]) == {"in memory", "journal file"}
+    for storage, m in results["summary"].items():
+        assert m["lm_calls"] == 0 and m["worst_optimum_minus_brute_force"] == 0.0, storage
+        assert m["grid_points"] > 0 and m["grid_points_per_second"] > 0
+    assert len(results["runs"]["journal file"]) == 2
+
+
+def test_brute_force_tries_every_breakpoint():
+    bench = load("thresholds")
+
+    def q(best, correct_action):
+        correct = {a: a == correct_action for a in ("CORRECT", "AMBIGUOUS", "INCORRECT")}
+        return QuestionRoutes("q", [best, 0.0], dict.fromkeys(correct, ""), correct, {}, "other")
+
+    # CORRECT above 0.8, INCORRECT below 0.2, AMBIGUOUS between: only thresholds near the grades get all.
+    routes = [q(0.9, "CORRECT"), q(0.5, "AMBIGUOUS"), q(0.1, "INCORRECT")]
+    assert bench.brute_force_optimum(routes) == 1.0
+    routes.append(q(0.5, "CORRECT"))  # the same best grade, another action: one of the two must lose
+    assert bench.brute_force_optimum(routes) == 0.75
+
+
+def table(best, correct, requests):
+    return RouteTable.build([[b] for b in best], correct, requests)
+
+
+def test_tie_rules_are_scored_on_held_out_questions():
+    bench = load("thresholds")
+    c = {"CORRECT": True, "AMBIGUOUS": True, "INCORRECT": False}
+    cost = {"CORRECT": 2, "AMBIGUOUS": 9, "INCORRECT": 6}
+    val = table([0.2, 0.5, 0.9], [c, c, c], [cost] * 3)  # any upper <= 0.2 or band is optimal on val
+    test = table([0.25, 0.95], [{**c, "CORRECT": False, "INCORRECT": True}, c], [cost] * 2)
+    assert bench.cheapest_first(val)[1] <= 0.2  # everything CORRECT: the fewest requests
+    results = bench.tie_rules(val, test, (0.3, 0.7))
+    names = [r["rule"] for r in results["rows"]]
+    assert (
+        names[0] == "defaults 0.3 / 0.7"
+        and names[1].startswith("shipped rule (")
+        and names[2] == "cheapest first"
+    )
+    by_name = {r["rule"]: r for r in results["rows"]}
+    assert by_name["defaults 0.3 / 0.7"]["test_accuracy"] == 1.0  # INCORRECT, then CORRECT
+    assert by_name["defaults 0.3 / 0.7"]["val_accuracy"] == pytest.approx(2 / 3)  # not optimal on val
+    assert by_name["cheapest first"]["test_accuracy"] == 0.5  # the first question goes CORRECT, wrongly
+    assert by_name["cheapest first"]["test_requests_per_question"] == 2.0
+    assert results["val_questions"] == 3 and results["test_questions"] == 2 and len(results["paired"]) == 3
+    pair = next(p for p in results["paired"] if p["b"] == "cheapest first" and p["a"].startswith("defaults"))
+    assert (pair["only_a"], pair["only_b"], pair["p"]) == (1, 0, 1.0)
+
+
+def test_tie_rules_of_a_program_on_its_domain(tmp_path):
+    bench = load("thresholds")
+    root = make_domain(tmp_path / "tiny")
+    lm = ScriptedLM(tiny_script)
+    crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm)
+    path = save_program(crag, tmp_path / "program.json", {"domain": "tiny"})
+    out = tmp_path / "t.json"
+    argv = ["--program", str(path), "--domain-dir", str(root), "--chroma-path", str(tmp_path / "chroma")]
+    assert bench.main([*argv, "--web-search", "offline", "--out", str(out)], lm=lm) == 0
+    results = json.loads(out.read_text())["results"]
+    tiny = load_domain(root)
+    assert results["domain"] == "tiny" and results["program"] == str(path)
+    assert results["val_questions"] == sum(q.split == "val" for q in tiny.qa)
+    assert results["test_questions"] == sum(q.split == "test" for q in tiny.qa)
+    assert [r["test_accuracy"] for r in results["rows"]] == [1.0] * 3  # the scripted LM never errs
+
+
+# --- ingestion.py -----------------------------------------------------------------------------------------
+
+
+class FakeEmbedder:
+    name = "fake"
+
+    def __init__(self):
+        self.texts = 0
+
+    def encode(self, texts, **kwargs):
+        self.texts += len(texts)
+        vectors = np.array([[len(t) % 7 + 1.0, t.count(" ") + 1.0, 1.0] for t in texts])
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors if kwargs.get("convert_to_numpy") else vectors.tolist()
+
+
+def test_ingestion_compares_ingest_with_the_raw_encode_of_the_same_passages(tmp_path):
+    bench = load("ingestion")
+    domain = load_domain(make_domain(tmp_path / "tiny"))
+    docs = bench.documents(domain, 2)
+    assert len(docs) == 2 * (len(domain.corpus) + len(domain.web)) == len({d.id for d in docs})
+    texts = bench.passages(docs, domain.config.chunk_words)
+    embedder, model = FakeEmbedder(), FakeEmbedder()
+    r = bench.measure(domain, 2, 2, embedder=embedder, model=model)
+    assert r["passages"] == len(texts) and len(r["raw_seconds"]) == len(r["ingest_seconds"]) == 2
+    assert r["ratio"] == pytest.approx(r["ingest_passages_per_s"] / r["raw_encode_passages_per_s"])
+    # Both sides embedded every passage once per round (and once more traced, and a warm-up).
+    assert model.texts == 2 * len(texts) + min(64, len(texts))
+    assert embedder.texts == 3 * len(texts) + min(64, len(texts))
+    assert r["peak_python_alloc_during_ingest_mib"] > 0
+
+
+def test_ingestion_refuses_bad_counts(capsys):
+    with pytest.raises(SystemExit):
+        load("ingestion").main(["--rounds", "0"])
+    assert "--copies and --rounds must be at least 1" in capsys.readouterr().err
+
+
+# --- engines.py -------------------------------------------------------------------------------------------
+
+
+def test_engines_time_the_same_work_and_compare_what_they_answered(tmp_path):
+    bench = load("engines")
+    domain = load_domain(make_domain(tmp_path / "tiny"))
+    lm = ScriptedLM(tiny_script)
+    crag = CRAG(ListRetriever([("kb-0", "The zeta code is Z100.")]), ListWebSearch(), lm=lm)
+    work = bench.work_for(crag, domain, pairs=4, answers=2)
+    assert len(work["grader"]) == 4 and len(work["questions"]) == 2 and work["strips"]
+    run = bench.run_engine(crag, lm, work, progress=False)
+    assert len(run["grader"]) == 4 and all(0 <= s <= 1 for s in run["grader"])
+    assert len(run["answers"]) == 2 and run["grader_s_per_call"] >= 0
+    # One warm-up, then one call per pair, per strip and per answer.
+    assert len(lm.calls) == 1 + 4 + len(work["strips"]) + 2
+
+
+def test_engines_summary_compares_every_engine_with_the_first():
+    bench = load("engines")
+    base = {"grader": [0.9, 0.2, None], "strip_filter": [0.6], "answers": ["a", "b"]}
+    runs = {
+        "ik_llama": {
+            **base,
+            "grader_s_per_call": 0.5,
+            "strip_filter_s_per_call": 1.0,
+            "plain_rag_s_per_question": 5.0,
+        },
+        "xllamacpp": {
+            "grader": [0.8, 0.6, 0.4],
+            "strip_filter": [0.6],
+            "answers": ["a", "c"],
+            "grader_s_per_call": 0.8,
+            "strip_filter_s_per_call": 1.5,
+            "plain_rag_s_per_question": 8.0,
+        },
+    }
+    s = bench.summarize(runs)
+    assert s["baseline"] == "ik_llama"
+    assert s["grader_s_per_call"]["ratio_to_baseline"] == {"xllamacpp": pytest.approx(1.6)}
+    assert s["plain_rag_s_per_question"]["xllamacpp"] == 8.0
+    grader = s["grader_p_yes"]["xllamacpp"]
+    assert grader["n"] == 2 and grader["flips_at_0.5"] == 1 and grader["max_abs_diff"] == pytest.approx(0.4)
+    assert s["strip_filter_p_yes"]["xllamacpp"]["mean_abs_diff"] == 0.0
+    assert s["plain_rag_same_answers"] == {"xllamacpp": 1}
+
+
+def test_engines_flags(tmp_path, capsys):
+    bench = load("engines")
+    assert bench.child_argv(
+        ["--pairs", "4", "--other-build", "/a", "--other-build=/b", "--answers", "2"]
+    ) == [
+        "--pairs",
+        "4",
+        "--answers",
+        "2",
+    ]
+    with pytest.raises(SystemExit):
+        bench.main(["--engines", "llamafile"])
+    assert "--engines takes some of" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.main(["--other-build", str(tmp_path)])
+    assert "no xllamacpp package in it" in capsys.readouterr().err

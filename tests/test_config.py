@@ -1,0 +1,63 @@
+"""CRAGConfig: one frozen, validated config with one default per setting, from code, env or a domain."""
+
+import doctest
+
+import pytest
+from fakes import ListRetriever, ListWebSearch
+from pydantic import ValidationError
+
+import crag_dspy.config
+from crag_dspy import CRAG, CRAGConfig, Settings
+from crag_dspy.domain import DomainConfig
+
+
+def test_the_modules_examples_run():
+    assert doctest.testmod(crag_dspy.config).failed == 0
+
+
+def test_config_is_frozen_and_replace_validates():
+    config = CRAGConfig()
+    with pytest.raises(ValidationError, match="frozen"):
+        config.k = 3
+    assert config.replace(k=3).k == 3 and config.k == 5
+    assert config.replace(grader_view={"sentences": 0}).grader_view.sentences == 0
+    with pytest.raises(ValidationError, match="must not exceed upper"):
+        config.replace(lower=0.8)
+    with pytest.raises(ValidationError, match="extra"):
+        CRAGConfig(fallback_web_strips=1)  # a removed setting is an error, not silently ignored
+
+
+def test_settings_embed_it_and_read_nested_environment_variables(monkeypatch):
+    monkeypatch.setenv("CRAG_CONFIG__K", "8")
+    monkeypatch.setenv("CRAG_CONFIG__GRADER_VIEW__SENTENCES", "0")
+    monkeypatch.setenv("CRAG_CONFIG__LM_CALLS__USE_LOGPROBS", "false")
+    config = Settings().config
+    assert (config.k, config.grader_view.sentences, config.lm_calls.use_logprobs) == (8, 0, False)
+    monkeypatch.setenv("CRAG_CONFIG__UPPER", "0.1")
+    with pytest.raises(ValidationError, match="must not exceed upper"):
+        Settings()
+
+
+def test_a_domain_fixes_only_what_its_toml_sets():
+    config = CRAGConfig(k=9, sentences_per_strip=4)
+    assert DomainConfig(name="abc").crag_config(config) == config
+    fixed = DomainConfig(name="abc", k=3, sentences_per_strip=2).crag_config(config)
+    assert (fixed.k, fixed.sentences_per_strip) == (3, 2)
+
+
+def test_crag_runs_with_its_config():
+    crag = CRAG(ListRetriever([]), ListWebSearch(), CRAGConfig(lower=0.2, upper=0.6, lm_calls={"retries": 0}))
+    assert (crag.thresholds.lower, crag.thresholds.upper) == (0.2, 0.6)
+    assert crag.grader.retries == crag.strip_filter.retries == 0
+    assert crag.grader.view is not None and crag.grader.view.sentences == 1
+    crag.config = crag.config.replace(grader_view={"sentences": 0}, upper=0.9)
+    assert crag.grader.view is None and crag.thresholds.upper == 0.9
+
+
+def test_a_moved_or_misspelt_setting_is_never_silently_ignored(monkeypatch, caplog):
+    with pytest.raises(TypeError, match=r"unknown settings \['k'\].*CRAG_CONFIG__K"):
+        Settings(k=3)
+    monkeypatch.setenv("CRAG_GRADE_SENTENCES", "0")
+    with caplog.at_level("WARNING", logger="crag_dspy.settings"):
+        Settings()
+    assert "CRAG_GRADE_SENTENCES" in caplog.text
