@@ -6,7 +6,7 @@ import copy
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import dspy
 from dspy.predict.parameter import Parameter
@@ -29,7 +29,16 @@ from .trace import CRAGTrace, DocumentGrade, InternalRound, StripRecord, TraceRe
 from .untrusted import sanitize_passage, sanitize_web_result
 from .validation import normalize_question
 
-__all__ = ["CRAG", "UNKNOWN_ANSWER", "QuestionRun", "RetryRound", "Thresholds", "knowledge_for"]
+__all__ = [
+    "CRAG",
+    "UNKNOWN_ANSWER",
+    "QuestionRun",
+    "RetryRound",
+    "RouteStages",
+    "Thresholds",
+    "follow_route",
+    "knowledge_for",
+]
 
 UNKNOWN_ANSWER = "I don't know"
 _SHARED = frozenset({"retriever", "web_search", "lm", "embedder"})
@@ -58,6 +67,33 @@ class RetryRound:
             action=action.value,
             error=self.error,
         )
+
+
+class RouteStages(Protocol):
+    """The stages a route is assembled from. :class:`CRAG` computes them for one question's run;
+    the compile's threshold replay and the evaluation's variants serve them from shared, cached
+    pieces (``optimize.shared_work.CRAGPieces``). Both route with :func:`follow_route`."""
+
+    def external(self) -> list[Strip] | None:
+        """Refined web knowledge; None when web search produced nothing."""
+        ...
+
+    def internal(self) -> list[Strip]:
+        """Refined internal knowledge."""
+        ...
+
+    def answer(self, internal: list[Strip], external: list[Strip]) -> str:
+        """The answer from exactly this knowledge."""
+        ...
+
+
+def follow_route(action: Action, stages: RouteStages) -> str:
+    """The answer ``action`` leads to, computing only the stages it needs: web knowledge for the
+    actions that use the web, internal knowledge for those that use it and whenever web search
+    produced nothing; then the context :func:`knowledge_for` assembles."""
+    external = stages.external() if action.uses_web else None
+    internal = stages.internal() if action.uses_internal or external is None else []
+    return stages.answer(*knowledge_for(action, internal, external))
 
 
 def knowledge_for(
@@ -219,13 +255,7 @@ class CRAG(dspy.Module):
                 passages, scores, query = self.retry_internal(question, passages, scores, run)
                 action = decide_action(scores, *bounds)
             run.trace.action = action.value
-            external = self.external_knowledge(question, run, query=query) if action.uses_web else None
-            internal: list[Strip] = []
-            if action.uses_internal or external is None:
-                if action is Action.INCORRECT:
-                    run.fallback("web search gave nothing; answered from internal knowledge instead")
-                internal = self.internal_knowledge(question, passages, scores, run)
-            self.generate(question, *knowledge_for(action, internal, external), run)
+            follow_route(action, _RunStages(self, question, passages, scores, query, run))
         return run.prediction()
 
     # -- stages (public so that threshold tuning can run each once and re-route offline) ------------
@@ -257,7 +287,7 @@ class CRAG(dspy.Module):
                 passages = self._untrusted(
                     self.retriever.retrieve(question, self.config.k), sanitize_passage, run
                 )
-            except Exception as exc:  # noqa: BLE001 - any store failure becomes one typed error
+            except Exception as exc:
                 message = f"retriever {run.trace.retriever} failed: {describe_error(exc)}"
                 run.error(message)
                 raise RetrievalError(run.trace.errors[-1], run.trace) from exc
@@ -596,3 +626,26 @@ class CRAG(dspy.Module):
             run.lm.failed(stage, judgement.lm_error)
         else:
             run.lm.succeeded()
+
+
+@dataclass
+class _RunStages:
+    """:class:`RouteStages` of one question's run: each stage computed on demand, into its trace."""
+
+    crag: CRAG
+    question: str
+    passages: list[Passage]
+    scores: list[float | None]
+    query: str | None  # the web query, when the internal retries wrote it already
+    run: QuestionRun
+
+    def external(self) -> list[Strip] | None:
+        return self.crag.external_knowledge(self.question, self.run, query=self.query)
+
+    def internal(self) -> list[Strip]:
+        if self.run.trace.action == Action.INCORRECT.value:
+            self.run.fallback("web search gave nothing; answered from internal knowledge instead")
+        return self.crag.internal_knowledge(self.question, self.passages, self.scores, self.run)
+
+    def answer(self, internal: list[Strip], external: list[Strip]) -> str:
+        return self.crag.generate(self.question, internal, external, self.run)

@@ -25,7 +25,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from crag_dspy.baselines import passage_strips
-from crag_dspy.module import CRAG, RetryRound, knowledge_for
+from crag_dspy.module import CRAG, RetryRound, follow_route
 from crag_dspy.protocols import Passage, Retriever, WebResult, WebSearch
 from crag_dspy.retry import route_with_retries
 from crag_dspy.routing import Action
@@ -493,13 +493,11 @@ class CRAGPieces:
         select: bool = True,
         rounds: Sequence[RetryRound] = (),
     ) -> str:
-        """The answer that ``action`` leads to, computing only the pieces it needs, as ``CRAG.forward``
-        does (web knowledge only for actions that use it; internal knowledge also when the web gave none),
-        with internal knowledge from the passages of the internal retry ``rounds`` too (:meth:`retry_route`)."""
-        external = self.external(question, rewrite=rewrite, select=select) if action.uses_web else None
-        use_internal = action.uses_internal or external is None
-        internal = self.internal(question, refine=refine, rounds=rounds) if use_internal else []
-        return self.answer(question, *knowledge_for(action, internal, external))
+        """The answer that ``action`` leads to, by the module's own rule (:func:`follow_route`) over
+        these pieces, with internal knowledge from the passages of the internal retry ``rounds`` too
+        (:meth:`retry_route`); ``refine``, ``rewrite`` and ``select`` turn stages off (the paper's
+        ablations)."""
+        return follow_route(action, _PieceStages(self, question, refine, rewrite, select, tuple(rounds)))
 
     def _stage(self, key: Hashable, question: str, stage: Callable[[str, TraceRecorder], T]) -> T:
         def compute() -> T:
@@ -511,3 +509,24 @@ class CRAGPieces:
             return value
 
         return self.work.get(key, compute)
+
+
+@dataclass(frozen=True)
+class _PieceStages:
+    """:class:`~crag_dspy.module.RouteStages` served from a program's shared pieces."""
+
+    pieces: CRAGPieces
+    question: str
+    refine: bool
+    rewrite: bool
+    select: bool
+    rounds: tuple[RetryRound, ...]
+
+    def external(self) -> list[Strip] | None:
+        return self.pieces.external(self.question, rewrite=self.rewrite, select=self.select)
+
+    def internal(self) -> list[Strip]:
+        return self.pieces.internal(self.question, refine=self.refine, rounds=self.rounds)
+
+    def answer(self, internal: list[Strip], external: list[Strip]) -> str:
+        return self.pieces.answer(self.question, internal, external)
