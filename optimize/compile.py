@@ -45,8 +45,8 @@ from .datasets import (
     spread,
     strip_examples,
 )
-from .evaluation import evaluate_program, judge_outcomes
 from .grade_source import GRADER_CHOICES, JudgeScores, choose_grade_source, evaluator_on_strips
+from .measure import evaluate_program, judge_outcomes
 from .metrics import answer_matches, beats_beyond_noise, binary_report, wilson_interval
 from .parallel import check_num_threads, map_questions
 from .report import plot_landscape, write_report

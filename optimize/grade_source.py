@@ -233,7 +233,7 @@ def program_grades(
     """What ``crag`` grades each (question, document) example, through its grade source, as
     :meth:`CRAG.grade_documents <crag_dspy.module.CRAG.grade_documents>` would with the pair's
     retrieval similarity; the LLM judge is asked only when the grade source uses it."""
-    from .evaluation import judge_outcomes
+    from .measure import judge_outcomes
 
     grading = crag.grading
     outcomes = (

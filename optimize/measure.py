@@ -1,4 +1,5 @@
-"""Run judges and whole programs over labelled sets and measure them (LM calls included)."""
+"""Measure judges and whole programs on labelled sets (LM calls included): the library the compile
+and the grade-source stage run them with. The evaluation's command line is ``optimize.evaluate``."""
 
 from __future__ import annotations
 
