@@ -17,10 +17,10 @@ from .answer_form import attach_unit
 from .config import CRAGConfig
 from .embeddings import Embedder
 from .faults import LMHealth, LMUnavailableError, RetrievalError, classify_lm_error, describe_error
-from .focus import SentenceFocus
 from .generation import text_config, text_format
-from .grading import Grading
-from .judging import BinaryJudge, Judgement
+from .judges.fusion import Grading
+from .judges.llm import BinaryJudge, Judgement
+from .judges.view import SentenceFocus
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
 from .retry import is_new_query
 from .routing import QUESTION_TYPES, Action, decide_action, question_type, validate_thresholds

@@ -21,13 +21,13 @@ import dspy
 
 from crag_dspy.app import assemble
 from crag_dspy.baselines import PlainRAG
-from crag_dspy.calibration import Calibration, fit_calibration
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain, QAPair
 from crag_dspy.embeddings import bundled_model_path
-from crag_dspy.evaluator import TrainingConfig, check_encoder_folder
 from crag_dspy.faults import CRAGRunError
-from crag_dspy.judging import BinaryJudge, Judgement
+from crag_dspy.judges.calibration import Calibration, fit_calibration
+from crag_dspy.judges.evaluator import TrainingConfig, check_encoder_folder
+from crag_dspy.judges.llm import BinaryJudge, Judgement
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.lm.engine import describe_engine
 from crag_dspy.module import CRAG
