@@ -35,8 +35,8 @@ from crag_dspy import CRAG
 from crag_dspy.config import CRAGConfig
 from crag_dspy.embeddings import Embedder
 from optimize.datasets import answers_by_question, relevance_examples, strip_examples
-from optimize.evaluation import judge_scores
 from optimize.grade_source import measured, program_grades
+from optimize.measure import judge_scores
 from optimize.metrics import bootstrap_auc_interval, contains_answer, mcnemar_exact, roc_auc
 
 SCRIPT = "grader_quality"

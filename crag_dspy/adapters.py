@@ -14,10 +14,14 @@ from typing import Any
 from dspy.adapters.base import Adapter
 from dspy.utils.exceptions import AdapterParseError
 
-from .scoring import NO_WORDS, YES_WORDS
 from .untrusted import neutralize
 
-__all__ = ["LabelAdapter", "TextAdapter"]
+__all__ = ["NO_WORDS", "YES_WORDS", "LabelAdapter", "TextAdapter"]
+
+# The words a judge's one-word reply is read as: the label format's vocabulary, also where the judges
+# look for P(yes) among the first token's log-probabilities (crag_dspy.judges.scoring).
+YES_WORDS = frozenset({"yes", "true", "y"})
+NO_WORDS = frozenset({"no", "false", "n"})
 
 
 class _FieldsAdapter(Adapter):

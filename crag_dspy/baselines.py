@@ -9,8 +9,7 @@ import dspy
 
 from signatures import AnswerFromContext, AnswerWithoutContext
 
-from .answer_form import attach_unit
-from .generation import text_format
+from .generation import attach_unit, text_format
 from .protocols import Passage, Retriever
 from .strips import Strip, format_context
 

@@ -30,7 +30,7 @@ _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
 class GraderView(BaseModel):
-    """What the LLM grader reads of a passage (:class:`~crag_dspy.focus.SentenceFocus`)."""
+    """What the LLM grader reads of a passage (:class:`~crag_dspy.judges.view.SentenceFocus`)."""
 
     model_config = _FROZEN
 

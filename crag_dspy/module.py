@@ -13,14 +13,13 @@ from dspy.predict.parameter import Parameter
 
 from signatures import AnswerFromContext, FilterStrip, GradeDocument, ReviseQuery, RewriteQuery
 
-from .answer_form import attach_unit
 from .config import CRAGConfig
 from .embeddings import Embedder
 from .faults import LMHealth, LMUnavailableError, RetrievalError, classify_lm_error, describe_error
-from .focus import SentenceFocus
-from .generation import text_config, text_format
-from .grading import Grading
-from .judging import BinaryJudge, Judgement
+from .generation import attach_unit, clean_answer, clean_query, text_config, text_format
+from .judges.fusion import Grading
+from .judges.llm import BinaryJudge, Judgement
+from .judges.view import SentenceFocus
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
 from .retry import is_new_query
 from .routing import QUESTION_TYPES, Action, decide_action, question_type, validate_thresholds
@@ -104,17 +103,6 @@ def knowledge_for(
     if action is Action.CORRECT or external is None:
         return internal, []
     return ([] if action is Action.INCORRECT else internal), external
-
-
-def _before_marker(value: object) -> str:
-    # Small models sometimes run the adapter's completion marker into a value ("6 months [[ ## completed").
-    return str(value).split("[[", 1)[0]
-
-
-def _clean_query(pred: dspy.Prediction | None) -> str:
-    """A rewriter's or reviser's query on one line, without quotes or stray separators ("" for none)."""
-    raw = _before_marker(pred.query) if pred is not None and pred.query else ""
-    return " ".join(raw.split()).strip(" ;\"'")[:300]
 
 
 class QuestionRun(TraceRecorder):
@@ -382,7 +370,7 @@ class CRAG(dspy.Module):
             pred = self._predict_with_retries(
                 self.reviser, "query revision", run, question=question, tried_queries="\n".join(tried)
             )
-        query = _clean_query(pred)
+        query = clean_query(pred)
         if not query:
             run.fallback("query revision failed; the internal retries ended")
             return None
@@ -556,7 +544,7 @@ class CRAG(dspy.Module):
 
     def _rewrite(self, question: str, run: QuestionRun) -> str:
         pred = self._predict_with_retries(self.rewriter, "query rewrite", run, question=question)
-        query = _clean_query(pred)
+        query = clean_query(pred)
         if not query:
             run.fallback("query rewrite failed; searched with the question itself")
             return question
@@ -571,7 +559,7 @@ class CRAG(dspy.Module):
             run.fallback(f"no knowledge survived refinement{detail}; answered without calling the LM")
             return UNKNOWN_ANSWER
         pred = self._predict_with_retries(self.answerer, "answer", run, question=question, context=context)
-        answer = _before_marker(pred.answer).strip() if pred is not None and pred.answer else ""
+        answer = clean_answer(pred)
         if not answer:
             # No made-up "I don't know": the knowledge was there, the LM failed to use it.
             raise LMUnavailableError(

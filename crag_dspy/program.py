@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from . import __version__
 from .config import CRAGConfig
-from .evaluator import EvaluatorError, RelevanceEvaluator
+from .judges.evaluator import EvaluatorError, RelevanceEvaluator
 from .module import CRAG
 
 __all__ = [

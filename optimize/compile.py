@@ -21,13 +21,13 @@ import dspy
 
 from crag_dspy.app import assemble
 from crag_dspy.baselines import PlainRAG
-from crag_dspy.calibration import Calibration, fit_calibration
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain, QAPair
 from crag_dspy.embeddings import bundled_model_path
-from crag_dspy.evaluator import TrainingConfig, check_encoder_folder
 from crag_dspy.faults import CRAGRunError
-from crag_dspy.judging import BinaryJudge, Judgement
+from crag_dspy.judges.calibration import Calibration, fit_calibration
+from crag_dspy.judges.evaluator import TrainingConfig, check_encoder_folder
+from crag_dspy.judges.llm import BinaryJudge, Judgement
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.lm.engine import describe_engine
 from crag_dspy.module import CRAG
@@ -45,8 +45,8 @@ from .datasets import (
     spread,
     strip_examples,
 )
-from .evaluation import evaluate_program, judge_outcomes
 from .grade_source import GRADER_CHOICES, JudgeScores, choose_grade_source, evaluator_on_strips
+from .measure import evaluate_program, judge_outcomes
 from .metrics import answer_matches, beats_beyond_noise, binary_report, wilson_interval
 from .parallel import check_num_threads, map_questions
 from .report import plot_landscape, write_report

@@ -3,7 +3,7 @@
 The compile has already compiled the LLM judge (:func:`optimize.compile._compile_judge`) and knows
 its scores on the val pairs and on the held-out train pairs its calibration was fitted on. This stage:
 
-1. trains the evaluator (:mod:`crag_dspy.evaluator`) on the train pairs of the other questions, with
+1. trains the evaluator (:mod:`crag_dspy.judges.evaluator`) on the train pairs of the other questions, with
    all train pairs of the held-out questions to choose the epoch (no question feeds both);
 2. fits ``evaluator`` (a logistic map of its logit) on those held-out pairs, and ``fused`` (LLM score,
    evaluator logit and retrieval similarity) on the held-out pairs the LLM judge scored;
@@ -28,8 +28,9 @@ import dspy
 from tqdm.auto import tqdm
 
 from crag_dspy.embeddings import Embedder
-from crag_dspy.evaluator import EvaluatorError, RelevanceEvaluator, TrainingConfig, train_evaluator
-from crag_dspy.grading import fit_linear_score, fused_signals
+from crag_dspy.judges.evaluator import EvaluatorError, RelevanceEvaluator, TrainingConfig, train_evaluator
+from crag_dspy.judges.fusion import fit_linear_score, fused_signals
+from crag_dspy.judges.protocols import PairScorer
 
 from .metrics import binary_report, bootstrap_auc_interval, wilson_interval
 
@@ -233,7 +234,7 @@ def program_grades(
     """What ``crag`` grades each (question, document) example, through its grade source, as
     :meth:`CRAG.grade_documents <crag_dspy.module.CRAG.grade_documents>` would with the pair's
     retrieval similarity; the LLM judge is asked only when the grade source uses it."""
-    from .evaluation import judge_outcomes
+    from .measure import judge_outcomes
 
     grading = crag.grading
     outcomes = (
@@ -254,7 +255,7 @@ def program_grades(
     ]
 
 
-def evaluator_on_strips(evaluator: RelevanceEvaluator, val: list[dspy.Example]) -> dict[str, Any]:
+def evaluator_on_strips(evaluator: PairScorer, val: list[dspy.Example]) -> dict[str, Any]:
     """How well the grader's evaluator ranks the strip filter's val pairs (could one model serve both?)."""
     gold = [int(bool(e.keep)) for e in val]
     logits = evaluator.logits([(e.question, e.strip) for e in val])

@@ -25,6 +25,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from crag_dspy.baselines import passage_strips
+from crag_dspy.judges.protocols import Judge
 from crag_dspy.module import CRAG, RetryRound, follow_route
 from crag_dspy.protocols import Passage, Retriever, WebResult, WebSearch
 from crag_dspy.retry import route_with_retries
@@ -290,15 +291,16 @@ class SharedWork:
 
 
 class SharedJudge:
-    """A judge (grader or strip filter) whose every judgement is a shared piece: the same strip of the
-    same question is judged once, whichever knowledge (internal or web, any query) it came from.
+    """A :class:`~crag_dspy.judges.protocols.Judge` (grader or strip filter) whose every judgement is a
+    shared piece: the same strip of the same question is judged once, whichever knowledge (internal or
+    web, any query) it came from. It is a ``Judge`` itself.
 
     Judgements are keyed by what they depend on (``BinaryJudge.judged_inputs``): what the LM is shown
     and the evidence the calibration weighs, so two passages that the grader's sentence focus cuts to
     the same excerpt are one judgement unless their evidence differs.
     """
 
-    def __init__(self, judge: Callable[..., dspy.Prediction], work: SharedWork, key: str):
+    def __init__(self, judge: Judge, work: SharedWork, key: str):
         self.judge, self.work, self.key = judge, work, key
 
     def __call__(self, **inputs: str) -> dspy.Prediction:

@@ -7,8 +7,8 @@ import dspy
 import pytest
 from fakes import ScriptedLM
 
-from crag_dspy.calibration import Calibration, fit_calibration
-from crag_dspy.judging import BinaryJudge
+from crag_dspy.judges.calibration import Calibration, fit_calibration
+from crag_dspy.judges.llm import BinaryJudge
 from signatures import GradeDocument
 
 GRID = [0.0, 1e-9, 0.01, 0.2, 0.5, 0.7, 0.99, 1.0]

@@ -127,7 +127,7 @@ def test_ambiguous_answers_from_internal_knowledge_when_no_web_strip_survived():
 
 
 def test_trace_shows_the_evidence_a_compiled_grader_and_strip_filter_weighed():
-    from crag_dspy.calibration import Calibration
+    from crag_dspy.judges.calibration import Calibration
 
     script = make_script({}, {"90 days": 0.95}, answer="every 90 days")
     crag = CRAG(ListRetriever([("kb-1", BAD)]), ListWebSearch([WEB]), lm=ScriptedLM(script))

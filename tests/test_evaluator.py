@@ -15,7 +15,7 @@ from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 
 from crag_dspy import CRAG
 from crag_dspy.config import CRAGConfig, GraderView
-from crag_dspy.evaluator import (
+from crag_dspy.judges.evaluator import (
     EvaluatorError,
     RelevanceEvaluator,
     TrainingConfig,
@@ -23,7 +23,7 @@ from crag_dspy.evaluator import (
     verify_folder,
     weights_manifest,
 )
-from crag_dspy.grading import Grading, LinearScore, fit_linear_score
+from crag_dspy.judges.fusion import Grading, LinearScore, fit_linear_score
 from crag_dspy.program import ProgramError, apply_program, read_program, save_program
 from optimize.grade_source import JudgeScores, choose_grade_source
 

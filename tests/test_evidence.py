@@ -2,7 +2,7 @@
 
 import pytest
 
-from crag_dspy.evidence import (
+from crag_dspy.judges.evidence import (
     EVIDENCE_FEATURES,
     FITTED_FEATURES,
     content_terms,

@@ -7,7 +7,7 @@ from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 
 from crag_dspy import CRAG
 from crag_dspy.config import CRAGConfig, GraderView
-from crag_dspy.focus import SentenceFocus, focus_document, ranked_excerpt, top_sentences
+from crag_dspy.judges.view import SentenceFocus, focus_document, ranked_excerpt, top_sentences
 from crag_dspy.program import apply_program, save_program
 
 QUESTION = "What is the hotel cap of Travel Policy v4?"

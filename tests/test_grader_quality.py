@@ -13,10 +13,10 @@ from test_compile import make_domain
 from test_focus import CountingEmbedder
 
 from crag_dspy import CRAG
-from crag_dspy.calibration import Calibration
 from crag_dspy.config import CRAGConfig
 from crag_dspy.domain import load_domain
-from crag_dspy.focus import SentenceFocus
+from crag_dspy.judges.calibration import Calibration
+from crag_dspy.judges.view import SentenceFocus
 from crag_dspy.program import read_program, save_program
 from optimize.datasets import relevance_examples, strip_examples
 from optimize.grade_source import program_grades

@@ -142,7 +142,7 @@ def test_the_engines_agree_on_judgements(model_path):
     pytest.importorskip("xllamacpp")
     import dspy
 
-    from crag_dspy.judging import BinaryJudge
+    from crag_dspy.judges.llm import BinaryJudge
     from crag_dspy.lm import build_lm
     from signatures import GradeDocument
 

@@ -215,7 +215,7 @@ def test_rejected_key_stops_at_once_and_never_shows_the_key():
 
 def test_batch_evaluation_and_threshold_precompute_count_a_failed_question_as_wrong_and_go_on():
     from crag_dspy.domain import QAPair
-    from optimize.evaluation import evaluate_program
+    from optimize.measure import evaluate_program
     from optimize.thresholds import precompute_routes
 
     def fault(n, body):  # the LM fails only on answering the second question

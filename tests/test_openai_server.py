@@ -127,7 +127,7 @@ def test_response_is_an_openai_chat_completion():
 
 
 def test_a_judge_reads_p_yes_and_cached_tokens_through_litellm(served):
-    from crag_dspy.judging import BinaryJudge
+    from crag_dspy.judges.llm import BinaryJudge
     from signatures import GradeDocument
 
     engine, base = served

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from crag_dspy.scoring import clamp_score, yes_probability
+from crag_dspy.judges.scoring import clamp_score, yes_probability
 
 
 def lp(*tokens, top=None):

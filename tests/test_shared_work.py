@@ -153,7 +153,7 @@ def test_stage_knobs_original_query_and_unselected_web_strips():
 
 
 def test_passages_with_one_excerpt_share_a_judgement_unless_their_evidence_differs():
-    from crag_dspy.calibration import Calibration
+    from crag_dspy.judges.calibration import Calibration
     from optimize.shared_work import SharedJudge
 
     lm = ScriptedLM(script)

@@ -1,8 +1,10 @@
-"""attach_unit: a bare-number answer gets the unit its context states (pure, no model)."""
+"""The generation module's pure functions: clean-up of the rewriter's, reviser's and answerer's replies,
+and attach_unit (a bare-number answer gets the unit its context states). No model."""
 
+import dspy
 import pytest
 
-from crag_dspy.answer_form import attach_unit, is_bare_number
+from crag_dspy.generation import attach_unit, before_marker, clean_answer, clean_query, is_bare_number
 
 
 @pytest.mark.parametrize(
@@ -68,3 +70,35 @@ def test_is_bare_number(answer, bare):
 )
 def test_attach_unit(answer, context, expected):
     assert attach_unit(answer, context) == expected
+
+
+def test_before_marker_cuts_a_run_in_completion_marker():
+    assert before_marker("6 months [[ ## completed ## ]]") == "6 months "
+    assert before_marker("no marker") == "no marker"
+    assert before_marker(42) == "42"
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ('  "WQ-17 sensor\n recalibration interval";  ', "WQ-17 sensor recalibration interval"),
+        ("hotel cap per night [[ ## completed ## ]]", "hotel cap per night"),
+        ("x" * 400, "x" * 300),  # at most 300 characters
+        ("", ""),
+        (None, ""),
+    ],
+)
+def test_clean_query(query, expected):
+    assert clean_query(dspy.Prediction(query=query)) == expected
+
+
+def test_clean_query_and_answer_of_no_prediction_are_empty():
+    assert clean_query(None) == "" and clean_answer(None) == ""
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [(" 260 velds [[ ## completed", "260 velds"), ("  Lisbrook\n", "Lisbrook"), ("", ""), (None, "")],
+)
+def test_clean_answer(answer, expected):
+    assert clean_answer(dspy.Prediction(answer=answer)) == expected

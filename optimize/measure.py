@@ -1,4 +1,5 @@
-"""Run judges and whole programs over labelled sets and measure them (LM calls included)."""
+"""Measure judges and whole programs on labelled sets (LM calls included): the library the compile
+and the grade-source stage run them with. The evaluation's command line is ``optimize.evaluate``."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import dspy
 from tqdm.auto import tqdm
 
 from crag_dspy.faults import CRAGRunError
-from crag_dspy.judging import Judgement
+from crag_dspy.judges.llm import Judgement
+from crag_dspy.judges.protocols import Judge
 from crag_dspy.trace import StageUsage, usage_from_tracker
 
 from .metrics import BinaryReport, answer_matches, binary_report
@@ -19,13 +21,13 @@ __all__ = ["ProgramEvaluation", "evaluate_judge", "evaluate_program", "judge_out
 
 
 def judge_outcomes(
-    judge: dspy.Module,
+    judge: Judge,
     examples: Sequence[dspy.Example],
     *,
     desc: str,
     progress: bool = True,
 ) -> list[Judgement]:
-    """One :class:`~crag_dspy.judging.Judgement` per example, in input order."""
+    """One :class:`~crag_dspy.judges.llm.Judgement` per example, in input order."""
     # Sorted by question so consecutive calls share the cached prompt prefix; results keep input order.
     order = sorted(range(len(examples)), key=lambda i: examples[i].question)
     outcomes: list[Judgement | None] = [None] * len(examples)
@@ -35,7 +37,7 @@ def judge_outcomes(
 
 
 def judge_scores(
-    judge: dspy.Module,
+    judge: Judge,
     examples: Sequence[dspy.Example],
     *,
     desc: str,
@@ -45,7 +47,7 @@ def judge_scores(
 
 
 def evaluate_judge(
-    judge: dspy.Module, examples: Sequence[dspy.Example], label: str, *, desc: str, progress: bool = True
+    judge: Judge, examples: Sequence[dspy.Example], label: str, *, desc: str, progress: bool = True
 ) -> BinaryReport:
     scores = judge_scores(judge, examples, desc=desc, progress=progress)
     return binary_report(scores, [int(bool(e[label])) for e in examples])

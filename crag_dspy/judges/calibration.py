@@ -6,7 +6,7 @@ but its P(yes) is biased, and few-shot demos shift that bias further (docs/compi
 to where the labels say it is. It is monotone, so the ranking (and AUC) is untouched, and it costs no
 LM call at run time or when it is fitted on scores the compile has already computed.
 
-A calibration may also weigh lexical evidence (:mod:`crag_dspy.evidence`: how many of the question's
+A calibration may also weigh lexical evidence (:mod:`crag_dspy.judges.evidence`: how many of the question's
 terms and numbers the judged text holds), ``sigmoid(slope * logit(p) + sum(w_i * f_i) + intercept)``.
 That changes the ranking, which is the point: the LM reads an excerpt, the evidence the whole text.
 The score stays increasing in the model's P(yes) for any fixed text (the slope is always positive).

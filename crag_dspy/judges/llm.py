@@ -16,13 +16,13 @@ from typing import Any
 
 import dspy
 
-from .adapters import LabelAdapter
+from ..adapters import LabelAdapter
+from ..faults import classify_lm_error, describe_error
 from .calibration import Calibration
 from .evidence import FITTED_FEATURES, evidence_features
-from .faults import classify_lm_error, describe_error
 from .scoring import clamp_score, yes_probability
 
-__all__ = ["BinaryJudge", "Judgement", "LabelAdapter"]
+__all__ = ["BinaryJudge", "Judgement"]
 
 _judging = contextvars.ContextVar("crag_dspy_judging", default=False)
 
@@ -62,7 +62,7 @@ class BinaryJudge(dspy.Module):
     survive ``save``/``load`` (compiled sub-modules vanish from saved state; bare predictors do not).
     ``calibration`` maps P(yes) to the reported score; it is fitted by ``optimize.compile`` and is the
     identity until then; a calibration that weighs lexical evidence reads it from the whole inputs,
-    not the view. ``view`` (e.g. :class:`~crag_dspy.focus.SentenceFocus`) maps the inputs to what
+    not the view. ``view`` (e.g. :class:`~crag_dspy.judges.view.SentenceFocus`) maps the inputs to what
     the LM is shown, so every caller (CRAG, the compile, the evaluation) judges the same view.
     """
 
@@ -105,7 +105,7 @@ class BinaryJudge(dspy.Module):
     def evidence(self, inputs: dict[str, Any], *, weighed_only: bool = True) -> dict[str, float] | None:
         """The lexical evidence of ``inputs`` (the question and the whole judged text) that the
         calibration weighs, None when it weighs none; with ``weighed_only`` False, the features a new
-        calibration is fitted on (:data:`~crag_dspy.evidence.FITTED_FEATURES`)."""
+        calibration is fitted on (:data:`~crag_dspy.judges.evidence.FITTED_FEATURES`)."""
         if weighed_only and not self.calibration.uses_evidence:
             return None
         question, text = (str(inputs[name]) for name in list(self.predict.signature.input_fields)[:2])

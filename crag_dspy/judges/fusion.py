@@ -70,7 +70,7 @@ def fit_linear_score(
     rows: Sequence[Mapping[str, float]], labels: Sequence[int | bool], *, c: float = 1.0
 ) -> LinearScore:
     """Logistic regression of ``labels`` on the signals of ``rows`` (all rows name the same signals),
-    as :func:`~crag_dspy.calibration.logistic_fit` fits it. Raises ValueError with fewer than 2
+    as :func:`~crag_dspy.judges.calibration.logistic_fit` fits it. Raises ValueError with fewer than 2
     examples of either label."""
     if len(rows) != len(labels):
         raise ValueError(f"{len(rows)} signal rows for {len(labels)} labels")
@@ -163,7 +163,7 @@ class Grading(Parameter):
     def attach(self, program_dir: Path) -> None:
         """Verify and load the evaluator weights named by the manifest, relative to ``program_dir``.
 
-        Raises :class:`~crag_dspy.evaluator.EvaluatorError` naming the file that is missing or altered.
+        Raises :class:`~crag_dspy.judges.evaluator.EvaluatorError` naming the file that is missing or altered.
         """
         if self.manifest is None or self.evaluator is not None:
             return

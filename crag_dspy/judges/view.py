@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from .embeddings import Embedder
-from .strips import split_sentences
+from ..embeddings import Embedder
+from ..strips import split_sentences
 
 __all__ = [
     "SentenceFocus",

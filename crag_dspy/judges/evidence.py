@@ -1,10 +1,10 @@
 """Lexical evidence that a text answers a question: which of the question's terms and numbers it holds.
 
-The grader's LM reads only an excerpt of each passage (``crag_dspy.focus``), and a 1.5B model's
+The grader's LM reads only an excerpt of each passage (``crag_dspy.judges.view``), and a 1.5B model's
 P(yes) misses passages that hold the question's specific terms outside that excerpt, or that name
 another model number or year. How much of the question a passage covers is a cheap, complementary
 signal; ``optimize.compile`` learns how much to trust it next to the LM's P(yes)
-(:class:`~crag_dspy.calibration.Calibration`), and keeps it only when it helps on val. On the default
+(:class:`~crag_dspy.judges.calibration.Calibration`), and keeps it only when it helps on val. On the default
 domain's 232 val pairs, a calibration fitted on 64 train pairs with the whole-text word and number
 coverage took the grader from 82.8% to 89.7% accuracy (ROC AUC 0.900 -> 0.940); the best single
 sentence's coverage added ~1.3 points more; counting codes with digits ("5X") among the numbers
@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 
-from .strips import split_sentences
+from ..strips import split_sentences
 
 __all__ = [
     "EVIDENCE_FEATURES",

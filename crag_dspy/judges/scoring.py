@@ -6,10 +6,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["NO_WORDS", "YES_WORDS", "clamp_score", "yes_probability"]
+from ..adapters import NO_WORDS, YES_WORDS
 
-YES_WORDS = frozenset({"yes", "true", "y"})
-NO_WORDS = frozenset({"no", "false", "n"})
+__all__ = ["clamp_score", "yes_probability"]
 
 
 def _get(obj: Any, key: str, default: Any = None) -> Any:
