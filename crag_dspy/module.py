@@ -31,15 +31,19 @@ from .validation import normalize_question
 __all__ = [
     "CRAG",
     "UNKNOWN_ANSWER",
+    "WEB_RESERVE_STRIPS",
     "QuestionRun",
     "RetryRound",
     "RouteStages",
     "Thresholds",
+    "WebKnowledge",
     "follow_route",
     "knowledge_for",
 ]
 
 UNKNOWN_ANSWER = "I don't know"
+WEB_RESERVE_STRIPS = 1
+"""Web strips below the strip threshold kept in reserve for a route left with no other knowledge."""
 _SHARED = frozenset({"retriever", "web_search", "lm", "embedder"})
 
 
@@ -68,12 +72,21 @@ class RetryRound:
         )
 
 
+@dataclass(frozen=True)
+class WebKnowledge:
+    """Refined web knowledge: ``strips`` reached the strip threshold; ``reserve`` holds the best-scored
+    judged strip below it, which an answer falls back to only when no other knowledge survived."""
+
+    strips: list[Strip]
+    reserve: list[Strip] = field(default_factory=list)
+
+
 class RouteStages(Protocol):
     """The stages a route is assembled from. :class:`CRAG` computes them for one question's run;
     the compile's threshold replay and the evaluation's variants serve them from shared, cached
     pieces (``optimize.shared_work.CRAGPieces``). Both route with :func:`follow_route`."""
 
-    def external(self) -> list[Strip] | None:
+    def external(self) -> WebKnowledge | None:
         """Refined web knowledge; None when web search produced nothing."""
         ...
 
@@ -96,13 +109,23 @@ def follow_route(action: Action, stages: RouteStages) -> str:
 
 
 def knowledge_for(
-    action: Action, internal: list[Strip], external: list[Strip] | None
+    action: Action, internal: list[Strip], external: WebKnowledge | None
 ) -> tuple[list[Strip], list[Strip]]:
     """The (internal, external) strips an action answers from; ``external`` is None when web search
-    produced nothing, and then INCORRECT falls back to internal knowledge."""
+    produced nothing, and then INCORRECT falls back to internal knowledge.
+
+    When nothing else survived refinement, the web's reserve strip is the context: the route searched
+    the web because internal knowledge looked wrong, and a small model's strip filter scores the strip
+    that answers close to its threshold (measured on both domains, docs/experiments.md). Next to
+    surviving internal knowledge it is left out: on the default domain it made the 1.5B model doubt
+    answers it had.
+    """
     if action is Action.CORRECT or external is None:
         return internal, []
-    return ([] if action is Action.INCORRECT else internal), external
+    inside = [] if action is Action.INCORRECT else internal
+    if inside or external.strips:
+        return inside, external.strips
+    return inside, external.reserve
 
 
 class QuestionRun(TraceRecorder):
@@ -444,7 +467,7 @@ class CRAG(dspy.Module):
                     if len(pieces) == 1 and not below:
                         # The grader already judged this passage whole: asking again would be the same question.
                         reuse[strips[-1]] = score
-            kept, run.trace.internal_strips = self._filter(question, strips, reuse, run)
+            kept, _, run.trace.internal_strips = self._filter(question, strips, reuse, run)
         return kept
 
     def rewrite_query(self, question: str, run: QuestionRun) -> str:
@@ -455,7 +478,7 @@ class CRAG(dspy.Module):
 
     def external_knowledge(
         self, question: str, run: QuestionRun, *, query: str | None = None, select: bool = True
-    ) -> list[Strip] | None:
+    ) -> WebKnowledge | None:
         """Rewrite, search, decompose and filter web results; None when web search produced nothing.
 
         ``query`` searches with that query instead of rewriting the question, and ``select=False`` keeps
@@ -483,8 +506,10 @@ class CRAG(dspy.Module):
                 for rank, r in enumerate(results)
                 for i, text in enumerate(decompose(r.content, self.config.sentences_per_strip))
             ]
-            kept, trace.external_strips = self._filter(question, strips, {}, run, select=select)
-        return kept
+            kept, reserve, trace.external_strips = self._filter(
+                question, strips, {}, run, select=select, reserve=WEB_RESERVE_STRIPS
+            )
+        return WebKnowledge(kept, reserve)
 
     def generate(self, question: str, internal: list[Strip], external: list[Strip], run: QuestionRun) -> str:
         """Answer from the refined, source-tagged knowledge only."""
@@ -501,8 +526,10 @@ class CRAG(dspy.Module):
         run: QuestionRun,
         *,
         select: bool = True,
-    ) -> tuple[list[Strip], list[StripRecord]]:
-        """(kept strips, trace records)."""
+        reserve: int = 0,
+    ) -> tuple[list[Strip], list[Strip], list[StripRecord]]:
+        """(kept strips, the best-scored strips below the threshold that make up ``reserve`` strips in
+        all, trace records)."""
         # (strip, score, where the score came from, lexical evidence the strip filter weighed)
         scored: list[tuple[Strip, float | None, str, dict[str, float] | None]] = []
         for strip in strips:
@@ -525,6 +552,9 @@ class CRAG(dspy.Module):
             select_strips(pairs, self.config.strip_threshold, self.config.max_strips) if select else strips
         )
         kept_set = set(kept)
+        cfg = self.config
+        spare = select_strips(pairs, cfg.strip_threshold, cfg.max_strips, at_least=reserve) if select else []
+        spare = recompose(s for s in spare if s not in kept_set)
         records = [
             StripRecord(
                 source=s.source,
@@ -540,7 +570,20 @@ class CRAG(dspy.Module):
             )
             for s, score, origin, evidence in scored
         ]
-        return kept, records
+        return kept, spare, records
+
+    def note_reserve_used(self, reserve: list[Strip], run: QuestionRun) -> None:
+        """Mark the web's reserve strips kept in the trace and say why the answer reads them."""
+        # A web page can come back as several results under one URL, each starting at position 0.
+        used = {(s.doc_id, s.position, s.text) for s in reserve}
+        records = [r for r in run.trace.external_strips if (r.doc_id, r.position, r.text) in used]
+        for record in records:
+            record.kept = True
+        scores = ", ".join(f"{r.score:.2f}" for r in records if r.score is not None)
+        run.fallback(
+            f"no knowledge reached the strip threshold {self.config.strip_threshold}; answered from the "
+            f"best-scored web strips below it ({scores})"
+        )
 
     def _rewrite(self, question: str, run: QuestionRun) -> str:
         pred = self._predict_with_retries(self.rewriter, "query rewrite", run, question=question)
@@ -626,9 +669,11 @@ class _RunStages:
     scores: list[float | None]
     query: str | None  # the web query, when the internal retries wrote it already
     run: QuestionRun
+    web: WebKnowledge | None = None
 
-    def external(self) -> list[Strip] | None:
-        return self.crag.external_knowledge(self.question, self.run, query=self.query)
+    def external(self) -> WebKnowledge | None:
+        self.web = self.crag.external_knowledge(self.question, self.run, query=self.query)
+        return self.web
 
     def internal(self) -> list[Strip]:
         if self.run.trace.action == Action.INCORRECT.value:
@@ -636,4 +681,6 @@ class _RunStages:
         return self.crag.internal_knowledge(self.question, self.passages, self.scores, self.run)
 
     def answer(self, internal: list[Strip], external: list[Strip]) -> str:
+        if self.web is not None and external and external == self.web.reserve:
+            self.crag.note_reserve_used(external, self.run)
         return self.crag.generate(self.question, internal, external, self.run)

@@ -106,15 +106,17 @@ class Strip:
 
 
 def select_strips(
-    scored: Sequence[tuple[Strip, float | None]], threshold: float, max_strips: int
+    scored: Sequence[tuple[Strip, float | None]], threshold: float, max_strips: int, *, at_least: int = 0
 ) -> list[Strip]:
     """Keep strips scoring >= threshold, at most ``max_strips`` of the highest (ties: earlier first).
 
+    When fewer than ``at_least`` reach the threshold, the highest-scoring others make up the number.
     Unknown scores (None) are never kept: a strip the filter could not judge is not trusted as context.
     """
-    known = [(s, score) for s, score in scored if score is not None and score >= threshold]
+    known = [(s, score) for s, score in scored if score is not None]
     known.sort(key=lambda item: (-item[1], item[0].rank, item[0].position))
-    return [s for s, _ in known[:max_strips]]
+    passing = sum(score >= threshold for _, score in known)
+    return [s for s, _ in known[: min(max(passing, at_least), max_strips)]]
 
 
 def recompose(strips: Iterable[Strip]) -> list[Strip]:

@@ -26,7 +26,7 @@ from dspy.utils.callback import BaseCallback
 
 from crag_dspy.baselines import passage_strips
 from crag_dspy.judges.protocols import Judge
-from crag_dspy.module import CRAG, RetryRound, follow_route
+from crag_dspy.module import CRAG, RetryRound, WebKnowledge, follow_route
 from crag_dspy.protocols import Passage, Retriever, WebResult, WebSearch
 from crag_dspy.retry import route_with_retries
 from crag_dspy.routing import Action
@@ -468,7 +468,7 @@ class CRAGPieces:
             return question
         return self._stage(("rewrite", question, self._rewriter), question, self.crag.rewrite_query)
 
-    def external(self, question: str, *, rewrite: bool = True, select: bool = True) -> list[Strip] | None:
+    def external(self, question: str, *, rewrite: bool = True, select: bool = True) -> WebKnowledge | None:
         """Selected (or with ``select=False`` all) web strips for the rewritten (or original) question;
         None when web search produced nothing."""
         query = self.web_query(question, rewrite=rewrite)
@@ -524,7 +524,7 @@ class _PieceStages:
     select: bool
     rounds: tuple[RetryRound, ...]
 
-    def external(self) -> list[Strip] | None:
+    def external(self) -> WebKnowledge | None:
         return self.pieces.external(self.question, rewrite=self.rewrite, select=self.select)
 
     def internal(self) -> list[Strip]:

@@ -139,7 +139,7 @@ def run_variant(
         return Outcome(p.answer(question, passage_strips(p.retrieve(question)), []))
     if variant.kind == "rag_web":
         web = p.external(question, rewrite=False, select=False)
-        return Outcome(p.answer(question, passage_strips(p.retrieve(question)), web or []))
+        return Outcome(p.answer(question, passage_strips(p.retrieve(question)), web.strips if web else []))
     retries = p.crag.config.internal_retries if variant.internal_retries is None else variant.internal_retries
     _, rounds = p.retry_route(question, retries)
     # The rounds ran on the program's own actions; an ablation then removes an action from the last one.

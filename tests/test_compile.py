@@ -232,12 +232,12 @@ def test_precompute_answers_each_distinct_context_once():
     # Standalone LM requests per action: 2 grades, + a rewrite and the web strip's judgement for the
     # web actions, + an answer unless no knowledge survived refinement ("b"'s documents are both graded
     # irrelevant: the better-graded one, kb-1 by rank, still reaches the strip filter, which drops it;
-    # "a"'s web strip is about omega and dropped, so nothing survives).
+    # "a"'s web strip is about omega and dropped, so INCORRECT answers from it as the web's reserve).
     for web, answer_calls, requests in (
         (
             ListWebSearch([WebResult("O", "u", "The omega code is W700.")]),
             6,
-            [{"CORRECT": 3, "AMBIGUOUS": 5, "INCORRECT": 4}, {"CORRECT": 3, "AMBIGUOUS": 6, "INCORRECT": 5}],
+            [{"CORRECT": 3, "AMBIGUOUS": 5, "INCORRECT": 5}, {"CORRECT": 3, "AMBIGUOUS": 6, "INCORRECT": 5}],
         ),
         (
             ListWebSearch([]),

@@ -105,25 +105,77 @@ WEB_TWO = [
 ]
 
 
-def test_when_no_strip_reaches_the_threshold_the_answer_is_unknown_without_an_lm_call():
+def test_when_no_strip_reaches_the_threshold_incorrect_answers_from_the_best_web_strip():
     script = make_script({}, {"90 days": 0.41, "day ticket": 0.2}, answer="every 90 days")
     pred, lm = run([("kb-1", BAD)], script, web=ListWebSearch(WEB_TWO))
     assert pred.action == Action.INCORRECT.value
     assert [(s.doc_id, s.kept, s.score) for s in pred.trace.external_strips] == [
         ("https://fares.example", False, 0.2),
-        ("https://ihsc.example/wq17", False, 0.41),
+        ("https://ihsc.example/wq17", True, 0.41),  # the trace says what the answer was built from
     ]
-    assert answer_contexts(lm) == [] and pred.answer == "I don't know"
-    assert any("no knowledge survived refinement" in f for f in pred.trace.fallbacks)
+    (context,) = answer_contexts(lm)
+    assert context == "[web] (WQ-17) IHSC WQ-17 requires recalibration every 90 days."
+    assert pred.answer == "every 90 days"
+    assert pred.trace.fallbacks == [
+        "no knowledge reached the strip threshold 0.5; answered from the best-scored web strips below it (0.41)"
+    ]
 
 
-def test_ambiguous_answers_from_internal_knowledge_when_no_web_strip_survived():
+def test_the_trace_marks_only_the_reserve_strip_kept_when_results_share_a_url():
+    page = "https://wiki.example/Kestrel"
+    web = ListWebSearch(
+        [WebResult("K", page, "The CEO is Iver Hask."), WebResult("K", page, "It was founded in 2009.")]
+    )
+    pred, lm = run(
+        [("kb-1", BAD)], make_script({}, {"Iver": 0.41, "founded": 0.39}, answer="Iver Hask"), web=web
+    )
+    assert [(s.position, s.kept) for s in pred.trace.external_strips] == [(0, True), (0, False)]
+    assert answer_contexts(lm) == ["[web] (K) The CEO is Iver Hask."]
+    assert pred.trace.fallbacks[-1].endswith("below it (0.41)")
+
+
+def test_ambiguous_uses_the_web_reserve_only_when_no_internal_knowledge_survived():
     script = make_script({"0 to 25": 0.5}, {"90 days": 0.41, "0 to 25": 0.9})
     pred, lm = run([("kb-1", GOOD)], script)
     assert pred.action == Action.AMBIGUOUS.value
     (context,) = answer_contexts(lm)
-    assert context.startswith("[internal]") and "[web]" not in context
+    assert context.startswith("[internal]") and "[web]" not in context  # internal knowledge, no reserve
     assert not pred.trace.fallbacks and not pred.trace.external_strips[0].kept
+
+    # graded below the strip threshold, so the strip filter judges it (and drops it)
+    script = make_script({"0 to 25": 0.45}, {"90 days": 0.41, "0 to 25": 0.1})
+    pred, lm = run([("kb-1", GOOD)], script)
+    assert pred.action == Action.AMBIGUOUS.value
+    (context,) = answer_contexts(lm)
+    assert context.startswith("[web] (WQ-17)") and "[internal]" not in context
+    assert any("best-scored web strips below it (0.41)" in f for f in pred.trace.fallbacks)
+
+
+def test_the_web_reserve_never_holds_an_unjudged_strip():
+    def script(system, user):
+        if "You judge short knowledge strips" in system and "day ticket" in field(user, "strip"):
+            return "perhaps"  # never a yes/no: unknown
+        if "You judge short knowledge strips" in system:
+            return 0.3
+        return make_script({}, {}, answer="every 90 days")(system, user)
+
+    pred, lm = run([("kb-1", BAD)], script, web=ListWebSearch(WEB_TWO), retries=0)
+    assert [s.kept for s in pred.trace.external_strips] == [False, True]
+    (context,) = answer_contexts(lm)
+    assert "day ticket" not in context and "90 days" in context
+    assert any("strip filter failed" in e for e in pred.trace.errors)
+
+
+def test_a_route_with_no_strip_judged_answers_unknown_without_an_lm_call():
+    def script(system, user):
+        if "You judge short knowledge strips" in system:
+            return "perhaps"  # no strip could be judged: nothing to trust, not even in reserve
+        return make_script({}, {}, answer="every 90 days")(system, user)
+
+    pred, lm = run([("kb-1", BAD)], script, web=ListWebSearch(WEB_TWO), retries=0)
+    assert pred.action == Action.INCORRECT.value and pred.answer == "I don't know"
+    assert answer_contexts(lm) == []
+    assert any("no knowledge survived refinement" in f for f in pred.trace.fallbacks)
 
 
 def test_trace_shows_the_evidence_a_compiled_grader_and_strip_filter_weighed():
@@ -240,16 +292,23 @@ def test_deepcopy_shares_infrastructure_but_not_state():
 
 
 def test_knowledge_for_each_action():
-    from crag_dspy.module import knowledge_for
+    from crag_dspy.module import WebKnowledge, knowledge_for
 
-    internal, web = ["kb"], ["web"]
-    assert knowledge_for(Action.CORRECT, internal, web) == (internal, [])
-    assert knowledge_for(Action.INCORRECT, internal, web) == ([], web)
-    assert knowledge_for(Action.AMBIGUOUS, internal, web) == (internal, web)
-    assert knowledge_for(Action.AMBIGUOUS, [], web) == ([], web)
-    assert knowledge_for(Action.AMBIGUOUS, internal, []) == (internal, [])  # no web strip survived
+    internal, web, reserve = ["kb"], ["web"], ["weak web"]
+    for external in (WebKnowledge(web), WebKnowledge(web, reserve)):
+        assert knowledge_for(Action.CORRECT, internal, external) == (internal, [])
+        assert knowledge_for(Action.INCORRECT, internal, external) == ([], web)
+        assert knowledge_for(Action.AMBIGUOUS, internal, external) == (internal, web)
+        assert knowledge_for(Action.AMBIGUOUS, [], external) == ([], web)
     assert knowledge_for(Action.INCORRECT, internal, None) == (internal, [])  # web gave nothing
     assert knowledge_for(Action.AMBIGUOUS, internal, None) == (internal, [])
+    # Nothing reached the strip threshold: the reserve, but never next to internal knowledge.
+    weak = WebKnowledge([], reserve)
+    assert knowledge_for(Action.INCORRECT, internal, weak) == ([], reserve)
+    assert knowledge_for(Action.AMBIGUOUS, [], weak) == ([], reserve)
+    assert knowledge_for(Action.AMBIGUOUS, internal, weak) == (internal, [])
+    assert knowledge_for(Action.CORRECT, [], weak) == ([], [])
+    assert knowledge_for(Action.INCORRECT, internal, WebKnowledge([])) == ([], [])
 
 
 def test_completion_marker_run_into_the_answer_is_cut_off():

@@ -141,7 +141,7 @@ def test_stage_knobs_original_query_and_unselected_web_strips():
     crag = CRAG(ListRetriever([("kb-1", BAD)]), web, CRAGConfig(k=1), lm=lm)
     run = crag.new_run(Q)
     with crag.lm_scope(run.trace):
-        strips = crag.external_knowledge(Q, run, query=Q, select=False)
+        strips = crag.external_knowledge(Q, run, query=Q, select=False).strips
     assert web.queries == [Q]
     assert [s.doc_id for s in strips] == ["https://x.example", "https://c.example"]  # nothing dropped
     assert lm.calls == []  # no rewrite, no strip judged
@@ -173,16 +173,16 @@ def test_passages_with_one_excerpt_share_a_judgement_unless_their_evidence_diffe
     assert first.score > second.score
 
 
-def test_a_route_with_no_surviving_knowledge_answers_exactly_as_forward_does():
-    # The web's only strip scores 0.1: below the strip threshold, so nothing survives refinement.
+def test_a_route_answers_from_the_web_reserve_exactly_as_forward_does():
+    # The web's only strip scores 0.1: below the strip threshold, so it is the reserve.
     web = WebResult("Fares", "https://f.example", "A day ticket costs 9 velds.")
     crag = CRAG(ListRetriever([("kb-1", BAD)]), ListWebSearch([web]), CRAGConfig(k=1), lm=ScriptedLM(script))
     pred = crag(question=Q)
     assert pred.action == Action.INCORRECT.value
-    assert pred.trace.context == "" and pred.answer == "I don't know"
+    assert pred.trace.context == "[web] (Fares) A day ticket costs 9 velds."
 
     lm = ScriptedLM(script)
     crag.lm = lm
     assert CRAGPieces(crag, SharedWork()).route(Q, Action.INCORRECT) == pred.answer
     contexts = [field(user, "context") for system, user in lm.calls if "Answer the question" in system]
-    assert contexts == []
+    assert contexts == [pred.trace.context]

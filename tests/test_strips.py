@@ -60,6 +60,20 @@ def test_select_strips_threshold_topk_and_unknown():
     assert [s.text for s in select_strips(tie, 0.5, 1)] == ["y"]
 
 
+def test_select_strips_makes_up_at_least_the_best_below_the_threshold():
+    a, b, c, d = (_strip(t, rank=i) for i, t in enumerate("abcd"))
+    scored = [(a, 0.9), (b, 0.49), (c, None), (d, 0.5)]
+    assert select_strips(scored, 0.5, 5, at_least=1) == [a, d]  # enough pass: nothing added
+    assert select_strips(scored, 0.95, 5, at_least=0) == []
+    assert select_strips(scored, 0.95, 5, at_least=1) == [a]
+    assert select_strips(scored, 0.95, 5, at_least=2) == [a, d]
+    assert select_strips(scored, 0.95, 5, at_least=4) == [a, d, b]  # unknown is never kept
+    assert select_strips(scored, 0.95, 1, at_least=2) == [a]  # max_strips still caps
+    assert select_strips([(a, None), (b, None)], 0.5, 5, at_least=1) == []
+    tie = [(_strip("x", rank=2), 0.1), (_strip("y", rank=1), 0.1)]
+    assert [s.text for s in select_strips(tie, 0.5, 5, at_least=1)] == ["y"]
+
+
 def test_recompose_restores_original_order():
     strips = [
         _strip("r1p1", rank=1, position=1),
