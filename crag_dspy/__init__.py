@@ -9,8 +9,6 @@ import os
 # use, which stalls 5 s and warns on machines without network. An explicit user setting wins.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "true")
 
-__version__ = "0.1.0"
-
 from .app import build_crag, load_program  # noqa: E402
 from .config import CRAGConfig, GraderView, LMCalls
 from .domain import Domain, DomainDataError, load_domain
@@ -21,6 +19,7 @@ from .retry import route_with_retries
 from .routing import Action, decide_action
 from .settings import Settings
 from .validation import QuestionError, normalize_question
+from .version import __version__ as __version__  # noqa: E402
 
 __all__ = [
     "CRAG",

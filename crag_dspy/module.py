@@ -190,6 +190,9 @@ class CRAG(dspy.Module):
         lm: the LM for every stage; ``None`` uses ``dspy.settings.lm``.
         embedder: sentence embeddings for the grader's view (default: the bundled MiniLM, loaded on
             first use).
+        grader, strip_filter: the LLM judges (:class:`~crag_dspy.judges.llm.BinaryJudge`, e.g. over a
+            signature with other instructions); default: over ``GradeDocument`` and ``FilterStrip``.
+            The config sets their retries, logprobs and the grader's view; a compile tunes them.
 
     The rewriter and answerer reply in :class:`~crag_dspy.adapters.TextAdapter`'s bare format unless
     an adapter is set with ``dspy.context(adapter=...)`` or ``dspy.configure``; the judges always ask
@@ -210,6 +213,8 @@ class CRAG(dspy.Module):
         *,
         lm: dspy.BaseLM | None = None,
         embedder: Embedder | None = None,
+        grader: BinaryJudge | None = None,
+        strip_filter: BinaryJudge | None = None,
     ):
         super().__init__()
         # Plain attributes, not DSPy parameters: they are infrastructure, never saved into program JSON.
@@ -219,8 +224,8 @@ class CRAG(dspy.Module):
         self.embedder = embedder
         # The LLM judge, the trained evaluator or both fused (set by the compile, saved with the program).
         self.grading = Grading()
-        self.grader = BinaryJudge(GradeDocument)
-        self.strip_filter = BinaryJudge(FilterStrip)
+        self.grader = grader if grader is not None else BinaryJudge(GradeDocument)
+        self.strip_filter = strip_filter if strip_filter is not None else BinaryJudge(FilterStrip)
         self.rewriter = dspy.Predict(RewriteQuery)
         # Writes the query of a later internal retry round; never called with internal_retries < 2.
         self.reviser = dspy.Predict(ReviseQuery)

@@ -13,10 +13,10 @@ from typing import Any
 import dspy
 from pydantic import ValidationError
 
-from . import __version__
 from .config import CRAGConfig
 from .judges.evaluator import EvaluatorError, RelevanceEvaluator
 from .module import CRAG
+from .version import __version__
 
 __all__ = [
     "PROGRAM_FORMAT",

@@ -2,7 +2,7 @@
 
 On AMBIGUOUS or INCORRECT, CRAG can search its internal store again with a rewritten query, grade the
 passages it had not graded yet and decide the action again on every grade so far, for at most
-``internal_retries`` rounds (``CRAG(internal_retries=...)``, 0: off); only a route that still uses the
+``internal_retries`` rounds (``CRAGConfig(internal_retries=...)``, 0: off); only a route that still uses the
 web after the rounds searches it. The stages that run a round are ``CRAG.retry_round`` and
 ``CRAG.revise_query``; this module decides when the rounds stop, so that evaluation and threshold
 tuning can re-route rounds already computed without a model.

@@ -68,7 +68,7 @@ class StripRecord(BaseModel):
 
 
 class InternalRound(BaseModel):
-    """One rewrite-and-retry round on the internal store before the web (``CRAG(internal_retries=...)``)."""
+    """One rewrite-and-retry round on the internal store before the web (``CRAGConfig(internal_retries=...)``)."""
 
     round: int = Field(description="1 for the first retry (the question's own retrieval is not a round)")
     query: str = Field(

@@ -18,7 +18,7 @@ Ablations, as in the paper:
 - w/o external-knowledge selection: every web strip is used, none judged or dropped.
 
 Beyond the paper, "CRAG + internal retry" is the program with two rewrite-and-retry rounds on the
-internal store before the web (``CRAG(internal_retries=2)``, :mod:`crag_dspy.retry`): it shares the
+internal store before the web (``CRAGConfig(internal_retries=2)``, :mod:`crag_dspy.retry`): it shares the
 program's grades, web query and web knowledge, and adds only the rounds' retrievals and grades, the
 revised query of round 2, and the refinement and answers of the contexts that change.
 """

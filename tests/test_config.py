@@ -61,3 +61,29 @@ def test_a_moved_or_misspelt_setting_is_never_silently_ignored(monkeypatch, capl
     with caplog.at_level("WARNING", logger="crag_dspy.settings"):
         Settings()
     assert "CRAG_GRADE_SENTENCES" in caplog.text
+
+
+def test_the_judges_can_be_injected_and_the_config_still_drives_them():
+    from fakes import ScriptedLM, field
+
+    from crag_dspy.judges.llm import BinaryJudge
+    from signatures import GradeDocument
+
+    strict = BinaryJudge(GradeDocument.with_instructions("You judge search results strictly."))
+    seen = []
+
+    def script(system, user):
+        if "You judge search results strictly." in system:
+            seen.append(field(user, "document"))
+            return 0.9
+        if "You judge short knowledge strips" in system:
+            return 0.9
+        return {"answer": "fine"}
+
+    config = CRAGConfig(grader_view={"sentences": 0}, lm_calls={"retries": 0})
+    crag = CRAG(
+        ListRetriever([("kb-1", "A fact.")]), ListWebSearch(), config, lm=ScriptedLM(script), grader=strict
+    )
+    assert crag.grader is strict and strict.retries == 0 and strict.view is None
+    assert crag(question="What is it?").action == "CORRECT" and seen == ["kb-1\nA fact."]  # the whole passage
+    assert "grader.predict" in dict(crag.named_predictors())  # the compile tunes the injected judge

@@ -9,8 +9,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from .. import __version__
 from ..faults import describe_error
+from ..version import __version__
 from .schemas import (
     QUESTION_MAX_CHARS,
     AskRequest,

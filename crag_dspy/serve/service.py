@@ -11,11 +11,11 @@ import time
 
 import dspy
 
-from .. import __version__
 from ..app import LoadedProgram
 from ..faults import LMUnavailableError, RetrievalError
 from ..program import program_config
 from ..trace import CRAGTrace
+from ..version import __version__
 from .schemas import AskResponse, Dependency, Health, ProgramInfo
 
 __all__ = ["DependencyError", "ProgramService"]
