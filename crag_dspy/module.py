@@ -314,17 +314,38 @@ class CRAG(dspy.Module):
     def _grade_passages(self, question: str, passages: list[Passage], run: QuestionRun) -> list[float | None]:
         # The trained evaluator scores all the passages in one batched pass, before any LLM call.
         logits = self.grading.evaluator_logits(question, [p.display for p in passages]) if passages else None
+        asked: dict[str, Judgement] = {}  # one LM judgement per distinct text the grader is shown
         return [
-            self._grade(question, passage, None if logits is None else logits[i], run)
+            self._grade(question, passage, None if logits is None else logits[i], run, asked)
             for i, passage in enumerate(passages)
         ]
 
-    def _grade(self, question: str, passage: Passage, logit: float | None, run: QuestionRun) -> float | None:
+    def _judge_once(
+        self, question: str, passage: Passage, asked: dict[str, Judgement]
+    ) -> tuple[Judgement, bool]:
+        """The LLM judgement of ``passage`` and whether the LM was asked for it. Two passages the grader
+        is shown alike (chunks of one document with the same title and best sentence) are one LM
+        request: the second reuses the first's P(yes), calibrated with its own lexical evidence."""
+        inputs = {"question": question, "document": passage.display}
+        shown = str(self.grader.shown_inputs(inputs)[0]["document"])
+        first = asked.get(shown)
+        if first is None:
+            asked[shown] = judgement = self.grader(**inputs).judgement
+            return judgement, True
+        evidence = self.grader.evidence(inputs)
+        return replace(first, score=self.grader.rescore(first, inputs), evidence=evidence), False
+
+    def _grade(
+        self,
+        question: str,
+        passage: Passage,
+        logit: float | None,
+        run: QuestionRun,
+        asked: dict[str, Judgement],
+    ) -> float | None:
         """One passage's grade from the grade source's signals, recorded in the trace."""
-        judgement = (
-            self.grader(question=question, document=passage.display).judgement
-            if self.grading.uses_llm
-            else None
+        judgement, new = (
+            self._judge_once(question, passage, asked) if self.grading.uses_llm else (None, False)
         )
         graded = self.grading.combine(
             judgement.score if judgement else None,
@@ -358,7 +379,8 @@ class CRAG(dspy.Module):
                 )
             if judgement.score is None:
                 run.error(f"grader failed on {passage.doc_id} (treated as unknown): {judgement.errors[-1]}")
-            self._count_lm_outcome(judgement, "grade", run)
+            if new:
+                self._count_lm_outcome(judgement, "grade", run)
         return graded.score
 
     def retry_internal(

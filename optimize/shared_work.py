@@ -308,6 +308,10 @@ class SharedJudge:
         depends_on = judged(inputs) if judged is not None else inputs
         return self.work.get(("judge", self.key, *sorted(depends_on.items())), lambda: self.judge(**inputs))
 
+    def __getattr__(self, name: str) -> Any:
+        # What the module reads of its judge besides calling it (its view, evidence, calibration).
+        return getattr(self.judge, name)
+
 
 class SharedRetriever:
     """A :class:`~crag_dspy.protocols.Retriever` whose results are pieces of a :class:`SharedWork`."""

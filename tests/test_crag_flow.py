@@ -410,3 +410,13 @@ def test_plain_rag_reads_a_bare_number_answer_as_crag_does():
     assert (
         PlainRAG(ListRetriever([("kb-1", PRICE)]), lm=lm, answer_units=False)(question="Cap?").answer == "260"
     )
+
+
+def test_passages_shown_alike_are_one_grader_request():
+    # Two chunks of one document that the grader is shown alike: one LM request, the same grade.
+    same = "The AquaProbe 220 measures 0 to 25 mg/L."
+    pred, lm = run([("kb-1", same), ("kb-1", same)], make_script({"0 to 25": 0.9}))
+    assert len(pred.trace.documents) == 2
+    assert [d.score for d in pred.trace.documents] == [pytest.approx(0.9, abs=1e-6)] * 2
+    assert sum("You judge search results" in system for system, _ in lm.calls) == 1
+    assert len(lm.calls) == len(set(lm.calls))
