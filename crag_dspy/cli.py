@@ -148,10 +148,10 @@ def settings_from_args(args: argparse.Namespace, **extra: Any):
         name: getattr(args, name) for name in _SETTING_FLAGS if getattr(args, name, None) is not None
     }
     overrides.update(extra)
+    settings = Settings(**overrides)
     config = {name: getattr(args, name) for name in _CONFIG_FLAGS if getattr(args, name, None) is not None}
-    if config:
-        overrides["config"] = Settings().config.replace(**config)
-    return Settings(**overrides)
+    # replace() validates the changed config; the rest of the settings were validated above.
+    return settings.model_copy(update={"config": settings.config.replace(**config)}) if config else settings
 
 
 _SOURCE_NAMES = {
@@ -233,9 +233,7 @@ def program_from_args(args: argparse.Namespace, *, lm=None, progress: bool = Tru
         )
     if loaded.compiled and getattr(args, "internal_retries", None) is not None:
         crag = loaded.crag
-        thresholds = crag.thresholds.dump_state()  # a new config resets them; the program's stay
         crag.config = crag.config.replace(internal_retries=settings.config.internal_retries)
-        crag.thresholds.load_state(thresholds)
     return loaded
 
 

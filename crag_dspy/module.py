@@ -134,6 +134,8 @@ class QuestionRun(TraceRecorder):
     def __init__(self, trace: CRAGTrace):
         super().__init__(trace)
         self.lm = LMHealth(trace)
+        # Each judge's judgements by what it was shown: the LM is asked once per distinct text.
+        self.judged: dict[tuple[str, tuple[tuple[str, Any], ...]], Judgement] = {}
 
 
 class Thresholds(Parameter):
@@ -234,8 +236,9 @@ class CRAG(dspy.Module):
 
     @property
     def config(self) -> CRAGConfig:
-        """The settings this module runs with. Assigning a new one resets the thresholds to its pair
-        (per-type pairs included) and rebuilds the grader's view; demos and calibrations stay."""
+        """The settings this module runs with. Assigning one rebuilds the grader's view; one with another
+        (lower, upper) also resets the thresholds to that pair (per-type pairs included), while one with
+        the same pair keeps tuned thresholds. Demos and calibrations stay."""
         return self._config
 
     @config.setter
@@ -246,7 +249,9 @@ class CRAG(dspy.Module):
         for judge in (self.grader, self.strip_filter):
             judge.use_logprobs, judge.retries = config.lm_calls.use_logprobs, config.lm_calls.retries
         self.grader.view = SentenceFocus(view.sentences, self.embedder) if view.sentences else None
-        self.thresholds = Thresholds(config.lower, config.upper)
+        previous = getattr(self, "_config", None)
+        if previous is None or (previous.lower, previous.upper) != (config.lower, config.upper):
+            self.thresholds = Thresholds(config.lower, config.upper)
         self._config = config
 
     def __deepcopy__(self, memo: dict) -> CRAG:
@@ -314,38 +319,32 @@ class CRAG(dspy.Module):
     def _grade_passages(self, question: str, passages: list[Passage], run: QuestionRun) -> list[float | None]:
         # The trained evaluator scores all the passages in one batched pass, before any LLM call.
         logits = self.grading.evaluator_logits(question, [p.display for p in passages]) if passages else None
-        asked: dict[str, Judgement] = {}  # one LM judgement per distinct text the grader is shown
         return [
-            self._grade(question, passage, None if logits is None else logits[i], run, asked)
+            self._grade(question, passage, None if logits is None else logits[i], run)
             for i, passage in enumerate(passages)
         ]
 
     def _judge_once(
-        self, question: str, passage: Passage, asked: dict[str, Judgement]
+        self, judge: BinaryJudge, stage: str, run: QuestionRun, **inputs: str
     ) -> tuple[Judgement, bool]:
-        """The LLM judgement of ``passage`` and whether the LM was asked for it. Two passages the grader
-        is shown alike (chunks of one document with the same title and best sentence) are one LM
-        request: the second reuses the first's P(yes), calibrated with its own lexical evidence."""
-        inputs = {"question": question, "document": passage.display}
-        shown = str(self.grader.shown_inputs(inputs)[0]["document"])
-        first = asked.get(shown)
+        """``judge``'s judgement of ``inputs`` and whether the LM was asked for it (then the caller counts
+        its outcome, once the trace holds what it judged). The LM is asked once per distinct text a judge
+        is shown in a question (two chunks of one document with the same title and best sentence, a web
+        result that repeats a passage): a repeat reuses the first P(yes), calibrated with its own
+        lexical evidence."""
+        key = (stage, tuple(sorted(judge.shown_inputs(inputs)[0].items())))
+        first = run.judged.get(key)
         if first is None:
-            asked[shown] = judgement = self.grader(**inputs).judgement
+            run.judged[key] = judgement = judge(**inputs).judgement
             return judgement, True
-        evidence = self.grader.evidence(inputs)
-        return replace(first, score=self.grader.rescore(first, inputs), evidence=evidence), False
+        return replace(first, score=judge.rescore(first, inputs), evidence=judge.evidence(inputs)), False
 
-    def _grade(
-        self,
-        question: str,
-        passage: Passage,
-        logit: float | None,
-        run: QuestionRun,
-        asked: dict[str, Judgement],
-    ) -> float | None:
+    def _grade(self, question: str, passage: Passage, logit: float | None, run: QuestionRun) -> float | None:
         """One passage's grade from the grade source's signals, recorded in the trace."""
-        judgement, new = (
-            self._judge_once(question, passage, asked) if self.grading.uses_llm else (None, False)
+        judgement, asked = (
+            self._judge_once(self.grader, "grade", run, question=question, document=passage.display)
+            if self.grading.uses_llm
+            else (None, False)
         )
         graded = self.grading.combine(
             judgement.score if judgement else None,
@@ -379,7 +378,7 @@ class CRAG(dspy.Module):
                 )
             if judgement.score is None:
                 run.error(f"grader failed on {passage.doc_id} (treated as unknown): {judgement.errors[-1]}")
-            if new:
+            if asked:
                 self._count_lm_outcome(judgement, "grade", run)
         return graded.score
 
@@ -566,12 +565,15 @@ class CRAG(dspy.Module):
             if strip in reuse:
                 scored.append((strip, reuse[strip], "document_grade", None))
                 continue
-            judgement = self.strip_filter(question=question, strip=strip.text).judgement
+            judgement, asked = self._judge_once(
+                self.strip_filter, "strip_filter", run, question=question, strip=strip.text
+            )
             if judgement.score is None:
                 run.error(
                     f"strip filter failed on a strip of {strip.doc_id} (dropped): {judgement.errors[-1]}"
                 )
-            self._count_lm_outcome(judgement, "strip_filter", run)
+            if asked:
+                self._count_lm_outcome(judgement, "strip_filter", run)
             origin = "strip_filter" if judgement.score is not None else "error"
             scored.append((strip, judgement.score, origin, judgement.evidence))
         pairs = [(s, score) for s, score, _, _ in scored]

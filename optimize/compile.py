@@ -381,9 +381,7 @@ def _internal_retry_stage(
     without, with_retry = [a for a, _ in pairs], [b for _, b in pairs]
     ship, p = beats_beyond_noise(with_retry, without)
     if ship:
-        thresholds = crag.thresholds.dump_state()  # a new config resets them; the tuned ones stay
         crag.config = crag.config.replace(internal_retries=INTERNAL_RETRY_ROUNDS)
-        crag.thresholds.load_state(thresholds)
     n = len(questions)
     return {
         "rounds": INTERNAL_RETRY_ROUNDS,

@@ -420,3 +420,12 @@ def test_passages_shown_alike_are_one_grader_request():
     assert [d.score for d in pred.trace.documents] == [pytest.approx(0.9, abs=1e-6)] * 2
     assert sum("You judge search results" in system for system, _ in lm.calls) == 1
     assert len(lm.calls) == len(set(lm.calls))
+
+
+def test_a_strip_repeated_by_two_web_results_is_one_strip_filter_request():
+    copy = WebResult("WQ-17 mirror", "https://mirror.example/wq17", WEB.content)
+    pred, lm = run([("kb-1", BAD)], make_script({}, {"90 days": 0.9}), web=ListWebSearch([WEB, copy]))
+    assert pred.action == Action.INCORRECT.value
+    assert [s.score for s in pred.trace.external_strips] == [pytest.approx(0.9, abs=1e-6)] * 2
+    assert sum("You judge short knowledge strips" in system for system, _ in lm.calls) == 1
+    assert len(lm.calls) == len(set(lm.calls))
