@@ -39,8 +39,7 @@ import orjson
 
 from crag_dspy.baselines import PlainRAG
 from crag_dspy.domain import QAPair
-from crag_dspy.lm.ik_engine import Completion, TokenLogprob
-from crag_dspy.lm.openai_server import OpenAIServer
+from crag_dspy.lm import Completion, OpenAIServer, TokenLogprob
 from crag_dspy.trace import usage_from_tracker
 from optimize.datasets import qa_split
 from optimize.metrics import answer_matches, mcnemar_exact
@@ -84,7 +83,7 @@ def fake_reply(system: str, user: str, want_logprobs: bool) -> tuple[str, tuple[
 
 
 class FakeHostedEngine:
-    """A :class:`~crag_dspy.lm.openai_server.ChatEngine` that waits ``latency`` seconds per request, then
+    """A :class:`~crag_dspy.lm.ChatEngine` that waits ``latency`` seconds per request, then
     answers with :func:`fake_reply`; the project's server serves concurrent requests on threads."""
 
     def __init__(self, latency: float):

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 
 from crag_dspy import CRAG, Domain
 from crag_dspy.baselines import PlainRAG
-from crag_dspy.lm.embedded import ENGINES
+from crag_dspy.lm import ENGINES
 from optimize.datasets import qa_split, relevance_examples, spread, strip_examples
 
 SCRIPT = "engines"

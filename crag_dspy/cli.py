@@ -11,8 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .faults import CRAGRunError
-from .lm.embedded import ENGINE_CHOICES
-from .lm.weights import EMBEDDED_MODELS, WeightsError
+from .lm import EMBEDDED_MODELS, ENGINE_CHOICES, WeightsError
 from .redaction import configure_logging, redact
 
 __all__ = [
@@ -274,8 +273,7 @@ def _ask(args: argparse.Namespace) -> int:
 
 
 def _engine(args: argparse.Namespace) -> int:
-    from .lm.embedded import MISSING_ENGINE, resolve_engine
-    from .lm.engine import describe_engine
+    from .lm import MISSING_ENGINE, describe_engine, resolve_engine
 
     # Resolved first: a missing engine is an error that names what to install.
     build = describe_engine(engine=resolve_engine(settings_from_args(args).embedded_engine))

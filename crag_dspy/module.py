@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -32,6 +32,7 @@ __all__ = [
     "CRAG",
     "UNKNOWN_ANSWER",
     "WEB_RESERVE_STRIPS",
+    "JudgementMemo",
     "QuestionRun",
     "RetryRound",
     "RouteStages",
@@ -128,14 +129,38 @@ def knowledge_for(
     return inside, external.reserve
 
 
-class QuestionRun(TraceRecorder):
-    """One question's trace recorder and the health of its LM calls (:class:`~crag_dspy.faults.LMHealth`)."""
+class JudgementMemo(Protocol):
+    """Where a question's judgements are kept, so that the LM is asked once per distinct text a judge is
+    shown. ``key`` is ``(judge, shown)``: the judge's name (``"grade"`` or ``"strip_filter"``) and the
+    sorted items of what it is shown. ``get`` returns the judgement kept under ``key``, calling
+    ``judge()`` for it the first time only.
 
-    def __init__(self, trace: CRAGTrace):
+    A run keeps its own (:class:`QuestionMemo`); the compile's threshold replay and the evaluation
+    share one across the pieces of a question (``optimize.shared_work.CRAGPieces``)."""
+
+    def get(self, key: Hashable, judge: Callable[[], Judgement]) -> Judgement: ...
+
+
+class QuestionMemo:
+    """The :class:`JudgementMemo` of one run: a dictionary."""
+
+    def __init__(self) -> None:
+        self._kept: dict[Hashable, Judgement] = {}
+
+    def get(self, key: Hashable, judge: Callable[[], Judgement]) -> Judgement:
+        if key not in self._kept:
+            self._kept[key] = judge()
+        return self._kept[key]
+
+
+class QuestionRun(TraceRecorder):
+    """One question's trace recorder, the health of its LM calls (:class:`~crag_dspy.faults.LMHealth`)
+    and its judgements (:class:`JudgementMemo`, its own unless one is given)."""
+
+    def __init__(self, trace: CRAGTrace, judgements: JudgementMemo | None = None):
         super().__init__(trace)
         self.lm = LMHealth(trace)
-        # Each judge's judgements by what it was shown: the LM is asked once per distinct text.
-        self.judged: dict[tuple[str, tuple[tuple[str, Any], ...]], Judgement] = {}
+        self.judgements = judgements if judgements is not None else QuestionMemo()
 
 
 class Thresholds(Parameter):
@@ -280,7 +305,8 @@ class CRAG(dspy.Module):
         return run.prediction()
 
     # -- stages (public so that threshold tuning can run each once and re-route offline) ------------
-    def new_run(self, question: str) -> QuestionRun:
+    def new_run(self, question: str, *, judgements: JudgementMemo | None = None) -> QuestionRun:
+        """A run of ``question`` with its thresholds; ``judgements`` keeps its judgements (default: its own)."""
         lower, upper, kind = self.thresholds.for_question(question)
         return QuestionRun(
             CRAGTrace(
@@ -291,7 +317,8 @@ class CRAG(dspy.Module):
                 retriever=getattr(self.retriever, "name", type(self.retriever).__name__),
                 web_backend=getattr(self.web_search, "name", type(self.web_search).__name__),
                 internal_retries=self.config.internal_retries,
-            )
+            ),
+            judgements,
         )
 
     def lm_scope(self, trace: CRAGTrace):
@@ -324,25 +351,31 @@ class CRAG(dspy.Module):
             for i, passage in enumerate(passages)
         ]
 
-    def _judge_once(
+    def judge_once(
         self, judge: BinaryJudge, stage: str, run: QuestionRun, **inputs: str
     ) -> tuple[Judgement, bool]:
         """``judge``'s judgement of ``inputs`` and whether the LM was asked for it (then the caller counts
-        its outcome, once the trace holds what it judged). The LM is asked once per distinct text a judge
-        is shown in a question (two chunks of one document with the same title and best sentence, a web
-        result that repeats a passage): a repeat reuses the first P(yes), calibrated with its own
-        lexical evidence."""
-        key = (stage, tuple(sorted(judge.shown_inputs(inputs)[0].items())))
-        first = run.judged.get(key)
-        if first is None:
-            run.judged[key] = judgement = judge(**inputs).judgement
-            return judgement, True
+        its outcome, once the trace holds what it judged). ``stage`` names the judge in the run's
+        :class:`JudgementMemo` (``"grade"`` or ``"strip_filter"``). The LM is asked once per distinct
+        text a judge is shown in a question (two chunks of one document with the same title and best
+        sentence, a web result that repeats a passage): a repeat reuses the first P(yes), calibrated with
+        its own lexical evidence."""
+        asked = False
+
+        def ask() -> Judgement:
+            nonlocal asked
+            asked = True
+            return judge(**inputs).judgement
+
+        first = run.judgements.get((stage, tuple(sorted(judge.shown_inputs(inputs)[0].items()))), ask)
+        if asked:
+            return first, True
         return replace(first, score=judge.rescore(first, inputs), evidence=judge.evidence(inputs)), False
 
     def _grade(self, question: str, passage: Passage, logit: float | None, run: QuestionRun) -> float | None:
         """One passage's grade from the grade source's signals, recorded in the trace."""
         judgement, asked = (
-            self._judge_once(self.grader, "grade", run, question=question, document=passage.display)
+            self.judge_once(self.grader, "grade", run, question=question, document=passage.display)
             if self.grading.uses_llm
             else (None, False)
         )
@@ -565,7 +598,7 @@ class CRAG(dspy.Module):
             if strip in reuse:
                 scored.append((strip, reuse[strip], "document_grade", None))
                 continue
-            judgement, asked = self._judge_once(
+            judgement, asked = self.judge_once(
                 self.strip_filter, "strip_filter", run, question=question, strip=strip.text
             )
             if judgement.score is None:

@@ -28,8 +28,7 @@ from crag_dspy.faults import CRAGRunError
 from crag_dspy.judges.calibration import Calibration, fit_calibration
 from crag_dspy.judges.evaluator import TrainingConfig, check_encoder_folder
 from crag_dspy.judges.llm import BinaryJudge, Judgement
-from crag_dspy.lm import build_lm, lm_identity
-from crag_dspy.lm.engine import describe_engine
+from crag_dspy.lm import build_lm, describe_engine, lm_identity
 from crag_dspy.module import CRAG
 from crag_dspy.program import save_program
 from crag_dspy.redaction import configure_logging, redact

@@ -182,7 +182,9 @@ def grader_quality(
                 def run(pieces=pieces):
                     with dspy.context(lm=lm):
                         # Through the program's grade source: LLM judge, trained evaluator or both.
-                        scores = program_grades(pieces.crag, examples, embedder, progress=progress)
+                        scores = program_grades(
+                            pieces.crag, examples, embedder, grader=pieces.grader, progress=progress
+                        )
                     return binary_report(scores, [int(e.relevant) for e in examples])
 
                 report = work.get(("grader_eval", split, pieces.grader_key), run)

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from crag_dspy.embeddings import Embedder
 from crag_dspy.judges.evaluator import EvaluatorError, RelevanceEvaluator, TrainingConfig, train_evaluator
 from crag_dspy.judges.fusion import fit_linear_score, fused_signals
-from crag_dspy.judges.protocols import PairScorer
+from crag_dspy.judges.protocols import Judge, PairScorer
 
 from .metrics import binary_report, bootstrap_auc_interval, wilson_interval
 
@@ -229,16 +229,22 @@ def choose_grade_source(
 
 
 def program_grades(
-    crag: Any, val: list[dspy.Example], embedder: Embedder, *, progress: bool = True
+    crag: Any,
+    val: list[dspy.Example],
+    embedder: Embedder,
+    *,
+    grader: Judge | None = None,
+    progress: bool = True,
 ) -> list[float | None]:
     """What ``crag`` grades each (question, document) example, through its grade source, as
     :meth:`CRAG.grade_documents <crag_dspy.module.CRAG.grade_documents>` would with the pair's
-    retrieval similarity; the LLM judge is asked only when the grade source uses it."""
+    retrieval similarity; the LLM judge (``crag.grader`` unless ``grader`` stands in for it, e.g. one
+    that shares judgements) is asked only when the grade source uses it."""
     from .measure import judge_outcomes
 
     grading = crag.grading
     outcomes = (
-        judge_outcomes(crag.grader, val, desc="grader", progress=progress)
+        judge_outcomes(grader or crag.grader, val, desc="grader", progress=progress)
         if grading.uses_llm
         else [None] * len(val)
     )

@@ -25,7 +25,6 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from crag_dspy.baselines import passage_strips
-from crag_dspy.judges.protocols import Judge
 from crag_dspy.module import CRAG, RetryRound, WebKnowledge, follow_route
 from crag_dspy.protocols import Passage, Retriever, WebResult, WebSearch
 from crag_dspy.retry import route_with_retries
@@ -36,7 +35,7 @@ from crag_dspy.trace import StageUsage, TraceRecorder, usage_from_tracker
 __all__ = [
     "CRAGPieces",
     "Cost",
-    "SharedJudge",
+    "SharedJudgements",
     "SharedRetriever",
     "SharedWebSearch",
     "SharedWork",
@@ -290,27 +289,21 @@ class SharedWork:
             return Cost.total(e.cost for e in self._entries.values())
 
 
-class SharedJudge:
-    """A :class:`~crag_dspy.judges.protocols.Judge` (grader or strip filter) whose every judgement is a
-    shared piece: the same strip of the same question is judged once, whichever knowledge (internal or
-    web, any query) it came from. It is a ``Judge`` itself.
+class SharedJudgements:
+    """A :class:`~crag_dspy.module.JudgementMemo` whose judgements are shared pieces: a text a judge is
+    shown is judged once per question, whichever piece (internal or web knowledge, any query, any
+    program whose judge is in the same state) shows it first.
 
-    Judgements are keyed by what they depend on (``BinaryJudge.judged_inputs``): what the LM is shown
-    and the evidence the calibration weighs, so two passages that the grader's sentence focus cuts to
-    the same excerpt are one judgement unless their evidence differs.
+    ``states`` maps each judge's name in the memo's keys (``"grade"``, ``"strip_filter"``) to a key of
+    its state (:func:`state_key`), so that judges in different states never share a judgement.
     """
 
-    def __init__(self, judge: Judge, work: SharedWork, key: str):
-        self.judge, self.work, self.key = judge, work, key
+    def __init__(self, work: SharedWork, states: dict[str, str]):
+        self.work, self.states = work, states
 
-    def __call__(self, **inputs: str) -> dspy.Prediction:
-        judged = getattr(self.judge, "judged_inputs", None)
-        depends_on = judged(inputs) if judged is not None else inputs
-        return self.work.get(("judge", self.key, *sorted(depends_on.items())), lambda: self.judge(**inputs))
-
-    def __getattr__(self, name: str) -> Any:
-        # What the module reads of its judge besides calling it (its view, evidence, calibration).
-        return getattr(self.judge, name)
+    def get(self, key: Hashable, judge: Callable[[], T]) -> T:
+        name, shown = key  # type: ignore[misc] - JudgementMemo's (judge, shown)
+        return self.work.get(("judge", self.states[name], name, shown), judge)
 
 
 class SharedRetriever:
@@ -375,9 +368,16 @@ class CRAGPieces:
         self._web = state_key(strip_filter, refine, cfg.web_results, c.web_search.name)
         self._raw_web = state_key(cfg.sentences_per_strip, cfg.web_results, c.web_search.name)
         self._answerer = state_key(c.answerer.dump_state(), retries, cfg.answer_units)
-        # Plain attributes on the working copy: the stages call them like the judges they wrap.
-        c.grader = SharedJudge(c.grader, work, grader)
-        c.strip_filter = SharedJudge(c.strip_filter, work, strip_filter)
+        self._judgements = SharedJudgements(work, {"grade": grader, "strip_filter": strip_filter})
+
+    def grader(self, **inputs: str) -> dspy.Prediction:
+        """The program's grader as a :class:`~crag_dspy.judges.protocols.Judge` whose judgements are
+        this program's shared ones: a (question, document) pair shown to the grader as a retrieved
+        passage was is not judged again."""
+        run = self.crag.new_run(inputs["question"], judgements=self._judgements)
+        with self.crag.lm_scope(run.trace):
+            judgement, _ = self.crag.judge_once(self.crag.grader, "grade", run, **inputs)
+        return dspy.Prediction(score=judgement.score, judgement=judgement)
 
     @property
     def grader_key(self) -> str:
@@ -507,7 +507,7 @@ class CRAGPieces:
 
     def _stage(self, key: Hashable, question: str, stage: Callable[[str, TraceRecorder], T]) -> T:
         def compute() -> T:
-            run = self.crag.new_run(question)
+            run = self.crag.new_run(question, judgements=self._judgements)
             with self.crag.lm_scope(run.trace):
                 value = stage(question, run)
             for error in run.trace.errors:

@@ -181,12 +181,3 @@ def test_judge_reads_evidence_from_the_whole_inputs_not_the_view_and_rescores_al
     assert judge.rescore(j, inputs) == pytest.approx(0.5, abs=1e-6)
     assert judge.evidence(inputs) is None  # an identity calibration weighs nothing
     assert judge.evidence(inputs, weighed_only=False)["term_coverage"] == 1.0
-
-
-def test_judged_inputs_tell_apart_texts_whose_excerpt_is_the_same_but_evidence_differs():
-    judge = BinaryJudge(GradeDocument, view=lambda inputs: {**inputs, "document": "same excerpt"})
-    a = {"question": "Which flange fits?", "document": "The flange fits. same excerpt"}
-    b = {"question": "Which flange fits?", "document": "Nothing relevant. same excerpt"}
-    assert judge.judged_inputs(a) == judge.judged_inputs(b)  # no evidence weighed: one judgement
-    judge.calibration = Calibration(1.0, 0.0, {"term_coverage": 1.0})
-    assert judge.judged_inputs(a) != judge.judged_inputs(b)

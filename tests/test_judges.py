@@ -1,15 +1,12 @@
-"""The judges package's two protocols: the LLM judge (and its shared wrapper) is a Judge, the trained
-evaluator a PairScorer."""
+"""The judges package's two protocols: the LLM judge is a Judge, the trained evaluator a PairScorer."""
 
 from crag_dspy.judges import BinaryJudge, Judge, PairScorer, RelevanceEvaluator
-from optimize.shared_work import SharedJudge, SharedWork
 from signatures import FilterStrip, GradeDocument
 
 
 def test_the_llm_judges_are_judges():
     grader, strip_filter = BinaryJudge(GradeDocument), BinaryJudge(FilterStrip)
     assert isinstance(grader, Judge) and isinstance(strip_filter, Judge)
-    assert isinstance(SharedJudge(grader, SharedWork(), "g"), Judge)
 
 
 def test_the_trained_evaluator_is_a_pair_scorer():

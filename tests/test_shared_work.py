@@ -1,4 +1,4 @@
-"""SharedWork's memo and cost accounting, the shared backends and judges, and CRAG's stage knobs."""
+"""SharedWork's memo and cost accounting, the shared backends and judgements, and CRAG's stage knobs."""
 
 import time
 
@@ -152,25 +152,36 @@ def test_stage_knobs_original_query_and_unselected_web_strips():
         assert crag.rewrite_query(Q, run) == "AquaProbe 220; range" == run.trace.web_query
 
 
-def test_passages_with_one_excerpt_share_a_judgement_unless_their_evidence_differs():
-    from crag_dspy.judges.calibration import Calibration
-    from optimize.shared_work import SharedJudge
+def test_a_text_judged_in_one_piece_is_not_judged_again_in_another():
+    # The web result repeats a strip of the passage: the internal piece judges it, the web piece reuses it.
+    web = WebResult("Range", "https://x.example", GOOD)
+    passage = f"{GOOD} {BAD} The canteen closes at 16:00."
+    crag = CRAG(
+        ListRetriever([("kb-1", passage)]), ListWebSearch([web]), CRAGConfig(k=1, sentences_per_strip=1)
+    )
+    crag.lm = lm = ScriptedLM(script)
+    pieces = CRAGPieces(crag, SharedWork())
+    internal = pieces.internal(Q)
+    judged = [u for s, u in lm.calls if "You judge" in s]
+    external = pieces.external(Q, rewrite=False)
+    assert [u for s, u in lm.calls if "You judge" in s] == judged  # no strip judged twice
+    assert [s.text for s in internal] == [s.text for s in external.strips] == [GOOD]
+    assert len(judged) == 4  # the passage, then its three strips
+    other = CRAGPieces(crag, SharedWork())  # another memo: nothing shared
+    other.external(Q, rewrite=False)
+    assert len([u for s, u in lm.calls if "You judge" in s]) == len(judged) + 1
 
-    lm = ScriptedLM(script)
-    c = make(lm)
-    c.grader.view = lambda inputs: {**inputs, "document": GOOD}  # both passages cut to one excerpt
-    other = "The AquaProbe 220 range sheet. " + BAD
-    with dspy.context(lm=lm):
-        shared = SharedJudge(c.grader, SharedWork(), "g")
-        first, second = shared(question=Q, document=GOOD), shared(question=Q, document=other)
-    assert first is second and len(lm.calls) == 1
-    c.grader.calibration = Calibration(1.0, -1.0, {"term_coverage": 2.0})
-    with dspy.context(lm=lm):
-        shared = SharedJudge(c.grader, SharedWork(), "g")
-        first, second = shared(question=Q, document=GOOD), shared(question=Q, document=BAD)
-    assert len(lm.calls) == 3
-    assert first.judgement.evidence["term_coverage"] > second.judgement.evidence["term_coverage"]
-    assert first.score > second.score
+
+def test_passages_shown_alike_share_one_answer_of_the_lm_each_calibrated_with_its_own_evidence():
+    from crag_dspy.judges.calibration import Calibration
+
+    crag = CRAG(ListRetriever([("kb-1", GOOD), ("kb-2", BAD)]), ListWebSearch([WEB]), CRAGConfig(k=2))
+    crag.lm = lm = ScriptedLM(script)
+    crag.grader.view = lambda inputs: {**inputs, "document": GOOD}  # both passages cut to one excerpt
+    crag.grader.calibration = Calibration(1.0, -1.0, {"term_coverage": 2.0})
+    _, scores = CRAGPieces(crag, SharedWork()).documents(Q)
+    assert len([u for s, u in lm.calls if "You judge" in s]) == 1
+    assert scores[0] > scores[1]  # GOOD holds the question's terms, BAD none
 
 
 def test_a_route_answers_from_the_web_reserve_exactly_as_forward_does():

@@ -120,12 +120,6 @@ class BinaryJudge(dspy.Module):
             return judgement.score  # a parsed label or a failure is never calibrated
         return clamp_score(self.calibration(judgement.raw_score, self.evidence(inputs)))
 
-    def judged_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        """Everything a judgement of ``inputs`` depends on besides the judge's state: two calls with
-        equal judged inputs get the same judgement (how shared work deduplicates them)."""
-        shown, _ = self.shown_inputs(inputs)
-        return {**shown, **{f"evidence:{k}": v for k, v in (self.evidence(inputs) or {}).items()}}
-
     def forward(self, **inputs: Any) -> dspy.Prediction:
         started = time.perf_counter()
         errors: list[str] = []

@@ -5,7 +5,7 @@ need of each, and nothing more.
   ``question=..., document=...``, the strip filter with ``question=..., strip=...``), it returns a
   ``dspy.Prediction`` whose ``judgement`` is a :class:`~crag_dspy.judges.llm.Judgement` (``score``:
   P(relevant) in [0, 1], None when no usable answer came). :class:`~crag_dspy.judges.llm.BinaryJudge`
-  (the LLM judge) is one; so is ``optimize.shared_work.SharedJudge``, which shares its judgements.
+  (the LLM judge) is one.
 - A :class:`PairScorer` scores many (question, text) pairs in one batched pass and returns raw
   logits (higher: more relevant), which a fitted map turns into P(relevant)
   (:class:`~crag_dspy.judges.fusion.LinearScore`). The trained cross-encoder
