@@ -564,8 +564,8 @@ def compile_program(
     report["seconds"] = time.perf_counter() - started
     report["stage_seconds"] = clock.seconds
     metadata = {
+        # The domain's name and data, not its folder: the app that loads the program names the folder.
         "domain": domain.name,
-        "domain_dir": str(domain.root.resolve()),
         "dataset_hashes": domain.file_hashes(),
         "lm": report["lm"],
         "optimizer": optimizer,

@@ -29,7 +29,7 @@ from crag_dspy.domain import Domain, QAPair, load_domain
 from crag_dspy.embeddings import Embedder
 from crag_dspy.faults import describe_error
 from crag_dspy.lm import build_lm, lm_identity
-from crag_dspy.program import apply_program, read_program
+from crag_dspy.program import apply_program, check_dataset, read_program
 from crag_dspy.routing import Action
 from crag_dspy.settings import Settings
 from crag_dspy.store import ingest_domain
@@ -215,8 +215,12 @@ def evaluate_domain(
     progress: bool = True,
     num_threads: int = 1,
     rows: str = "all",
+    force: bool = False,
 ) -> dict[str, Any]:
     """Evaluate every variant on ``split`` of the domain of ``settings``; write and return the report.
+
+    A ``program`` compiled on other data than the domain holds now (its dataset hashes) is refused
+    unless ``force``.
 
     ``num_threads`` questions are evaluated at a time (each question's pieces by one thread): faster
     when the LM serves several requests at once (hosted APIs, multi-slot servers). The report is the
@@ -235,9 +239,11 @@ def evaluate_domain(
     if not questions:
         raise ValueError(f"domain {domain.name!r} has no QA questions in split {split!r} (qa.jsonl)")
     document = read_program(program, domain=domain.name) if program else None
+    if document:
+        check_dataset(document, domain.file_hashes(), program, force=force)
     started = time.perf_counter()
     lm = lm or build_lm(settings)
-    default_crag, backends = assemble(settings, lm, progress)
+    default_crag, backends = assemble(settings, lm, progress, domain=domain)
     ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed
     backends.embedder.encode(["warm-up"])  # loading the embedding model is no variant's cost
     work = SharedWork()
@@ -317,6 +323,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--program", type=Path, help="compiled program JSON to evaluate (python -m optimize.compile)"
     )
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="evaluate a program compiled on other data than the domain holds now (dataset hashes differ)",
+    )
+    parser.add_argument(
         "--split", choices=SPLITS, default="test", help="QA split to evaluate (default: test)"
     )
     parser.add_argument(
@@ -368,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
             out=args.out.with_suffix("") if args.out else None,
             num_threads=args.num_threads,
             rows=args.rows,
+            force=args.force,
         )
     except user_error_types() as exc:
         print(f"error: {exc}", file=sys.stderr)

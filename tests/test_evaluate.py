@@ -241,3 +241,27 @@ def test_a_bad_program_or_split_fails_before_any_model_loads(setup, tmp_path, ca
     (empty / "qa.jsonl").write_text("")
     assert main(["--domain-dir", str(empty), "--chroma-path", str(tmp_path / "chroma")]) == 2
     assert "no QA questions in split 'test'" in capsys.readouterr().err
+
+
+def test_a_program_compiled_on_other_data_is_refused_unless_forced(setup, tmp_path, capsys):
+    _, settings = setup
+    program = CRAG(None, None, CRAGConfig(lower=0.05, upper=0.95, k=2))
+    other = {"corpus.jsonl": "b" * 64}  # what the compile saw: another corpus, no other files
+    path = save_program(program, tmp_path / "program.json", {"domain": "tiny", "dataset_hashes": other})
+    base = ["--domain-dir", str(settings.domain_dir), "--chroma-path", str(tmp_path / "chroma")]
+    nobody = ["--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]  # never a real model
+    assert main([*base, *nobody, "--program", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "corpus.jsonl: program bbbbbbbbbbbb, domain " in err and "qa.jsonl: program absent, domain " in err
+    assert "--force" in err and not (tmp_path / "chroma").exists()  # refused before anything is opened
+    report = evaluate_domain(
+        settings,
+        lm=ScriptedLM(eval_script),
+        program=path,
+        limit=1,
+        rows="main",
+        out=tmp_path / "out" / "forced",
+        progress=False,
+        force=True,
+    )
+    assert report["program"] == str(path) and report["questions"] == 1
