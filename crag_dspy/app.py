@@ -18,7 +18,7 @@ from .module import CRAG
 from .program import ProgramError, apply_program, check_dataset, check_domain, read_program
 from .protocols import Retriever, WebSearch, WebSearchError
 from .settings import Settings
-from .store import ChromaRetriever, StoreError, collection_names, ingest_domain, open_client, store_errors
+from .store import ChromaRetriever, StoreError, collection_names, ingest_domain, ingest_gaps, open_client
 from .web import NoWebSearch, OfflineWebSearch, TavilyWebSearch
 
 __all__ = [
@@ -58,25 +58,20 @@ def open_backends(
     domain: Domain | None = None,
 ) -> Backends:
     """Load the domain (unless given, loaded from ``settings``) and open Chroma; ingest the domain first
-    when its collections do not exist yet."""
+    unless its collections hold all its chunks by their ingest manifests (never ingested, an ingest that
+    did not finish, changed data), and say so in one log line."""
     domain = domain or load_domain(settings.resolved_domain_dir)
     client = open_client(settings)
     embedder = Embedder(settings.embedding_model)
-    kb, web = collection_names(domain.name)
-    with store_errors("listing collections"):
-        # An empty collection is what an ingest interrupted before its first batch leaves behind.
-        counts = {
-            name: client.get_collection(name, embedding_function=None).count()
-            for name in (c if isinstance(c, str) else c.name for c in client.list_collections())
-            if name in (kb, web)
-        }
-    missing = not counts.get(kb) or (domain.web and not counts.get(web))
-    if missing:
+    gaps = ingest_gaps(client, domain)
+    if gaps:
         if not ingest_if_missing:
             raise StoreError(
-                f"Domain {domain.name!r} is not ingested: run `python -m crag_dspy ingest {domain.root}`"
+                f"Domain {domain.name!r} is not ingested completely ({'; '.join(gaps)}): "
+                f"run `python -m crag_dspy ingest {domain.root}`"
             )
-        log.warning("domain %r is not ingested yet; ingesting now", domain.name)
+        # Upserts are idempotent by chunk id: chunks already stored are kept, not embedded again.
+        log.warning("domain %r: %s; ingesting it now", domain.name, "; ".join(gaps))
         ingest_domain(client, domain, embedder, progress=progress)
     return Backends(settings, domain, client, embedder)
 
