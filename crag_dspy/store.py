@@ -124,7 +124,7 @@ def ingest_gap(collection, planned: Planned) -> str | None:
     if MANIFEST_HASH not in found:
         return (
             f"collection {name!r} holds {count} of {len(planned)} chunks and no ingest manifest "
-            "(an ingest that did not finish)"
+            "(an ingest that did not finish, or one made before ingest manifests)"
         )
     if found[MANIFEST_HASH] != content_hash(planned):
         return f"collection {name!r} was ingested from other content than the domain holds now"
