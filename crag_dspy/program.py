@@ -91,8 +91,8 @@ class ProgramFile(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    format: Literal["crag-dspy-program"]
-    format_version: Literal[6]
+    format: Literal[PROGRAM_FORMAT]  # type: ignore[valid-type] - constants, one place to change them
+    format_version: Literal[PROGRAM_FORMAT_VERSION]  # type: ignore[valid-type]
     crag_dspy_version: str
     dspy_version: str
     created: str
