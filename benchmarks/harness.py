@@ -27,7 +27,7 @@ from typing import Any
 import dspy
 
 from crag_dspy import CRAG, Domain, Settings, load_domain
-from crag_dspy.app import assemble
+from crag_dspy.app import assemble, program_settings
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args
 from crag_dspy.config import CRAGConfig
 from crag_dspy.embeddings import Embedder
@@ -92,16 +92,12 @@ def read_document(path: Path | None) -> dict[str, Any] | None:
 
 def settings_for(args: argparse.Namespace, document: dict[str, Any] | None = None, **extra: Any) -> Settings:
     """Settings from the environment and the flags given; without ``--domain``/``--domain-dir``, the
-    domain a program was compiled on (its recorded folder when it still exists)."""
+    bundled domain a program was compiled for (a domain elsewhere is named with --domain-dir, never
+    taken from the program file)."""
     settings = settings_from_args(args, **extra)
     if document is None or getattr(args, "domain", None) or getattr(args, "domain_dir", None):
         return settings
-    recorded = document["metadata"].get("domain_dir")
-    if recorded and Path(recorded).is_dir():
-        return settings.model_copy(update={"domain_dir": Path(recorded)})
-    return settings.model_copy(
-        update={"domain": document["metadata"].get("domain") or "default", "domain_dir": None}
-    )
+    return program_settings(document, settings, getattr(args, "program", None) or "program")
 
 
 def domain_of(settings: Settings) -> Domain:

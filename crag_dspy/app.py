@@ -15,10 +15,10 @@ from .domain import Domain, load_domain
 from .embeddings import Embedder
 from .lm import build_lm
 from .module import CRAG
-from .program import apply_program, check_domain, read_program
+from .program import ProgramError, apply_program, check_dataset, check_domain, read_program
 from .protocols import Retriever, WebSearch, WebSearchError
 from .settings import Settings
-from .store import ChromaRetriever, StoreError, collection_names, ingest_domain, open_client, store_errors
+from .store import ChromaRetriever, StoreError, collection_names, ingest_domain, ingest_gaps, open_client
 from .web import NoWebSearch, OfflineWebSearch, TavilyWebSearch
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "load_program",
     "open_backends",
     "open_program",
+    "program_settings",
 ]
 
 log = logging.getLogger(__name__)
@@ -49,26 +50,28 @@ class Backends:
         return ChromaRetriever(self.client, kb if which == "kb" else web, self.embedder)
 
 
-def open_backends(settings: Settings, *, ingest_if_missing: bool = True, progress: bool = True) -> Backends:
-    """Load the domain and open Chroma; ingest the domain first when its collections do not exist yet."""
-    domain = load_domain(settings.resolved_domain_dir)
+def open_backends(
+    settings: Settings,
+    *,
+    ingest_if_missing: bool = True,
+    progress: bool = True,
+    domain: Domain | None = None,
+) -> Backends:
+    """Load the domain (unless given, loaded from ``settings``) and open Chroma; ingest the domain first
+    unless its collections hold all its chunks by their ingest manifests (never ingested, an ingest that
+    did not finish, changed data), and say so in one log line."""
+    domain = domain or load_domain(settings.resolved_domain_dir)
     client = open_client(settings)
     embedder = Embedder(settings.embedding_model)
-    kb, web = collection_names(domain.name)
-    with store_errors("listing collections"):
-        # An empty collection is what an ingest interrupted before its first batch leaves behind.
-        counts = {
-            name: client.get_collection(name, embedding_function=None).count()
-            for name in (c if isinstance(c, str) else c.name for c in client.list_collections())
-            if name in (kb, web)
-        }
-    missing = not counts.get(kb) or (domain.web and not counts.get(web))
-    if missing:
+    gaps = ingest_gaps(client, domain)
+    if gaps:
         if not ingest_if_missing:
             raise StoreError(
-                f"Domain {domain.name!r} is not ingested: run `python -m crag_dspy ingest {domain.root}`"
+                f"Domain {domain.name!r} is not ingested completely ({'; '.join(gaps)}): "
+                f"run `python -m crag_dspy ingest {domain.root}`"
             )
-        log.warning("domain %r is not ingested yet; ingesting now", domain.name)
+        # Upserts are idempotent by chunk id: chunks already stored are kept, not embedded again.
+        log.warning("domain %r: %s; ingesting it now", domain.name, "; ".join(gaps))
         ingest_domain(client, domain, embedder, progress=progress)
     return Backends(settings, domain, client, embedder)
 
@@ -94,11 +97,16 @@ def build_web_search(settings: Settings, backends: Backends) -> WebSearch:
 
 
 def assemble(
-    settings: Settings, lm: dspy.BaseLM | None = None, progress: bool = True
+    settings: Settings,
+    lm: dspy.BaseLM | None = None,
+    progress: bool = True,
+    *,
+    domain: Domain | None = None,
 ) -> tuple[CRAG, Backends]:
-    """Build CRAG and return it with its storage backends (compile and evaluation need both)."""
+    """Build CRAG and return it with its storage backends (compile and evaluation need both);
+    ``domain``: the domain of ``settings`` when the caller has loaded it already."""
     lm = lm or build_lm(settings)  # first: a bad model string or missing key fails before any indexing
-    backends = open_backends(settings, progress=progress)
+    backends = open_backends(settings, progress=progress, domain=domain)
     crag = CRAG(
         backends.retriever("kb"),
         build_web_search(settings, backends),
@@ -124,19 +132,23 @@ def load_program(
     retriever: Retriever | None = None,
     web_search: WebSearch | None = None,
     progress: bool = True,
+    force: bool = False,
 ) -> CRAG:
     """Rebuild CRAG and apply a compiled program JSON (demos, instructions, thresholds, config).
 
     With ``retriever`` and ``web_search`` given, no store is opened (bring your own backends). Otherwise
-    the program's own domain is used unless ``settings`` names one, and a program compiled for another
-    domain is refused: thresholds and demos tuned on one domain's data must not transfer silently.
+    the program's own (bundled) domain is used unless ``settings`` names one, and a program compiled
+    for another domain, or on other data than the domain holds now (unless ``force``), is refused:
+    thresholds and demos tuned on one domain's data must not transfer silently.
     """
     if retriever is not None and web_search is not None:
         document = read_program(path)
         settings = settings or Settings()
         crag = CRAG(retriever, web_search, settings.config, lm=lm or build_lm(settings))
         return apply_program(crag, document, Path(path).parent)
-    return open_program(path, settings, domain_from_program=settings is None, lm=lm, progress=progress).crag
+    return open_program(
+        path, settings, domain_from_program=settings is None, lm=lm, progress=progress, force=force
+    ).crag
 
 
 @dataclass
@@ -160,13 +172,15 @@ def open_program(
     domain_from_program: bool = True,
     lm: dspy.BaseLM | None = None,
     progress: bool = True,
+    force: bool = False,
 ) -> LoadedProgram:
     """The program an app serves: the compiled program JSON at ``path``, or without one the uncompiled
     default program built from ``settings``.
 
-    With ``domain_from_program`` the program's recorded domain replaces the one in ``settings``; every
-    other setting (store, LM, web search) is kept. The JSON is read and validated once, before any model
-    or store is started.
+    With ``domain_from_program`` the program's recorded domain *name* replaces the domain in
+    ``settings`` (:func:`program_settings`); every other setting (store, LM, web search) is kept. The
+    JSON is read and validated, and the domain loaded and checked against it (name, dataset hashes
+    unless ``force``), before any model or store is started.
     """
     settings = settings or Settings()
     if path is None:
@@ -174,17 +188,27 @@ def open_program(
         return LoadedProgram(crag, backends.domain.name)
     document = read_program(path)
     if domain_from_program:
-        settings = settings.model_copy(update=_program_domain(document))
-    crag, backends = assemble(settings, lm, progress)
-    check_domain(document, backends.domain.name, path)
+        settings = program_settings(document, settings, path)
+    domain = load_domain(settings.resolved_domain_dir)
+    check_domain(document, domain.name, path)
+    check_dataset(document, domain.file_hashes(), path, force=force)
+    crag, backends = assemble(settings, lm, progress, domain=domain)
     return LoadedProgram(
         apply_program(crag, document, Path(path).parent), backends.domain.name, Path(path), document
     )
 
 
-def _program_domain(document: dict[str, Any]) -> dict[str, Any]:
-    """The settings that select the domain a program was compiled on (its recorded folder when present)."""
-    recorded = document["metadata"].get("domain_dir")
-    if recorded and Path(recorded).is_dir():
-        return {"domain_dir": Path(recorded)}
-    return {"domain": document["metadata"].get("domain") or "default", "domain_dir": None}
+def program_settings(document: dict[str, Any], settings: Settings, path: str | Path) -> Settings:
+    """``settings`` on the bundled domain a (validated) program was compiled for.
+
+    Only the domain's *name* is taken from the program, never a folder: a program file must not decide
+    which folder is read and indexed (a domain elsewhere is named by the caller, with --domain-dir).
+    """
+    name = document["metadata"]["domain"]
+    chosen = settings.model_copy(update={"domain": name, "domain_dir": None})
+    if not chosen.resolved_domain_dir.is_dir():
+        raise ProgramError(
+            f"{path}: program was compiled for domain {name!r}, which is not a bundled domain (no folder "
+            f"{chosen.resolved_domain_dir}); give its folder with --domain-dir"
+        )
+    return chosen

@@ -30,7 +30,9 @@ __all__ = [
 def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
     """Domain and Chroma flags, shared by every command that opens a domain."""
     g = parser.add_argument_group("domain and storage (defaults from CRAG_* environment variables)")
-    g.add_argument("--domain", help="bundled domain name under data/ (default: default)")
+    g.add_argument(
+        "--domain", help="name of a bundled domain under data/ (default: default); folders: --domain-dir"
+    )
     g.add_argument("--domain-dir", type=Path, help="any directory in the domain format")
     g.add_argument(
         "--chroma-path", type=Path, help="embedded Chroma folder (default: ~/.cache/crag-dspy/chroma)"
@@ -71,6 +73,11 @@ def add_program_arguments(parser: argparse.ArgumentParser) -> None:
         "--web-search",
         choices=["auto", "tavily", "offline", "none"],
         help="web backend (auto: Tavily when TAVILY_API_KEY is set, else the offline stand-in)",
+    )
+    g.add_argument(
+        "--force",
+        action="store_true",
+        help="use a program compiled on other data than the domain holds now (its dataset hashes differ)",
     )
     g.add_argument("--k", type=int, help="documents retrieved per question")
     g.add_argument("--lower", type=float, help="lower threshold (overrides the program's)")
@@ -141,8 +148,11 @@ _CONFIG_FLAGS = ("k", "lower", "upper", "internal_retries")
 
 def settings_from_args(args: argparse.Namespace, **extra: Any):
     """Settings from the environment, overridden by the flags the user actually gave."""
+    from .domain import check_domain_name
     from .settings import Settings
 
+    if getattr(args, "domain", None) is not None:
+        check_domain_name(args.domain)  # one line naming the flag, before Settings' own check
     overrides = {
         name: getattr(args, name) for name in _SETTING_FLAGS if getattr(args, name, None) is not None
     }
@@ -212,15 +222,20 @@ def format_trace(trace) -> str:
 
 
 def program_from_args(args: argparse.Namespace, *, lm=None, progress: bool = True):
-    """The program ``ask`` and ``serve`` run: the compiled ``--program`` on its own domain (unless
-    --domain/--domain-dir name one) or the uncompiled default; threshold and --internal-retries flags
-    beat the program's."""
+    """The program ``ask`` and ``serve`` run: the compiled ``--program`` on its own (bundled) domain
+    unless --domain/--domain-dir name one, or the uncompiled default; threshold and --internal-retries
+    flags beat the program's, and --force accepts a program whose dataset hashes differ."""
     from .app import open_program
 
     settings = settings_from_args(args)
     explicit_domain = args.domain is not None or args.domain_dir is not None
     loaded = open_program(
-        args.program, settings, domain_from_program=not explicit_domain, lm=lm, progress=progress
+        args.program,
+        settings,
+        domain_from_program=not explicit_domain,
+        lm=lm,
+        progress=progress,
+        force=getattr(args, "force", False),
     )
     if loaded.compiled and (args.lower is not None or args.upper is not None):
         thresholds = loaded.crag.thresholds

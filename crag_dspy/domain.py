@@ -28,15 +28,30 @@ __all__ = [
     "QAPair",
     "RelevancePair",
     "WebDoc",
+    "check_domain_name",
     "load_domain",
     "load_jsonl",
 ]
 
 _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{1,40}[a-zA-Z0-9]$")
+# A domain *name* (--domain, CRAG_DOMAIN, a program's metadata) names a bundled folder under data/:
+# never a path, so that neither a flag nor a program file can make the app read another folder.
+_DOMAIN_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$")
 
 
 class DomainDataError(ValueError):
     """A domain file is missing or malformed; the message names the file and line."""
+
+
+def check_domain_name(name: object, what: str = "--domain") -> str:
+    """``name`` when it is a domain name (letters, digits, '-' and '_'), else a DomainDataError that
+    points to --domain-dir for folders."""
+    if isinstance(name, str) and _DOMAIN_NAME.match(name):
+        return name
+    raise DomainDataError(
+        f"{what} {name!r} is not a domain name (letters, digits, '-' and '_', at most 64): "
+        "a domain folder is given with --domain-dir"
+    )
 
 
 class _Record(BaseModel):

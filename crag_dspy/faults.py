@@ -10,8 +10,13 @@ with :class:`LMUnavailableError` instead of spending minutes in backoff on every
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Literal
 
+import dspy
+from dspy.utils.callback import BaseCallback
 from dspy.utils.exceptions import (
     LMAuthError,
     LMBillingError,
@@ -28,12 +33,16 @@ if TYPE_CHECKING:
 __all__ = [
     "CONSECUTIVE_LM_FAILURES",
     "CRAGRunError",
+    "LMDownError",
     "LMFault",
     "LMHealth",
     "LMUnavailableError",
+    "LMWatch",
     "RetrievalError",
     "classify_lm_error",
     "describe_error",
+    "raise_if_lm_down",
+    "watch_lm",
 ]
 
 CONSECUTIVE_LM_FAILURES = 2
@@ -120,3 +129,74 @@ class LMHealth:
         message = f"the LM {self.trace.lm_model} {why}; stopped at stage {stage!r}: {describe_error(exc)}"
         self.trace.errors.append(message)
         raise LMUnavailableError(message, self.trace, stage) from exc
+
+
+class LMDownError(RuntimeError):
+    """A batch run (an evaluation, a compile) stopped because its LM is down (:class:`LMWatch`).
+
+    Not a :class:`CRAGRunError`: a batch counts one failed question as a wrong answer and goes on, but
+    an LM outage would fail every remaining question, each after minutes of backoff.
+    """
+
+
+class LMWatch(BaseCallback):
+    """:class:`LMHealth`'s rule over a whole batch run: every LM call of the run (any question, any
+    thread, baselines and judges included) reports here through DSPy's callbacks, and a fatal error or
+    ``CONSECUTIVE_LM_FAILURES`` failed calls in a row (each already retried by DSPy) mean the LM is
+    down. Any call that gets a response resets the count, so one bad question (an unusable answer, one
+    failed call) is that question's wrong answer, not an outage. Install it with :func:`watch_lm`."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._models: dict[str, str] = {}
+        self.failures_in_a_row = 0
+        self.down: str | None = None
+        """Why the LM counts as down now (None while it answers)."""
+
+    def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        with self._lock:
+            self._models[call_id] = getattr(instance, "model", type(instance).__name__)
+
+    def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
+        with self._lock:
+            model = self._models.pop(call_id, "?")
+            kind = classify_lm_error(exception) if exception is not None else None
+            if kind is None or kind == "output":  # the LM responded
+                self.failures_in_a_row, self.down = 0, None
+                return
+            self.failures_in_a_row += 1
+            if kind == "fatal" or self.failures_in_a_row >= CONSECUTIVE_LM_FAILURES:
+                why = (
+                    "refuses the requests"
+                    if kind == "fatal"
+                    else f"failed {self.failures_in_a_row} calls in a row, each after retries with backoff"
+                )
+                self.down = f"the LM {model} {why} ({describe_error(exception)})"
+
+    def check(self) -> None:
+        """Raise :class:`LMDownError` when the LM counts as down."""
+        down = self.down
+        if down is not None:
+            raise LMDownError(f"{down}; the run stopped")
+
+
+@contextmanager
+def watch_lm() -> Iterator[LMWatch]:
+    """Watch every LM call made inside the block (threads started from it too, when they copy the
+    context, as :func:`optimize.parallel.map_questions` does); reuses a watch already installed."""
+    current = dspy.settings.callbacks or []
+    found = next((c for c in current if isinstance(c, LMWatch)), None)
+    if found is not None:
+        yield found
+        return
+    watch = LMWatch()
+    with dspy.context(callbacks=[*current, watch]):
+        yield watch
+
+
+def raise_if_lm_down() -> None:
+    """In a batch run under :func:`watch_lm`: raise :class:`LMDownError` once the LM counts as down
+    (a no-op outside one). Call it between questions, and before counting a failed question wrong."""
+    for callback in dspy.settings.callbacks or []:
+        if isinstance(callback, LMWatch):
+            callback.check()

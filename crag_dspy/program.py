@@ -6,23 +6,29 @@ No pickle, ever: the file is plain JSON that :func:`load_program` applies to a f
 from __future__ import annotations
 
 import json
+import logging
+import re
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import dspy
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .config import CRAGConfig
+from .domain import check_domain_name
 from .judges.evaluator import EvaluatorError, RelevanceEvaluator
-from .module import CRAG
+from .module import CRAG, Thresholds
 from .version import __version__
 
 __all__ = [
     "PROGRAM_FORMAT",
     "PROGRAM_FORMAT_VERSION",
     "ProgramError",
+    "ProgramFile",
+    "ProgramMetadata",
     "apply_program",
+    "check_dataset",
     "check_domain",
     "program_config",
     "program_crag_config",
@@ -35,9 +41,92 @@ PROGRAM_FORMAT = "crag-dspy-program"
 # command, and a program's numbers hold only for the code that measured them.
 PROGRAM_FORMAT_VERSION = 6
 
+log = logging.getLogger(__name__)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
 
 class ProgramError(ValueError):
     """A program file is unreadable, corrupt, of another format or version, or for another domain."""
+
+
+class ProgramMetadata(BaseModel):
+    """What a program records about its compile. Descriptive only: the app names the domain (folder)
+    a program runs on, and nothing here is used to locate a file. Other keys are kept as written."""
+
+    model_config = ConfigDict(extra="allow")
+
+    domain: str = Field(description="Name of the domain the program was compiled for.")
+    domain_dir: str | None = Field(
+        None, description="Folder the compile read (written by earlier compiles; never used to find it)."
+    )
+    dataset_hashes: dict[str, str] = Field(
+        default_factory=dict, description="sha256 of each data file the compile saw (Domain.file_hashes)."
+    )
+    lm: str | None = None
+    optimizer: str | None = None
+    seed: int | None = None
+    stages: list[str] | None = None
+    scores: dict[str, Any] | None = None
+
+    @field_validator("domain")
+    @classmethod
+    def _domain_is_a_name(cls, value: str) -> str:
+        return check_domain_name(value, "domain")
+
+    @field_validator("dataset_hashes")
+    @classmethod
+    def _hashes(cls, hashes: dict[str, str]) -> dict[str, str]:
+        for name, digest in hashes.items():
+            if Path(name).name != name or name in ("", ".", ".."):
+                raise ValueError(f"{name!r} is not a file name")
+            if not _SHA256.match(digest):
+                raise ValueError(f"{name}: {digest!r} is not a sha256 hex digest")
+        return hashes
+
+
+class ProgramFile(BaseModel):
+    """The whole program file, checked before any of it is applied (and before a store or model is
+    opened): format fields, the :class:`~crag_dspy.config.CRAGConfig` with its ranges, the metadata,
+    and the state's shape (each predictor's DSPy state an object; thresholds in range and ordered)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal[PROGRAM_FORMAT]  # type: ignore[valid-type] - constants, one place to change them
+    format_version: Literal[PROGRAM_FORMAT_VERSION]  # type: ignore[valid-type]
+    crag_dspy_version: str
+    dspy_version: str
+    created: str
+    config: CRAGConfig
+    metadata: ProgramMetadata
+    state: dict[str, dict[str, Any]]
+
+    @field_validator("state")
+    @classmethod
+    def _thresholds(cls, state: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        if "thresholds" in state:
+            try:
+                Thresholds().load_state(state["thresholds"])  # the module's own check, on a throwaway
+            except KeyError as exc:
+                raise ValueError(f"thresholds: {exc} is missing") from None
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"thresholds: {exc}") from None
+        return state
+
+
+def _problems(exc: ValidationError) -> str:
+    """A pydantic error as one line: ``where: what (got value)`` per problem."""
+
+    def got(value: Any) -> str:
+        if isinstance(value, (dict, list)):  # the whole section: the message says what is wrong with it
+            return ""
+        text = repr(value)
+        return f" (got {text[:60]}{'...' if len(text) > 60 else ''})"
+
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'file'}: {e['msg'].removeprefix('Value error, ')}"
+        + (got(e.get("input")) if e["type"] != "missing" else "")
+        for e in exc.errors()
+    )
 
 
 def program_config(crag: CRAG) -> dict[str, Any]:
@@ -56,6 +145,10 @@ def save_program(crag: CRAG, path: Path | str, metadata: dict[str, Any]) -> Path
     a trained evaluator's weights go to a safetensors folder beside it (:func:`evaluator_folder`),
     recorded in the JSON with each file's size and sha256."""
     path = Path(path)
+    try:
+        ProgramMetadata.model_validate(metadata)  # never write a program that read_program refuses
+    except ValidationError as exc:
+        raise ProgramError(f"program metadata is invalid: {_problems(exc)}") from None
     grading = crag.grading
     if grading.evaluator is not None:
         folder = evaluator_folder(path)
@@ -89,7 +182,8 @@ def save_program(crag: CRAG, path: Path | str, metadata: dict[str, Any]) -> Path
 
 
 def read_program(path: Path | str, *, domain: str | None = None) -> dict[str, Any]:
-    """Read and validate a program file; with ``domain``, also require that it was compiled for it."""
+    """Read and validate a program file (:class:`ProgramFile`); with ``domain``, also require that it
+    was compiled for it. Returns the validated document as JSON-able dicts."""
     path = Path(path)
     if path.suffix.lower() in {".pkl", ".pickle"} or path.is_dir():
         raise ProgramError(f"{path}: crag-dspy programs are JSON files; pickled programs are never loaded")
@@ -116,6 +210,10 @@ def read_program(path: Path | str, *, domain: str | None = None) -> dict[str, An
     for key in ("state", "config", "metadata"):
         if not isinstance(document.get(key), dict):
             raise ProgramError(f"{path}: program is missing its {key!r} section")
+    try:
+        document = ProgramFile.model_validate(document).model_dump(mode="json", exclude_unset=True)
+    except ValidationError as exc:
+        raise ProgramError(f"{path}: invalid program: {_problems(exc)}") from None
     if domain is not None:
         check_domain(document, domain, path)
     return document
@@ -131,13 +229,41 @@ def check_domain(document: dict[str, Any], domain: str, path: Path | str) -> Non
         )
 
 
+def check_dataset(
+    document: dict[str, Any], hashes: dict[str, str], path: Path | str, *, force: bool = False
+) -> None:
+    """Refuse a program compiled on other data than the domain holds now: ``hashes`` are the domain's
+    :meth:`~crag_dspy.domain.Domain.file_hashes`. With ``force`` the difference is only logged.
+    Programs that recorded no hashes are not checked."""
+    recorded = document["metadata"].get("dataset_hashes") or {}
+    if not recorded:
+        return
+    differ = [
+        f"{name}: program {_digest(recorded.get(name))}, domain {_digest(hashes.get(name))}"
+        for name in sorted(recorded.keys() | hashes.keys())
+        if recorded.get(name) != hashes.get(name)
+    ]
+    if not differ:
+        return
+    message = f"{path}: the domain's data differ from the data the program was compiled on (sha256 of " + (
+        "; ".join(differ) + ")"
+    )
+    if not force:
+        raise ProgramError(f"{message}; recompile the program, or pass --force to use it anyway")
+    log.warning("%s; using it anyway (--force)", message)
+
+
+def _digest(value: str | None) -> str:
+    return value[:12] if value else "absent"
+
+
 def program_crag_config(document: dict[str, Any], lm_calls: Any = None) -> CRAGConfig:
     """The :class:`~crag_dspy.config.CRAGConfig` a validated program stores, with the app's
     ``lm_calls`` (how the app's LM is called) instead of the compile's when given."""
     try:
         config = CRAGConfig.model_validate(document["config"])
     except ValidationError as exc:
-        raise ProgramError(f"program config is invalid: {exc}") from exc
+        raise ProgramError(f"program config is invalid: {_problems(exc)}") from None
     return config if lm_calls is None else config.replace(lm_calls=lm_calls)
 
 

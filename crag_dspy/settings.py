@@ -14,10 +14,11 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .config import CRAGConfig
+from .domain import check_domain_name
 from .validation import DEFAULT_MAX_QUESTION_CHARS
 
 __all__ = ["DEFAULT_DATA_DIR", "Settings", "default_cache_dir"]
@@ -122,6 +123,11 @@ class Settings(BaseSettings):
     cache_dir: Path = Field(
         default_factory=default_cache_dir, description="Joined model weights and Chroma data."
     )
+
+    @field_validator("domain")
+    @classmethod
+    def _domain_is_a_name(cls, value: str) -> str:
+        return check_domain_name(value, "domain")
 
     @property
     def resolved_domain_dir(self) -> Path:

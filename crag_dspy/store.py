@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -22,9 +23,13 @@ __all__ = [
     "IngestReport",
     "StoreError",
     "collection_names",
+    "content_hash",
     "ingest_documents",
     "ingest_domain",
+    "ingest_gap",
+    "ingest_gaps",
     "open_client",
+    "planned_chunks",
     "store_errors",
 ]
 
@@ -72,6 +77,60 @@ def store_errors(what: str) -> Iterator[None]:
 def collection_names(domain_name: str) -> tuple[str, str]:
     """(internal knowledge, offline web) collection names of a domain."""
     return f"{domain_name}__kb", f"{domain_name}__web"
+
+
+# The ingest manifest, in the collection's own metadata (the same code path on the embedded store and
+# a Chroma server): the hash of the chunks the collection must hold and their count, written last, after
+# every upsert and delete, and removed when an ingest starts changing the collection. A collection
+# without a matching manifest is an ingest that did not finish (or stale data), never a complete one.
+MANIFEST_HASH, MANIFEST_CHUNKS = "ingest_sha256", "ingest_chunks"
+
+Planned = dict[str, tuple[str, str, dict]]
+"""chunk id -> (text embedded, text stored, chunk metadata)"""
+
+
+def planned_chunks(docs: Sequence[CorpusDoc], chunk_words: int) -> Planned:
+    """The chunks a collection of ``docs`` must hold, by id (ids hash document id, title and text)."""
+    planned: Planned = {}
+    for doc in docs:
+        for chunk in chunk_document(doc.id, doc.title, doc.text, chunk_words):
+            metadata = {"doc_id": doc.id, "title": doc.title, "chunk_index": chunk.index}
+            for key in ("source", "url"):
+                if getattr(doc, key, None):
+                    metadata[key] = getattr(doc, key)
+            planned[chunk.id] = (f"{doc.title}\n{chunk.text}", chunk.text, metadata)
+    return planned
+
+
+def content_hash(chunk_ids: Iterable[str]) -> str:
+    """The manifest's content hash: of the sorted chunk ids, which hash each chunk's document and text."""
+    return hashlib.sha256("\n".join(sorted(chunk_ids)).encode()).hexdigest()
+
+
+def _manifest(planned: Planned) -> dict[str, str | int]:
+    return {MANIFEST_HASH: content_hash(planned), MANIFEST_CHUNKS: len(planned)}
+
+
+def _write_manifest(collection, manifest: dict[str, str | int] | None) -> None:
+    """Set (or with None remove) the collection's manifest; Chroma replaces metadata as a whole."""
+    kept = {k: v for k, v in (collection.metadata or {}).items() if k not in (MANIFEST_HASH, MANIFEST_CHUNKS)}
+    collection.modify(metadata={**kept, **(manifest or {})})
+
+
+def ingest_gap(collection, planned: Planned) -> str | None:
+    """Why ``collection`` does not hold exactly the ``planned`` chunks by its manifest, or None."""
+    name, count = collection.name, collection.count()
+    found = collection.metadata or {}
+    if MANIFEST_HASH not in found:
+        return (
+            f"collection {name!r} holds {count} of {len(planned)} chunks and no ingest manifest "
+            "(an ingest that did not finish, or one made before ingest manifests)"
+        )
+    if found[MANIFEST_HASH] != content_hash(planned):
+        return f"collection {name!r} was ingested from other content than the domain holds now"
+    if count != found.get(MANIFEST_CHUNKS) or count != len(planned):
+        return f"collection {name!r} holds {count} of {len(planned)} chunks"
+    return None
 
 
 @dataclass
@@ -136,18 +195,12 @@ def _ingest(
     progress: bool,
 ) -> IngestReport:
     collection = _get_collection(client, name, embedder, create=True)
-    wanted = {}
-    for doc in docs:
-        for chunk in chunk_document(doc.id, doc.title, doc.text, chunk_words):
-            metadata = {"doc_id": doc.id, "title": doc.title, "chunk_index": chunk.index}
-            for key in ("source", "url"):
-                if getattr(doc, key, None):
-                    metadata[key] = getattr(doc, key)
-            wanted[chunk.id] = (f"{doc.title}\n{chunk.text}", chunk.text, metadata)
-
+    wanted = planned_chunks(docs, chunk_words)
     existing = set(collection.get(include=[])["ids"])
     stale = sorted(existing - wanted.keys())
     new_ids = [cid for cid in wanted if cid not in existing]
+    if new_ids or stale:
+        _write_manifest(collection, None)  # changing: incomplete until the manifest is written again
     batch = 64
     with tqdm(
         total=len(new_ids), desc=f"ingest {name}", unit="chunk", disable=not progress or not new_ids
@@ -165,6 +218,8 @@ def _ingest(
     # Stale chunks go only after the new ones are in, so an interruption never leaves a document absent.
     for start in range(0, len(stale), 500):
         collection.delete(ids=stale[start : start + 500])
+    if ingest_gap(collection, wanted) is not None:
+        _write_manifest(collection, _manifest(wanted))  # last: every chunk is in
     return IngestReport(name, len(docs), len(wanted), len(new_ids), len(wanted) - len(new_ids), len(stale))
 
 
@@ -193,6 +248,27 @@ def ingest_domain(
             )
         )
     return reports
+
+
+def _planned_collections(domain: Domain) -> list[tuple[str, Sequence[CorpusDoc]]]:
+    kb_name, web_name = collection_names(domain.name)
+    return [(kb_name, domain.corpus)] + ([(web_name, domain.web)] if domain.web else [])
+
+
+def ingest_gaps(client: chromadb.ClientAPI, domain: Domain) -> list[str]:
+    """What is missing from the domain's collections by their ingest manifests (empty: complete)."""
+    with store_errors("checking the ingest manifests"):
+        present = {c if isinstance(c, str) else c.name for c in client.list_collections()}
+        gaps = []
+        for name, docs in _planned_collections(domain):
+            if name not in present:
+                gaps.append(f"collection {name!r} does not exist")
+                continue
+            collection = client.get_collection(name, embedding_function=None)
+            gap = ingest_gap(collection, planned_chunks(docs, domain.config.chunk_words))
+            if gap is not None:
+                gaps.append(gap)
+    return gaps
 
 
 class ChromaRetriever:

@@ -24,7 +24,7 @@ from crag_dspy.baselines import PlainRAG
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain, QAPair
 from crag_dspy.embeddings import bundled_model_path
-from crag_dspy.faults import CRAGRunError
+from crag_dspy.faults import CRAGRunError, LMDownError, describe_error, raise_if_lm_down, watch_lm
 from crag_dspy.judges.calibration import Calibration, fit_calibration
 from crag_dspy.judges.evaluator import TrainingConfig, check_encoder_folder
 from crag_dspy.judges.llm import BinaryJudge, Judgement
@@ -338,6 +338,7 @@ def _tune(
     result = {
         **tuned.as_dict(),
         "questions": len(routes),
+        "failed": [{"id": r.question_id, "error": r.error} for r in routes if r.error],
         "plot": str(plot),
         "lm_calls_during_trials": trial_calls,
         "precompute_lm_calls": precompute_calls,
@@ -363,21 +364,24 @@ def _internal_retry_stage(
     questions = qa_split(domain, "val", val_limit)
     pieces = {"main": CRAGPieces(crag, work if work is not None else SharedWork())}
 
-    def right(q: QAPair) -> tuple[bool, bool]:
-        results = []
+    def right(q: QAPair) -> tuple[bool, bool, list[dict[str, Any]]]:
+        results, failed = [], []
         for rounds in (0, INTERNAL_RETRY_ROUNDS):
+            raise_if_lm_down()
             try:
                 outcome = run_variant(Variant("CRAG", internal_retries=rounds), q.question, pieces, None)
                 results.append(answer_matches(outcome.answer, q.answers))
             except CRAGRunError as exc:  # wrong either way, like a failed question in the evaluation
-                log.warning("question %s failed with %d retry rounds: %s", q.id, rounds, exc)
+                raise_if_lm_down()  # unless the LM is down: then the run stops
+                log.warning("question %s failed with %d retry rounds: %s", q.id, rounds, describe_error(exc))
                 results.append(False)
-        return results[0], results[1]
+                failed.append({"id": q.id, "rounds": rounds, "error": describe_error(exc)})
+        return results[0], results[1], failed
 
-    pairs = map_questions(
+    outcomes = map_questions(
         right, questions, num_threads=num_threads, desc="internal retry (val)", progress=progress
     )
-    without, with_retry = [a for a, _ in pairs], [b for _, b in pairs]
+    without, with_retry = [a for a, _, _ in outcomes], [b for _, b, _ in outcomes]
     ship, p = beats_beyond_noise(with_retry, without)
     if ship:
         crag.config = crag.config.replace(internal_retries=INTERNAL_RETRY_ROUNDS)
@@ -391,6 +395,7 @@ def _internal_retry_stage(
             "with": wilson_interval(sum(with_retry), n),
         },
         "p": p,
+        "failed": [f for _, _, failed in outcomes for f in failed],
         "shipped": ship,
         "why": (
             f"{sum(with_retry)} vs {sum(without)} of {n} val questions right with {INTERNAL_RETRY_ROUNDS} rounds "
@@ -450,7 +455,8 @@ def compile_program(
     clock.lap("setup")  # the LM, the store, ingestion
 
     evaluator = None
-    with dspy.track_usage() as tracker, dspy.context(lm=lm):
+    # watch_lm: a question that fails is counted wrong, but an LM that is down stops the compile.
+    with dspy.track_usage() as tracker, dspy.context(lm=lm), watch_lm():
         if "grader" in stages:
             train = interleave_balanced(relevance_examples(domain.relevance, "train"), "relevant", seed)
             val = spread(relevance_examples(domain.relevance, "val"), _question, judge_val_limit)
@@ -510,6 +516,7 @@ def compile_program(
             bootstrapped = _compile_generation(
                 crag, domain, stages=set(stages), demos=demos, progress=progress
             )
+            raise_if_lm_down()  # the bootstrap counts failed examples as errors and goes on
             report["stages"]["generation"] = {"demos": bootstrapped, "kept": "no demos bootstrapped"}
             if any(bootstrapped.values()):
                 without_generation = before_generation
@@ -564,8 +571,8 @@ def compile_program(
     report["seconds"] = time.perf_counter() - started
     report["stage_seconds"] = clock.seconds
     metadata = {
+        # The domain's name and data, not its folder: the app that loads the program names the folder.
         "domain": domain.name,
-        "domain_dir": str(domain.root.resolve()),
         "dataset_hashes": domain.file_hashes(),
         "lm": report["lm"],
         "optimizer": optimizer,
@@ -697,7 +704,7 @@ def main(argv: list[str] | None = None) -> int:
     except user_error_types() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except CRAGRunError as exc:  # e.g. the LM went down mid-compile: one redacted line, no traceback
+    except (CRAGRunError, LMDownError) as exc:  # the LM went down mid-compile: one redacted line
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 1
     md = Path(report["program"]).with_suffix(".report.md")

@@ -27,9 +27,10 @@ from crag_dspy.baselines import NoRetrieval
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain, QAPair, load_domain
 from crag_dspy.embeddings import Embedder
-from crag_dspy.faults import describe_error
+from crag_dspy.faults import CRAGRunError, LMDownError, describe_error, raise_if_lm_down, watch_lm
 from crag_dspy.lm import build_lm, lm_identity
-from crag_dspy.program import apply_program, read_program
+from crag_dspy.program import apply_program, check_dataset, read_program
+from crag_dspy.redaction import redact
 from crag_dspy.routing import Action
 from crag_dspy.settings import Settings
 from crag_dspy.store import ingest_domain
@@ -73,8 +74,9 @@ def _question_rows(
 ) -> list[dict[str, Any]]:
     rows = []
     for variant in variants:
+        raise_if_lm_down()  # an LM outage stops the run between variants, not after every question
         with work.consumer(variant.name) as used:
-            outcome = run_variant(variant, q.question, pieces, no_retrieval)
+            outcome = _outcome(variant, q, pieces, no_retrieval)
         cost = work.cost(used)
         errors = work.notes(used) + ([outcome.error] if outcome.error else [])
         rows.append(
@@ -97,6 +99,19 @@ def _question_rows(
     for row in rows:
         row.update(answerable=answerable, retrieval_has_answer=held)
     return rows
+
+
+def _outcome(
+    variant: Variant, q: QAPair, pieces: dict[str, CRAGPieces], no_retrieval: Callable[[str], Outcome]
+) -> Outcome:
+    """``variant``'s answer to ``q``; a question that fails (:class:`~crag_dspy.faults.CRAGRunError`)
+    is a wrong answer with its error, and the run goes on, unless the LM is down (:func:`watch_lm`)."""
+    try:
+        return run_variant(variant, q.question, pieces, no_retrieval)
+    except CRAGRunError as exc:
+        raise_if_lm_down()
+        log.warning("%s failed on question %s (counted wrong): %s", variant.name, q.id, describe_error(exc))
+        return Outcome(None, error=describe_error(exc))
 
 
 def _share(n: int, total: int) -> dict[str, Any]:
@@ -189,18 +204,19 @@ def grader_quality(
 
                 report = work.get(("grader_eval", split, pieces.grader_key), run)
                 results.append({"grader": name, "data": f"relevance.jsonl ({split})", **report.as_dict()})
-            scores, labels = [], []
+            scores, labels, failed = [], [], 0
             for q in questions:
-                passages, grades = pieces.documents(q.question)
+                try:
+                    passages, grades = pieces.documents(q.question)
+                except CRAGRunError:  # its rows hold the error; it has no grades to measure
+                    failed += 1
+                    continue
                 scores.extend(grades)
                 labels.extend(int(contains_answer(p.display, q.answers)) for p in passages)
-            results.append(
-                {
-                    "grader": name,
-                    "data": f"retrieved passages ({split}; relevant = holds a gold alias)",
-                    **binary_report(scores, labels).as_dict(),
-                }
-            )
+            data = f"retrieved passages ({split}; relevant = holds a gold alias)"
+            if failed:
+                data += f"; {failed} question(s) failed before grading, left out"
+            results.append({"grader": name, "data": data, **binary_report(scores, labels).as_dict()})
     return results
 
 
@@ -215,8 +231,12 @@ def evaluate_domain(
     progress: bool = True,
     num_threads: int = 1,
     rows: str = "all",
+    force: bool = False,
 ) -> dict[str, Any]:
     """Evaluate every variant on ``split`` of the domain of ``settings``; write and return the report.
+
+    A ``program`` compiled on other data than the domain holds now (its dataset hashes) is refused
+    unless ``force``.
 
     ``num_threads`` questions are evaluated at a time (each question's pieces by one thread): faster
     when the LM serves several requests at once (hosted APIs, multi-slot servers). The report is the
@@ -235,9 +255,11 @@ def evaluate_domain(
     if not questions:
         raise ValueError(f"domain {domain.name!r} has no QA questions in split {split!r} (qa.jsonl)")
     document = read_program(program, domain=domain.name) if program else None
+    if document:
+        check_dataset(document, domain.file_hashes(), program, force=force)
     started = time.perf_counter()
     lm = lm or build_lm(settings)
-    default_crag, backends = assemble(settings, lm, progress)
+    default_crag, backends = assemble(settings, lm, progress, domain=domain)
     ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed
     backends.embedder.encode(["warm-up"])  # loading the embedding model is no variant's cost
     work = SharedWork()
@@ -250,24 +272,25 @@ def evaluate_domain(
     variants = table_variants(document is not None, rows)
     no_retrieval = _no_retrieval(work, lm)
 
-    per_question = map_questions(
-        lambda q: _question_rows(q, variants, pieces, work, no_retrieval),
-        questions,
-        num_threads=num_threads,
-        desc=f"evaluate {domain.name}/{split}",
-        progress=progress,
-    )
-    rows: list[dict[str, Any]] = [row for question_rows in per_question for row in question_rows]
-    graders = grader_quality(
-        domain,
-        questions,
-        {"program" if document else "default": pieces["main"], "default": pieces["default"]},
-        work,
-        split,
-        lm=lm,
-        embedder=backends.embedder,
-        progress=progress,
-    )
+    with watch_lm():  # one failed question is counted wrong; an LM that is down stops the run
+        per_question = map_questions(
+            lambda q: _question_rows(q, variants, pieces, work, no_retrieval),
+            questions,
+            num_threads=num_threads,
+            desc=f"evaluate {domain.name}/{split}",
+            progress=progress,
+        )
+        rows: list[dict[str, Any]] = [row for question_rows in per_question for row in question_rows]
+        graders = grader_quality(
+            domain,
+            questions,
+            {"program" if document else "default": pieces["main"], "default": pieces["default"]},
+            work,
+            split,
+            lm=lm,
+            embedder=backends.embedder,
+            progress=progress,
+        )
     table = summarize(rows, variants)
     owned = work.owned()
     for entry in table:
@@ -315,6 +338,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_lm_arguments(parser)
     parser.add_argument(
         "--program", type=Path, help="compiled program JSON to evaluate (python -m optimize.compile)"
+    )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="evaluate a program compiled on other data than the domain holds now (dataset hashes differ)",
     )
     parser.add_argument(
         "--split", choices=SPLITS, default="test", help="QA split to evaluate (default: test)"
@@ -368,10 +396,14 @@ def main(argv: list[str] | None = None) -> int:
             out=args.out.with_suffix("") if args.out else None,
             num_threads=args.num_threads,
             rows=args.rows,
+            force=args.force,
         )
     except user_error_types() as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except LMDownError as exc:  # one line, no traceback, no report of a run that did not happen
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        return 1
     md = next(Path(p) for p in report["files"] if p.endswith(".md"))
     print(md.read_text(encoding="utf-8"))
     print("\n" + "\n".join(f"wrote {p}" for p in report["files"]))

@@ -3,6 +3,7 @@ and the grade-source stage run them with. The evaluation's command line is ``opt
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 import dspy
 from tqdm.auto import tqdm
 
-from crag_dspy.faults import CRAGRunError
+from crag_dspy.faults import describe_error, raise_if_lm_down
 from crag_dspy.judges.llm import Judgement
 from crag_dspy.judges.protocols import Judge
 from crag_dspy.trace import StageUsage, usage_from_tracker
@@ -18,6 +19,8 @@ from crag_dspy.trace import StageUsage, usage_from_tracker
 from .metrics import BinaryReport, answer_matches, binary_report
 
 __all__ = ["ProgramEvaluation", "evaluate_judge", "evaluate_program", "judge_outcomes", "judge_scores"]
+
+log = logging.getLogger(__name__)
 
 
 def judge_outcomes(
@@ -33,6 +36,8 @@ def judge_outcomes(
     outcomes: list[Judgement | None] = [None] * len(examples)
     for i in tqdm(order, desc=desc, disable=not progress):
         outcomes[i] = judge(**examples[i].inputs()).judgement
+        # A judge degrades a failed call to an unknown score: only the watch sees that the LM is down.
+        raise_if_lm_down()
     return outcomes  # type: ignore[return-value]
 
 
@@ -67,17 +72,32 @@ class ProgramEvaluation:
 def evaluate_program(
     name: str, program: dspy.Module, examples: Sequence[dspy.Example], *, progress: bool = True
 ) -> ProgramEvaluation:
-    """Answer accuracy (normalized gold-alias match) of ``program`` on QA examples, with cost."""
+    """Answer accuracy (normalized gold-alias match) of ``program`` on QA examples, with cost.
+
+    A question the program fails on (CRAG's :class:`~crag_dspy.faults.CRAGRunError`, a baseline's
+    error) is a wrong answer with its error in its row, unless the LM is down
+    (:func:`~crag_dspy.faults.watch_lm`): then :class:`~crag_dspy.faults.LMDownError` stops the run."""
     rows, actions = [], {}
     started = time.perf_counter()
     with dspy.track_usage() as tracker:
         for example in tqdm(examples, desc=f"evaluate {name}", disable=not progress):
+            raise_if_lm_down()
             try:
                 pred = program(question=example.question)
-            except CRAGRunError as exc:
+            except Exception as exc:  # noqa: BLE001 - CRAG raises CRAGRunError; a baseline raw errors
+                raise_if_lm_down()  # an LM that is down is no wrong answer: the run stops
                 # One failed question is a wrong answer with its reason, not the end of the evaluation.
+                log.warning(
+                    "%s failed on question %s (counted wrong): %s", name, example.id, describe_error(exc)
+                )
                 rows.append(
-                    {"id": example.id, "answer": None, "action": None, "correct": False, "error": str(exc)}
+                    {
+                        "id": example.id,
+                        "answer": None,
+                        "action": None,
+                        "correct": False,
+                        "error": describe_error(exc),
+                    }
                 )
                 continue
             action = pred.get("action")

@@ -25,6 +25,7 @@ import dspy
 from dspy.utils.callback import BaseCallback
 
 from crag_dspy.baselines import passage_strips
+from crag_dspy.faults import raise_if_lm_down
 from crag_dspy.module import CRAG, RetryRound, WebKnowledge, follow_route
 from crag_dspy.protocols import Passage, Retriever, WebResult, WebSearch
 from crag_dspy.retry import route_with_retries
@@ -514,6 +515,9 @@ class CRAGPieces:
                 self.work.note(error)
             return value
 
+        # Each piece is a run of its own (its own LMHealth), so in a batch the watch of the whole run
+        # (crag_dspy.faults.watch_lm) decides between pieces whether the LM is down.
+        raise_if_lm_down()
         return self.work.get(key, compute)
 
 

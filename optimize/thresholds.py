@@ -25,7 +25,7 @@ from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, Jour
 from optuna.trial import FrozenTrial, TrialState
 
 from crag_dspy.domain import QAPair
-from crag_dspy.faults import CRAGRunError
+from crag_dspy.faults import CRAGRunError, describe_error, raise_if_lm_down
 from crag_dspy.module import CRAG
 from crag_dspy.routing import Action, decide_action, question_type
 from crag_dspy.trace import StageUsage
@@ -69,6 +69,8 @@ class QuestionRoutes:
     correct: dict[str, bool]
     requests: dict[str, int] = field(default_factory=dict)
     question_type: str = "other"
+    error: str | None = None
+    """Why the question failed (it is then wrong on every route), or None."""
 
     def action(self, lower: float, upper: float) -> str:
         return decide_action(self.scores, lower, upper).value
@@ -100,7 +102,8 @@ def precompute_routes(
     before = work.total()
 
     def route(q: QAPair) -> QuestionRoutes:
-        answers, requests = {}, {}
+        raise_if_lm_down()
+        answers, requests, error = {}, {}, None
         try:
             _, scores = pieces.documents(q.question)
             for action in Action:
@@ -110,8 +113,10 @@ def precompute_routes(
                     answers[action.value] = pieces.route(q.question, action)
                 requests[action.value] = work.cost(used).requests
         except CRAGRunError as exc:
+            raise_if_lm_down()  # an LM that is down is no wrong answer: the run stops
             # A question the LM or store failed on is wrong under every threshold; tuning goes on.
-            log.warning("question %s failed, counted as wrong on every route: %s", q.id, exc)
+            error = describe_error(exc)
+            log.warning("question %s failed, counted as wrong on every route: %s", q.id, error)
             scores, answers, requests = [], {action.value: "" for action in Action}, {}
         return QuestionRoutes(
             q.id,
@@ -120,6 +125,7 @@ def precompute_routes(
             {a: answer_matches(ans, q.answers) for a, ans in answers.items()},
             requests,
             question_type(q.question),
+            error,
         )
 
     routes = map_questions(route, questions, num_threads=num_threads, desc="routes", progress=progress)

@@ -16,7 +16,7 @@ from test_parallel_evaluate import make_wide_domain, wide_script
 
 from crag_dspy import CRAG
 from crag_dspy.domain import load_domain
-from crag_dspy.program import save_program
+from crag_dspy.program import ProgramError, save_program
 from crag_dspy.settings import Settings
 from optimize.threshold_search import RouteTable
 from optimize.thresholds import QuestionRoutes
@@ -70,13 +70,15 @@ def test_rates_carry_their_wilson_interval():
 def test_a_program_brings_its_domain_unless_a_flag_names_one(tmp_path):
     harness = load("harness")
     root = make_domain(tmp_path / "tiny")
-    document = {"metadata": {"domain": "tiny", "domain_dir": str(root)}}
+    # The recorded folder is never used: a program names its domain, the caller names folders.
+    document = {"metadata": {"domain": "default", "domain_dir": str(root)}}
     args = harness.parser("doc", program=True).parse_args([])
-    assert harness.settings_for(args, document).resolved_domain_dir == root
-    gone = {"metadata": {"domain": "popqa-dev", "domain_dir": str(tmp_path / "moved")}}
-    assert harness.settings_for(args, gone).domain == "popqa-dev"
-    flagged = harness.parser("doc", program=True).parse_args(["--domain", "default"])
-    assert harness.settings_for(flagged, document).resolved_domain_dir.name == "default"
+    assert harness.settings_for(args, document).resolved_domain_dir == Settings().resolved_domain_dir
+    elsewhere = {"metadata": {"domain": "tiny", "domain_dir": str(root)}}
+    with pytest.raises(ProgramError, match="not a bundled domain.*--domain-dir"):
+        harness.settings_for(args, elsewhere)
+    flagged = harness.parser("doc", program=True).parse_args(["--domain-dir", str(root)])
+    assert harness.settings_for(flagged, elsewhere).resolved_domain_dir == root
     assert harness.settings_for(args).resolved_domain_dir == Settings().resolved_domain_dir
 
 

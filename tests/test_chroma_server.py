@@ -13,9 +13,10 @@ from fakes import ScriptedLM, field
 
 from crag_dspy.app import build_crag
 from crag_dspy.cli import main
+from crag_dspy.domain import load_domain
 from crag_dspy.faults import RetrievalError
 from crag_dspy.settings import Settings
-from crag_dspy.store import StoreError, open_client
+from crag_dspy.store import StoreError, ingest_gaps, open_client
 
 CHROMA = Path(sys.executable).with_name("chroma")
 pytestmark = pytest.mark.skipif(not CHROMA.exists(), reason="the chroma CLI is not installed next to python")
@@ -112,7 +113,15 @@ def test_ingest_and_answer_through_a_chroma_server_then_fail_clearly_when_it_is_
         web_search="offline",
         cache_dir=tmp_path,
     )
+    # The ingest manifest lives in the collection's metadata: the same code path on a server.
+    client = open_client(settings)
+    assert ingest_gaps(client, load_domain(domain)) == []
+    kb = client.get_collection("tiny__kb")
+    assert kb.metadata["ingest_chunks"] == 2 and len(kb.metadata["ingest_sha256"]) == 64
+    kb.delete(ids=kb.get(include=[])["ids"][:1])  # a chunk lost: build_crag completes the store
+    assert ingest_gaps(client, load_domain(domain)) == ["collection 'tiny__kb' holds 1 of 2 chunks"]
     crag = build_crag(settings, lm=ScriptedLM(script), progress=False)
+    assert client.get_collection("tiny__kb").count() == 2 and ingest_gaps(client, load_domain(domain)) == []
     pred = crag(question="How many days of annual leave do staff get?")
     assert pred.answer == "27 days" and pred.action == "CORRECT"
     assert pred.trace.retriever == "chroma:tiny__kb" and pred.trace.documents[0].doc_id == "leave"

@@ -477,3 +477,46 @@ def test_internal_retry_ships_only_with_a_gain_beyond_noise(tmp_path, retry_help
     else:
         assert retry["right"]["with"] == retry["right"]["without"] and "not shipped" in retry["why"]
     assert "## internal retry (shipped:" in out.with_suffix(".report.md").read_text()
+
+
+def test_one_failed_question_is_counted_wrong_in_every_qa_stage_and_the_compile_goes_on(tmp_path):
+    domain = make_domain(tmp_path / "tiny")
+    settings = Settings(domain_dir=domain, chroma_path=tmp_path / "chroma", web_search="offline")
+
+    def two_unanswerable(system, user):  # delta is a val question, kappa a test question
+        if "Answer the question using only the context" in system and key_of(field(user, "question")) in (
+            "delta",
+            "kappa",
+        ):
+            return {"answer": ""}  # the LM answers, unusably: these questions' failure, not an outage
+        return script(system, user)
+
+    out = tmp_path / "out" / "program.json"
+    report = compile_program(
+        settings, lm=ScriptedLM(two_unanswerable), stages=("retry",), out=out, progress=False
+    )
+    assert out.is_file() and out.with_suffix(".report.md").is_file()
+    (failed,) = report["thresholds"]["failed"]
+    assert failed["id"] == "q4" and "LMUnavailableError" in failed["error"]  # q4: the delta question
+    assert report["thresholds"]["questions"] == 3
+    assert {(f["id"], f["rounds"]) for f in report["internal_retry"]["failed"]} == {("q4", 0), ("q4", 2)}
+    compiled = next(r for r in report["test"] if r["name"] == "CRAG (compiled)")
+    rows = {row["id"]: row for row in compiled["rows"]}
+    assert "no usable answer" in rows["q2"]["error"] and rows["q2"]["correct"] is False  # q2: kappa
+    assert compiled["n"] == 3 and sum(r["correct"] for r in rows.values()) == 2
+
+
+def test_an_lm_that_is_down_stops_the_compile_fast_with_one_line(tmp_path, capsys, monkeypatch):
+    domain = make_domain(tmp_path / "tiny")
+    lm = ScriptedLM(lambda system, user: ConnectionError("connection refused"))
+    monkeypatch.setattr("optimize.compile.build_lm", lambda *a, **k: lm)
+    argv = ["--domain-dir", str(domain), "--chroma-path", str(tmp_path / "chroma"), "--grader", "llm"]
+    argv += ["--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]  # never a real model
+    assert main([*argv, "--out", str(tmp_path / "out" / "program.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        "error: the LM scripted/fake failed 2 calls in a row, each after retries with backoff "
+        "(ConnectionError: connection refused); the run stopped"
+    )
+    assert "Traceback" not in err and len(lm.calls) == 2  # the first two grader calls, not the whole val set
+    assert not (tmp_path / "out" / "program.json").exists()

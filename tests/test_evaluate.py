@@ -10,8 +10,11 @@ from test_compile import key_of, make_domain, script
 from crag_dspy import CRAG
 from crag_dspy.baselines import NoRetrieval, PlainRAG
 from crag_dspy.config import CRAGConfig
+from crag_dspy.domain import load_domain
+from crag_dspy.faults import LMDownError
 from crag_dspy.program import save_program
 from crag_dspy.settings import Settings
+from optimize.datasets import qa_split
 from optimize.evaluate import evaluate_domain, main
 from optimize.shared_work import CRAGPieces, SharedWork
 from optimize.variants import Outcome, run_variant, table_variants
@@ -241,3 +244,79 @@ def test_a_bad_program_or_split_fails_before_any_model_loads(setup, tmp_path, ca
     (empty / "qa.jsonl").write_text("")
     assert main(["--domain-dir", str(empty), "--chroma-path", str(tmp_path / "chroma")]) == 2
     assert "no QA questions in split 'test'" in capsys.readouterr().err
+
+
+def test_a_program_compiled_on_other_data_is_refused_unless_forced(setup, tmp_path, capsys):
+    _, settings = setup
+    program = CRAG(None, None, CRAGConfig(lower=0.05, upper=0.95, k=2))
+    other = {"corpus.jsonl": "b" * 64}  # what the compile saw: another corpus, no other files
+    path = save_program(program, tmp_path / "program.json", {"domain": "tiny", "dataset_hashes": other})
+    base = ["--domain-dir", str(settings.domain_dir), "--chroma-path", str(tmp_path / "chroma")]
+    nobody = ["--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]  # never a real model
+    assert main([*base, *nobody, "--program", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "corpus.jsonl: program bbbbbbbbbbbb, domain " in err and "qa.jsonl: program absent, domain " in err
+    assert "--force" in err and not (tmp_path / "chroma").exists()  # refused before anything is opened
+    report = evaluate_domain(
+        settings,
+        lm=ScriptedLM(eval_script),
+        program=path,
+        limit=1,
+        rows="main",
+        out=tmp_path / "out" / "forced",
+        progress=False,
+        force=True,
+    )
+    assert report["program"] == str(path) and report["questions"] == 1
+
+
+def test_one_failed_question_is_counted_wrong_with_its_error_and_the_run_goes_on(setup, tmp_path):
+    _, settings = setup
+
+    def kappa_unanswerable(system, user):
+        if "Answer the question using only the context" in system and "kappa" in field(user, "question"):
+            return {"answer": ""}  # the LM answers, unusably: this question's failure, not an outage
+        return eval_script(system, user)
+
+    out = tmp_path / "out" / "one-bad"
+    report = evaluate_domain(
+        settings, lm=ScriptedLM(kappa_unanswerable), rows="main", out=out, progress=False
+    )
+    assert report["questions"] == 3 and out.with_suffix(".md").is_file()  # the report is written
+    kappa = next(
+        q.id for q in qa_split(load_domain(settings.domain_dir), "test", None) if "kappa" in q.question
+    )
+    rows = [r for r in report["rows"] if r["id"] == kappa and r["variant"] != "no retrieval"]
+    assert rows and all(r["answer"] is None and r["correct"] is False for r in rows)
+    assert all(any("LMUnavailableError" in e and "no usable answer" in e for e in r["errors"]) for r in rows)
+    crag = rows_of(report)["CRAG (default thresholds)"]
+    assert crag["n"] == 3 and crag["correct"] == 2 and crag["errors"] == 1  # the other two are answered
+
+
+def test_an_lm_that_is_down_stops_the_run_fast_with_one_line(setup, tmp_path, capsys, monkeypatch):
+    _, settings = setup
+    answered = []
+
+    def down_after_one_question(system, user):
+        question = field(user, "question")
+        if answered and question != answered[0]:
+            return ConnectionError("connection refused")  # the LM server went away
+        answered[:1] = [question]
+        return eval_script(system, user)
+
+    lm = ScriptedLM(down_after_one_question)
+    with pytest.raises(LMDownError, match="the LM scripted/fake failed 2 calls in a row") as info:
+        evaluate_domain(settings, lm=lm, rows="main", out=tmp_path / "out" / "down", progress=False)
+    assert "ConnectionError: connection refused" in str(info.value) and "the run stopped" in str(info.value)
+    failed = [call for call in lm.calls if answered[0] not in call[1]]
+    assert len(failed) == 2  # stopped at the second failed call in a row, not after every question
+    assert not (tmp_path / "out").exists()
+    # The command line: one line, exit 1, no traceback.
+    answered.clear()
+    monkeypatch.setattr("optimize.evaluate.build_lm", lambda *a, **k: ScriptedLM(down_after_one_question))
+    argv = ["--domain-dir", str(settings.domain_dir), "--chroma-path", str(settings.chroma_path)]
+    argv += ["--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]  # never a real model
+    assert main([*argv, "--rows", "main", "--out", str(tmp_path / "cli")]) == 1
+    err = capsys.readouterr().err  # progress bars, then the one line
+    assert err.splitlines()[-1].startswith("error: the LM scripted/fake failed 2 calls in a row")
+    assert "Traceback" not in err and not (tmp_path / "cli.md").exists()

@@ -234,3 +234,36 @@ def test_batch_evaluation_and_threshold_precompute_count_a_failed_question_as_wr
     assert evaluation.n == 2 and evaluation.accuracy == 0.5
     assert "gave no usable answer" in evaluation.rows[1]["error"] and evaluation.rows[1]["correct"] is False
     assert routes[0].correct["CORRECT"] and not any(routes[1].correct.values())
+
+
+def test_a_watched_batch_tells_one_bad_question_from_an_lm_outage():
+    from crag_dspy.domain import QAPair
+    from crag_dspy.faults import LMDownError, watch_lm
+    from optimize.thresholds import precompute_routes
+
+    speed = "What is the speed of the AquaProbe 220?"
+    questions = [
+        QAPair(id="ok", question=QUESTION, answers=["0 to 25 mg/L"], split="val"),
+        QAPair(id="bad", question=speed, answers=["fast"], split="val"),
+        QAPair(id="ok2", question="What does the AquaProbe 220 measure?", answers=["0 to 25"], split="val"),
+    ]
+
+    def one_bad_answer(n, body):  # one failed call (after retries), then the LM answers again
+        return "500" if body_stage(body) == "answer" and "speed" in body["messages"][-1]["content"] else None
+
+    with FakeOpenAI(script, one_bad_answer) as server, watch_lm():
+        crag = CRAG(ListRetriever([("kb-1", GOOD)]), ListWebSearch([WEB]), lm=make_lm(server))
+        routes, _ = precompute_routes(crag, questions, progress=False)
+    assert [r.error is None for r in routes] == [True, False, True]
+    assert "gave no usable answer" in routes[1].error and not any(routes[1].correct.values())
+    assert routes[2].correct["CORRECT"]  # the run went on
+
+    def down_after_the_first(n, body):
+        return "503" if QUESTION not in body["messages"][-1]["content"] else None
+
+    with FakeOpenAI(script, down_after_the_first) as server, watch_lm():
+        crag = CRAG(ListRetriever([("kb-1", GOOD)]), ListWebSearch([WEB]), lm=make_lm(server))
+        with pytest.raises(LMDownError, match="failed 2 calls in a row.*the run stopped"):
+            precompute_routes(crag, questions, progress=False)
+    failed = [r for r in server.requests if QUESTION not in r["body"]["messages"][-1]["content"]]
+    assert len(failed) == CONSECUTIVE_LM_FAILURES * 3  # 2 calls x (1 + num_retries): then it stopped

@@ -210,3 +210,193 @@ def test_an_invalid_config_is_refused_and_leaves_the_module_untouched(tmp_path, 
     with pytest.raises(ProgramError, match=f"(?s)program config is invalid.*{message}"):
         apply_program(fresh, doc)
     assert fresh.config == CRAGConfig() and fresh.grader.predict.demos == []
+
+
+# --- the whole file is one schema, checked before anything is applied (issue 26, 1-2) -------------
+
+SHA = "a" * 64
+
+
+@pytest.mark.parametrize(
+    ("section", "change", "message"),
+    [
+        ("config", {"k": "five"}, "config.k: Input should be a valid integer.*got 'five'"),
+        ("config", {"k": 100000}, "config.k: Input should be less than or equal to 50"),
+        ("config", {"sentences_per_strip": 0}, "config.sentences_per_strip: Input should be greater than"),
+        ("config", {"max_strips": -1}, "config.max_strips"),
+        ("config", {"strip_threshold": 2}, "config.strip_threshold"),
+        ("config", {"web_results": "3 please"}, "config.web_results"),
+        ("metadata", {"seed": "zero"}, "metadata.seed: Input should be a valid integer"),
+        ("metadata", {"stages": "grader"}, "metadata.stages: Input should be a valid list"),
+        ("metadata", {"domain": "../../x"}, "metadata.domain: domain '../../x' is not a domain name"),
+        ("metadata", {"domain": "/etc"}, "metadata.domain: .*not a domain name.*--domain-dir"),
+        (
+            "metadata",
+            {"dataset_hashes": {"../corpus.jsonl": SHA}},
+            "metadata.dataset_hashes: '../corpus.jsonl' is not a file name",
+        ),
+        (
+            "metadata",
+            {"dataset_hashes": {"corpus.jsonl": "abc"}},
+            "metadata.dataset_hashes: corpus.jsonl: 'abc' is not a sha256",
+        ),
+        (
+            "state",
+            {"thresholds": {"lower": "low", "upper": 0.7}},
+            "state: thresholds: could not convert string to float",
+        ),
+        (
+            "state",
+            {"thresholds": {"lower": 0.2, "upper": 1.5}},
+            "state: thresholds: thresholds must satisfy 0 <= lower <= upper <= 1",
+        ),
+        ("state", {"answerer": 5}, "state.answerer: Input should be a valid dictionary"),
+        (None, {"surprise": 1}, "surprise: Extra inputs are not permitted"),
+        (None, {"created": 20260101}, "created: Input should be a valid string"),
+    ],
+)
+def test_the_whole_program_file_is_checked_when_it_is_read(tmp_path, section, change, message):
+    doc = json.loads(save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"}).read_text())
+    (doc[section] if section else doc).update(change)
+    path = _write(tmp_path, "bad.json", json.dumps(doc))
+    with pytest.raises(ProgramError, match=f"^{tmp_path / 'bad.json'}: invalid program: {message}") as info:
+        read_program(path)
+    assert "\n" not in str(info.value)  # one line
+
+
+def test_read_program_returns_the_validated_document(tmp_path):
+    metadata = {"domain": "default", "seed": 3, "dataset_hashes": {"corpus.jsonl": SHA}, "note": "kept"}
+    path = save_program(compiled_crag(), tmp_path / "p.json", metadata)
+    doc = read_program(path)
+    assert doc["metadata"] == metadata  # other metadata keys are kept as written, none are added
+    assert doc["config"]["k"] == 4 and doc["state"]["thresholds"] == {"lower": 0.12, "upper": 0.83}
+
+
+def test_saving_refuses_metadata_that_reading_would_refuse(tmp_path):
+    with pytest.raises(ProgramError, match="metadata is invalid: domain: domain '../x' is not a domain name"):
+        save_program(compiled_crag(), tmp_path / "p.json", {"domain": "../x"})
+    with pytest.raises(ProgramError, match="metadata is invalid: domain: Field required"):
+        save_program(compiled_crag(), tmp_path / "p.json", {"seed": 1})
+    assert not (tmp_path / "p.json").exists()
+
+
+def _ask(argv, chroma):
+    from crag_dspy.cli import main
+
+    # An LM nobody listens on: a run that got as far as asking would fail there, not exit 2.
+    return main(
+        [
+            "ask",
+            "What is the zeta code?",
+            *argv,
+            "--chroma-path",
+            str(chroma),
+            "--lm",
+            "openai/m",
+            "--lm-api-base",
+            "http://127.0.0.1:9/v1",
+        ]
+    )
+
+
+def test_a_bad_program_config_is_one_line_exit_2_before_any_store_is_opened(tmp_path, capsys):
+    doc = json.loads(save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"}).read_text())
+    doc["config"]["k"] = "five"
+    path = _write(tmp_path, "p.json", json.dumps(doc))
+    assert _ask(["--program", str(path)], tmp_path / "chroma") == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: ")
+        and err.count("\n") == 1
+        and "config.k: Input should be a valid integer" in err
+    )
+    assert not (tmp_path / "chroma").exists()  # nothing opened, nothing ingested
+
+
+def test_a_program_never_decides_which_folder_is_read(tmp_path, capsys):
+    from test_compile import make_domain
+
+    evil = make_domain(tmp_path / "evil")  # a valid domain the program points at by path
+    for metadata in ({"domain": str(evil)}, {"domain": "../../evil"}):
+        doc = json.loads(save_program(compiled_crag(), tmp_path / "p.json", {"domain": "x"}).read_text())
+        doc["metadata"] = metadata
+        path = _write(tmp_path, "p.json", json.dumps(doc))
+        assert _ask(["--program", str(path)], tmp_path / "chroma") == 2
+        assert "metadata.domain: " in capsys.readouterr().err
+    assert not (tmp_path / "chroma").exists()  # refused before anything was resolved or ingested
+
+
+def test_a_recorded_domain_dir_is_not_used_to_locate_the_domain(tmp_path, monkeypatch):
+    from test_compile import make_domain, script
+
+    from crag_dspy.app import open_program
+    from crag_dspy.settings import Settings
+
+    (tmp_path / "data").mkdir()
+    bundled = make_domain(tmp_path / "data" / "tiny")
+    monkeypatch.setattr("crag_dspy.settings.DEFAULT_DATA_DIR", bundled.parent)
+    evil = make_domain(tmp_path / "evil")  # also named "tiny", with other text
+    (evil / "corpus.jsonl").write_text(
+        json.dumps({"id": "secret", "title": "Secret", "text": "The zeta code is LEAKED."}) + "\n"
+    )
+    path = save_program(compiled_crag(), tmp_path / "p.json", {"domain": "tiny", "domain_dir": str(evil)})
+    loaded = open_program(
+        path, Settings(chroma_path=tmp_path / "chroma"), lm=ScriptedLM(script), progress=False
+    )
+    texts = [p.text for p in loaded.crag.retriever.retrieve("What is the zeta code?", 6)]
+    assert texts and not any("LEAKED" in t for t in texts) and any("Z100" in t for t in texts)
+
+
+def test_a_program_of_a_domain_that_is_not_bundled_says_to_name_its_folder(tmp_path, capsys):
+    path = save_program(compiled_crag(), tmp_path / "p.json", {"domain": "popqa-elsewhere"})
+    assert _ask(["--program", str(path)], tmp_path / "chroma") == 2
+    err = capsys.readouterr().err
+    assert "compiled for domain 'popqa-elsewhere', which is not a bundled domain" in err
+    assert "--domain-dir" in err and not (tmp_path / "chroma").exists()
+
+
+@pytest.mark.parametrize("name", ["../..", "/etc", "data/default", "..", "a b"])
+def test_domain_names_are_names_not_paths(tmp_path, capsys, monkeypatch, name):
+    from crag_dspy.settings import Settings
+
+    assert _ask(["--domain", name], tmp_path / "chroma") == 2
+    err = capsys.readouterr().err
+    assert f"error: --domain {name!r} is not a domain name" in err and "--domain-dir" in err
+    assert not (tmp_path / "chroma").exists()
+    with pytest.raises(ValueError, match="not a domain name"):
+        Settings(domain=name)
+    monkeypatch.setenv("CRAG_DOMAIN", name)
+    with pytest.raises(ValueError, match="not a domain name"):
+        Settings()
+
+
+def test_a_program_compiled_on_other_data_is_refused_unless_forced(tmp_path, capsys, caplog):
+    from test_compile import make_domain, script
+
+    from crag_dspy.app import open_program
+    from crag_dspy.domain import load_domain
+    from crag_dspy.settings import Settings
+
+    root = make_domain(tmp_path / "tiny")
+    compiled_on = load_domain(root).file_hashes()
+    path = save_program(
+        compiled_crag(), tmp_path / "p.json", {"domain": "tiny", "dataset_hashes": compiled_on}
+    )
+    with (root / "corpus.jsonl").open("a") as f:  # the data changed since the compile
+        f.write(json.dumps({"id": "new", "title": "New", "text": "A new document."}) + "\n")
+    now = load_domain(root).file_hashes()["corpus.jsonl"]
+    settings = Settings(domain_dir=root, chroma_path=tmp_path / "chroma")
+    with pytest.raises(ProgramError) as info:
+        open_program(path, settings, domain_from_program=False, lm=ScriptedLM(script), progress=False)
+    message = str(info.value)
+    assert f"corpus.jsonl: program {compiled_on['corpus.jsonl'][:12]}, domain {now[:12]}" in message
+    assert "--force" in message and "qa.jsonl" not in message  # only what differs
+    assert not (tmp_path / "chroma").exists()
+    # The CLI: one line, exit 2; --force loads it with a warning.
+    argv = ["--program", str(path), "--domain-dir", str(root)]
+    assert _ask(argv, tmp_path / "chroma") == 2
+    assert "corpus.jsonl: program" in capsys.readouterr().err
+    loaded = open_program(
+        path, settings, domain_from_program=False, lm=ScriptedLM(script), progress=False, force=True
+    )
+    assert loaded.compiled and "using it anyway (--force)" in caplog.text

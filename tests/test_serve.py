@@ -328,14 +328,15 @@ def test_serve_command_end_to_end_with_an_unreachable_lm(tmp_path):
     assert "uncompiled default program" in output and f"http://127.0.0.1:{port}/" in output
 
 
-def test_program_flags_keep_the_programs_domain_and_honour_storage_and_threshold_flags(tmp_path):
-    """--program without --domain serves the program's own domain, on the store the flags name."""
+def test_program_flags_keep_the_programs_domain_and_honour_storage_and_threshold_flags(tmp_path, monkeypatch):
+    """--program without --domain serves the program's own (bundled) domain, on the store the flags name."""
     from crag_dspy.cli import program_from_args
     from crag_dspy.serve.cli import build_parser
 
-    domain = write_domain(tmp_path / "harbour")
+    write_domain(tmp_path / "data" / "harbour")
+    monkeypatch.setattr("crag_dspy.settings.DEFAULT_DATA_DIR", tmp_path / "data")  # the bundled domains
     compiled = CRAG(ListRetriever([]), ListWebSearch(), CRAGConfig(lower=0.12, upper=0.83))
-    path = save_program(compiled, tmp_path / "p.json", {"domain": "harbour", "domain_dir": str(domain)})
+    path = save_program(compiled, tmp_path / "p.json", {"domain": "harbour"})
     chroma = tmp_path / "chroma"
     args = build_parser().parse_args(["--program", str(path), "--chroma-path", str(chroma), "--lower", "0.2"])
     loaded = program_from_args(args, lm=ScriptedLM(script), progress=False)

@@ -9,10 +9,18 @@ from fakes import ListWebSearch, ScriptedLM
 
 from crag_dspy import CRAG
 from crag_dspy.app import open_backends
-from crag_dspy.domain import CorpusDoc
+from crag_dspy.domain import CorpusDoc, load_domain
 from crag_dspy.faults import RetrievalError
 from crag_dspy.settings import Settings
-from crag_dspy.store import ChromaRetriever, StoreError, ingest_documents, open_client
+from crag_dspy.store import (
+    ChromaRetriever,
+    StoreError,
+    content_hash,
+    ingest_documents,
+    ingest_gaps,
+    open_client,
+    planned_chunks,
+)
 
 DOCS = [
     CorpusDoc(id=f"doc-{i}", title=f"Policy {i}", text=f"Policy {i} sets the limit at {i * 10} velds.")
@@ -79,7 +87,7 @@ def test_empty_collection_is_a_clear_error_and_is_ingested_by_open_backends(tmp_
     client.create_collection("tiny__kb", metadata={"embedding_model": embedder.name}, embedding_function=None)
     with pytest.raises(StoreError, match="Collection 'tiny__kb' is empty: run `python -m crag_dspy ingest"):
         ChromaRetriever(client, "tiny__kb", embedder)
-    with pytest.raises(StoreError, match="is not ingested"):
+    with pytest.raises(StoreError, match="is not ingested completely .*holds 0 of 1 chunks"):
         open_backends(settings, ingest_if_missing=False, progress=False)
     backends = open_backends(settings, progress=False)
     assert backends.retriever().count() == 1
@@ -95,3 +103,63 @@ def test_store_failure_during_a_question_is_a_typed_error_naming_the_store(clien
         crag(question="What is the limit of policy 1?")
     assert lm.calls == []  # no answer is made up from the web alone
     assert info.value.trace.question == "What is the limit of policy 1?" and info.value.trace.errors
+
+
+def write_policies(root, docs=DOCS):
+    root.mkdir(exist_ok=True)
+    (root / "corpus.jsonl").write_text("".join(d.model_dump_json() + "\n" for d in docs), encoding="utf-8")
+    (root / "domain.toml").write_text('name = "tiny"\n', encoding="utf-8")
+    return root
+
+
+def test_a_partial_ingest_is_completed_by_open_backends_and_said_in_one_line(tmp_path, embedder, caplog):
+    """An ingest killed at 64 of 150 chunks (a domain without web.jsonl) is no complete store."""
+    root = write_policies(tmp_path / "tiny")
+    settings = Settings(chroma_path=tmp_path / "chroma", domain_dir=root)
+    client = open_client(settings)
+    with pytest.raises(StoreError):
+        ingest_documents(
+            client, "tiny__kb", DOCS, FailingEmbedder(embedder, 2), chunk_words=120, progress=False
+        )
+    partial = (
+        "collection 'tiny__kb' holds 64 of 150 chunks and no ingest manifest "
+        "(an ingest that did not finish, or one made before ingest manifests)"
+    )
+    assert ingest_gaps(client, load_domain(root)) == [partial]
+    with pytest.raises(StoreError) as info:
+        open_backends(settings, ingest_if_missing=False, progress=False)
+    assert f"is not ingested completely ({partial}): run `python -m crag_dspy ingest" in str(info.value)
+    caplog.clear()
+    backends = open_backends(settings, progress=False)
+    assert backends.retriever().count() == 150 and ingest_gaps(client, load_domain(root)) == []
+    (told,) = [r for r in caplog.records if r.levelname == "WARNING"]  # one line says what happened
+    assert told.getMessage() == f"domain 'tiny': {partial}; ingesting it now"
+    caplog.clear()
+    open_backends(settings, progress=False)
+    assert not caplog.records  # complete: nothing to say, nothing ingested
+
+
+def test_the_manifest_is_written_last_and_removed_while_an_ingest_changes_the_collection(tmp_path, embedder):
+    root = write_policies(tmp_path / "tiny", DOCS[:70])
+    settings = Settings(chroma_path=tmp_path / "chroma", domain_dir=root)
+    client = open_client(settings)
+    ingest_documents(client, "tiny__kb", DOCS[:70], embedder, chunk_words=120, progress=False)
+    manifest = client.get_collection("tiny__kb").metadata
+    assert manifest["ingest_chunks"] == 70 and manifest["embedding_model"] == embedder.name
+    assert manifest["ingest_sha256"] == content_hash(planned_chunks(DOCS[:70], 120))
+    # The data changed: more documents, and the ingest adding them is interrupted after a batch.
+    write_policies(root, DOCS)
+    assert ingest_gaps(client, load_domain(root)) == [
+        "collection 'tiny__kb' was ingested from other content than the domain holds now"
+    ]
+    with pytest.raises(StoreError):
+        ingest_documents(
+            client, "tiny__kb", DOCS, FailingEmbedder(embedder, 2), chunk_words=120, progress=False
+        )
+    assert "ingest_sha256" not in client.get_collection("tiny__kb").metadata  # 134 of 150: not complete
+    assert ingest_gaps(client, load_domain(root))[0].startswith("collection 'tiny__kb' holds 134 of 150")
+    # Chunks deleted behind the store's back: the manifest no longer matches the count.
+    open_backends(settings, progress=False)
+    client.get_collection("tiny__kb").delete(ids=sorted(planned_chunks(DOCS, 120))[:5])
+    assert ingest_gaps(client, load_domain(root)) == ["collection 'tiny__kb' holds 145 of 150 chunks"]
+    assert open_backends(settings, progress=False).retriever().count() == 150
