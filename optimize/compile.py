@@ -695,7 +695,7 @@ def main(argv: list[str] | None = None) -> int:
             evaluator_training=TrainingConfig(max_epochs=args.evaluator_epochs),
         )
     except user_error_types() as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)  # e.g. a --chroma-host with user:password@
         return 2
     except CRAGRunError as exc:  # e.g. the LM went down mid-compile: one redacted line, no traceback
         print(f"error: {redact(str(exc))}", file=sys.stderr)

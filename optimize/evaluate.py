@@ -27,9 +27,10 @@ from crag_dspy.baselines import NoRetrieval
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain, QAPair, load_domain
 from crag_dspy.embeddings import Embedder
-from crag_dspy.faults import describe_error
+from crag_dspy.faults import CRAGRunError, describe_error
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.program import apply_program, read_program
+from crag_dspy.redaction import configure_logging, redact
 from crag_dspy.routing import Action
 from crag_dspy.settings import Settings
 from crag_dspy.store import ingest_domain
@@ -351,9 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
-    )
+    configure_logging(args.verbose)  # every handler redacts credentials
     try:
         settings = settings_from_args(args)
         if args.num_threads > 1 and settings.lm == "embedded":
@@ -370,8 +369,11 @@ def main(argv: list[str] | None = None) -> int:
             rows=args.rows,
         )
     except user_error_types() as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)  # e.g. a --chroma-host with user:password@
         return 2
+    except CRAGRunError as exc:  # e.g. the LM is down: one redacted line, no traceback
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        return 1
     md = next(Path(p) for p in report["files"] if p.endswith(".md"))
     print(md.read_text(encoding="utf-8"))
     print("\n" + "\n".join(f"wrote {p}" for p in report["files"]))
