@@ -343,3 +343,15 @@ def test_program_flags_keep_the_programs_domain_and_honour_storage_and_threshold
     assert chroma.is_dir()  # the flag is honoured, not only the program's domain
     assert (loaded.crag.thresholds.lower, loaded.crag.thresholds.upper) == (0.2, 0.83)
     assert loaded.crag.retriever.name == "chroma:harbour__kb"
+
+
+@pytest.mark.parametrize("question", ["\u0000\u0001\u001b", "\u202e\u0007 \u0000"])
+def test_a_question_crag_refuses_is_422_in_one_line_without_a_logged_traceback(question, caplog):
+    client = TestClient(create_app(make_service()), raise_server_exceptions=False)
+    with caplog.at_level("DEBUG"):
+        response = client.post("/ask", json={"question": question})
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail.startswith("invalid request: question: the question ") and "\n" not in detail
+    assert response.json()["errors"][0]["loc"] == ["body", "question"]
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= 40]  # no traceback, no error
