@@ -107,6 +107,25 @@ def test_cli_refuses_a_bad_question_before_opening_anything(tmp_path, capsys):
     assert not chroma.exists()  # nothing was created
 
 
+# What Python puts in sys.argv for bytes that are not UTF-8 (os.fsdecode: surrogateescape).
+NOT_UTF8 = b"What is the price of \xff\xfe?".decode("utf-8", "surrogateescape")
+
+
+@pytest.mark.parametrize("question", [NOT_UTF8, "lone \ud800 high surrogate", "lone low \udfff"])
+def test_lone_surrogates_are_refused_as_text_that_is_not_utf8(question):
+    with pytest.raises(QuestionError, match="not valid UTF-8"):
+        normalize_question(question)
+
+
+def test_cli_refuses_a_question_that_is_not_utf8_before_opening_anything(tmp_path, capsys):
+    chroma = tmp_path / "chroma"
+    argv = ["ask", NOT_UTF8, "--domain-dir", str(tmp_path / "nowhere"), "--chroma-path", str(chroma)]
+    assert main([*argv, "--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the question is not valid UTF-8") and err.count("\n") == 1
+    assert not chroma.exists()  # refused before the domain, the store or the LM
+
+
 def write_corpus(root, lines):
     root.mkdir()
     (root / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
