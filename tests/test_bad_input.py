@@ -194,3 +194,39 @@ def test_unknown_lm_strings_are_refused_before_any_work(tmp_path, capsys, lm, me
     chroma = tmp_path / "chroma"
     assert main(["ask", "q", "--lm", lm, "--chroma-path", str(chroma)]) == 2
     assert message in capsys.readouterr().err and not chroma.exists()
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_deeply_nested_files_are_one_line_errors_in_every_command(tmp_path, capsys):
+    """No RecursionError traceback from ingest, ask, serve or evaluate: exit 2 naming the file."""
+    from crag_dspy.serve.cli import main as serve_main
+    from optimize.evaluate import main as evaluate_main
+
+    deep_corpus = write_corpus(tmp_path / "deep", ['{"id": "a", "title": "A", "text": "x"}', DEEP])
+    good = write_corpus(tmp_path / "good", ['{"id": "a", "title": "A", "text": "x"}'])
+    program = tmp_path / "program.json"
+    program.write_text('{"format": "crag-dspy-program", "state": ' + DEEP + "}", encoding="utf-8")
+    lm = ["--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1", "--chroma-path", str(tmp_path / "c")]
+    runs = {
+        "ingest": (
+            lambda: main(["ingest", str(deep_corpus), "--chroma-path", str(tmp_path / "c")]),
+            "corpus.jsonl:2",
+        ),
+        "ask": (
+            lambda: main(["ask", "q", "--program", str(program), "--domain-dir", str(good), *lm]),
+            "program.json",
+        ),
+        "serve": (
+            lambda: serve_main(["--program", str(program), "--domain-dir", str(good), *lm]),
+            "program.json",
+        ),
+        "evaluate": (lambda: evaluate_main(["--domain-dir", str(deep_corpus), *lm]), "corpus.jsonl:2"),
+    }
+    for command, (run, where) in runs.items():
+        assert run() == 2, command
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and where in err and "nested too deeply" in err, (command, err)
+        assert err.count("\n") == 1, command
+    assert not (tmp_path / "c").exists()

@@ -210,3 +210,11 @@ def test_an_invalid_config_is_refused_and_leaves_the_module_untouched(tmp_path, 
     with pytest.raises(ProgramError, match=f"(?s)program config is invalid.*{message}"):
         apply_program(fresh, doc)
     assert fresh.config == CRAGConfig() and fresh.grader.predict.demos == []
+
+
+def test_a_program_nested_too_deeply_is_a_clear_error(tmp_path):
+    path = _write(
+        tmp_path, "p.json", '{"format": "crag-dspy-program", "state": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    )
+    with pytest.raises(ProgramError, match="p.json: corrupt program JSON: nested too deeply"):
+        read_program(path)
