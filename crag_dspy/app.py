@@ -49,9 +49,16 @@ class Backends:
         return ChromaRetriever(self.client, kb if which == "kb" else web, self.embedder)
 
 
-def open_backends(settings: Settings, *, ingest_if_missing: bool = True, progress: bool = True) -> Backends:
-    """Load the domain and open Chroma; ingest the domain first when its collections do not exist yet."""
-    domain = load_domain(settings.resolved_domain_dir)
+def open_backends(
+    settings: Settings,
+    *,
+    ingest_if_missing: bool = True,
+    progress: bool = True,
+    domain: Domain | None = None,
+) -> Backends:
+    """Load the domain (unless given, already loaded) and open Chroma; ingest the domain first when its
+    collections do not exist yet."""
+    domain = domain or load_domain(settings.resolved_domain_dir)
     client = open_client(settings)
     embedder = Embedder(settings.embedding_model)
     kb, web = collection_names(domain.name)
@@ -94,11 +101,19 @@ def build_web_search(settings: Settings, backends: Backends) -> WebSearch:
 
 
 def assemble(
-    settings: Settings, lm: dspy.BaseLM | None = None, progress: bool = True
+    settings: Settings,
+    lm: dspy.BaseLM | None = None,
+    progress: bool = True,
+    *,
+    domain: Domain | None = None,
 ) -> tuple[CRAG, Backends]:
-    """Build CRAG and return it with its storage backends (compile and evaluation need both)."""
-    lm = lm or build_lm(settings)  # first: a bad model string or missing key fails before any indexing
-    backends = open_backends(settings, progress=progress)
+    """Build CRAG and return it with its storage backends (compile and evaluation need both); pass
+    ``domain`` when it is loaded already."""
+    # The domain first: reading and validating its files starts nothing, while the embedded LM takes
+    # seconds and 1.8 GB. Then the LM: a bad model string or a missing key fails before any indexing.
+    domain = domain or load_domain(settings.resolved_domain_dir)
+    lm = lm or build_lm(settings)
+    backends = open_backends(settings, progress=progress, domain=domain)
     crag = CRAG(
         backends.retriever("kb"),
         build_web_search(settings, backends),

@@ -22,7 +22,7 @@ import dspy
 from crag_dspy.app import assemble
 from crag_dspy.baselines import PlainRAG
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
-from crag_dspy.domain import Domain, QAPair
+from crag_dspy.domain import Domain, QAPair, load_domain
 from crag_dspy.embeddings import bundled_model_path
 from crag_dspy.faults import CRAGRunError
 from crag_dspy.judges.calibration import Calibration, fit_calibration
@@ -427,9 +427,9 @@ def compile_program(
     if "grader" in stages and grader != "llm":
         check_encoder_folder(evaluator_base or bundled_model_path())  # before the LM starts
     runs_embedded = lm is None and settings.lm == "embedded"
+    domain = load_domain(settings.resolved_domain_dir)  # a bad domain fails before the LM starts
     lm = lm or build_lm(settings)
-    crag, backends = assemble(settings, lm, progress)
-    domain = backends.domain
+    crag, backends = assemble(settings, lm, progress, domain=domain)
     ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed
     out = out or Path("runs") / domain.name / "program.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -216,13 +216,15 @@ def evaluate_domain(
     progress: bool = True,
     num_threads: int = 1,
     rows: str = "all",
+    cache: bool = True,
 ) -> dict[str, Any]:
     """Evaluate every variant on ``split`` of the domain of ``settings``; write and return the report.
 
     ``num_threads`` questions are evaluated at a time (each question's pieces by one thread): faster
     when the LM serves several requests at once (hosted APIs, multi-slot servers). The report is the
     same as with one thread, wall times aside. ``rows`` (:data:`~optimize.variants.ROW_SETS`) leaves
-    out the costlier rows (ablations, internal retry) for quicker runs.
+    out the costlier rows (ablations, internal retry) for quicker runs. ``cache=False`` builds the LM
+    (when ``lm`` is not given) without DSPy's request cache.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {SPLITS}")
@@ -237,8 +239,8 @@ def evaluate_domain(
         raise ValueError(f"domain {domain.name!r} has no QA questions in split {split!r} (qa.jsonl)")
     document = read_program(program, domain=domain.name) if program else None
     started = time.perf_counter()
-    lm = lm or build_lm(settings)
-    default_crag, backends = assemble(settings, lm, progress)
+    lm = lm or build_lm(settings, cache=cache)
+    default_crag, backends = assemble(settings, lm, progress, domain=domain)
     ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed
     backends.embedder.encode(["warm-up"])  # loading the embedding model is no variant's cost
     work = SharedWork()
@@ -357,10 +359,9 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from_args(args)
         if args.num_threads > 1 and settings.lm == "embedded":
             log.warning("--num-threads: the embedded model serves one request at a time, so it is no faster")
-        lm = build_lm(settings, cache=False) if args.no_cache else None
         report = evaluate_domain(
             settings,
-            lm=lm,
+            cache=not args.no_cache,  # the LM is built after the domain and the program are checked
             program=args.program,
             split=args.split,
             limit=args.limit,

@@ -230,3 +230,35 @@ def test_deeply_nested_files_are_one_line_errors_in_every_command(tmp_path, caps
         assert err.startswith("error: ") and where in err and "nested too deeply" in err, (command, err)
         assert err.count("\n") == 1, command
     assert not (tmp_path / "c").exists()
+
+
+@pytest.fixture()
+def lm_must_not_start(monkeypatch):
+    """Every command builds its LM through build_lm; here that fails the test (the embedded model would
+    take seconds and 1.8 GB to start)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the LM was started before the bad --domain-dir was reported")
+
+    for module in ("crag_dspy.app", "optimize.compile", "optimize.evaluate"):
+        monkeypatch.setattr(f"{module}.build_lm", refuse)
+    monkeypatch.delenv("CRAG_LM", raising=False)  # the default: the embedded model
+
+
+def test_a_bad_domain_dir_is_reported_before_the_lm_starts(tmp_path, capsys, lm_must_not_start):
+    from crag_dspy.serve.cli import main as serve_main
+    from optimize.compile import main as compile_main
+    from optimize.evaluate import main as evaluate_main
+
+    bad = write_corpus(tmp_path / "bad", ["{broken"])
+    flags = ["--domain-dir", str(bad), "--chroma-path", str(tmp_path / "chroma")]
+    runs = {
+        "ask": lambda: main(["ask", "q", *flags]),
+        "serve": lambda: serve_main(flags),
+        "compile": lambda: compile_main([*flags, "--grader", "llm"]),
+        "evaluate": lambda: evaluate_main([*flags, "--no-cache"]),
+    }
+    for command, run in runs.items():
+        assert run() == 2, command
+        assert "corpus.jsonl:1: not valid JSON" in capsys.readouterr().err, command
+    assert not (tmp_path / "chroma").exists()
