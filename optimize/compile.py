@@ -13,6 +13,7 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -585,6 +586,23 @@ def compile_program(
     return report
 
 
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number of at least ``minimum``. A count below it means nothing
+    (``--demos -1``, ``--evaluator-epochs 0``) and is refused with argparse's one-line usage error
+    instead of reaching the compile, where a negative limit would silently drop examples."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m optimize.compile", description=__doc__.split("\n\n")[0])
     add_storage_arguments(parser)
@@ -597,10 +615,10 @@ def build_parser() -> argparse.ArgumentParser:
         "always a candidate and the best on val ships (default: none = zero-shot + calibration, chosen by "
         "measurement: on the embedded 1.5B every few-shot candidate scored lower, see docs/compile.md)",
     )
-    parser.add_argument("--demos", type=int, default=4, help="few-shot demos per predictor")
+    parser.add_argument("--demos", type=at_least(0), default=4, help="few-shot demos per predictor")
     parser.add_argument(
         "--calibration-pairs",
-        type=int,
+        type=at_least(0),
         default=64,
         help="held-out train examples per judge to fit its calibrations on (0: no calibration)",
     )
@@ -630,34 +648,34 @@ def build_parser() -> argparse.ArgumentParser:
         "all-MiniLM-L6-v2)",
     )
     parser.add_argument(
-        "--evaluator-epochs", type=int, default=TrainingConfig().max_epochs, help="most evaluator epochs"
+        "--evaluator-epochs", type=at_least(1), default=TrainingConfig().max_epochs, help="most evaluator epochs"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
     # Whole splits by default: a handful of questions cannot tell a gain from noise (docs/compile.md).
     parser.add_argument(
         "--val-limit",
-        type=int,
+        type=at_least(0),
         default=0,
         help="tune thresholds on N QA val questions, taken evenly across kinds (default 0: all; quick runs)",
     )
     parser.add_argument(
         "--judge-val-limit",
-        type=int,
+        type=at_least(0),
         default=80,
         help="measure grader and strip filter on N val examples each, whole questions spread evenly over "
         "the split (default 80; 0: all)",
     )
     parser.add_argument(
         "--test-limit",
-        type=int,
+        type=at_least(0),
         default=0,
         help="evaluate on N QA test questions, taken evenly across kinds (default 0: all; quick runs)",
     )
     parser.add_argument("--no-test-eval", action="store_true", help="skip the test-split comparison")
     parser.add_argument(
         "--num-threads",
-        type=int,
+        type=at_least(1),
         default=1,
         metavar="N",
         help="precompute N val questions' routes at a time (default: 1); faster only with a hosted LM or a "

@@ -477,3 +477,28 @@ def test_internal_retry_ships_only_with_a_gain_beyond_noise(tmp_path, retry_help
     else:
         assert retry["right"]["with"] == retry["right"]["without"] and "not shipped" in retry["why"]
     assert "## internal retry (shipped:" in out.with_suffix(".report.md").read_text()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--demos", "-1"], "argument --demos: must be at least 0, got -1"),
+        (["--calibration-pairs", "-3"], "argument --calibration-pairs: must be at least 0, got -3"),
+        (["--val-limit", "-1"], "argument --val-limit: must be at least 0, got -1"),
+        (["--judge-val-limit", "-1"], "argument --judge-val-limit: must be at least 0, got -1"),
+        (["--test-limit", "-2"], "argument --test-limit: must be at least 0, got -2"),
+        (["--evaluator-epochs", "0"], "argument --evaluator-epochs: must be at least 1, got 0"),
+        (["--num-threads", "0"], "argument --num-threads: must be at least 1, got 0"),
+        (["--demos", "many"], "argument --demos: 'many' is not a whole number"),
+        (["--trials", "-1"], "unrecognized arguments: --trials -1"),  # the Optuna grid search has no trial count
+    ],
+)
+def test_meaningless_counts_are_refused_by_the_argument_parser(argv, message, capsys, monkeypatch):
+    def refuse(*args, **kwargs):  # a count that got past the parser would start the compile's LM
+        raise AssertionError(f"{argv} reached the compile")
+
+    monkeypatch.setattr("optimize.compile.build_lm", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
