@@ -355,3 +355,29 @@ def test_a_question_crag_refuses_is_422_in_one_line_without_a_logged_traceback(q
     assert detail.startswith("invalid request: question: the question ") and "\n" not in detail
     assert response.json()["errors"][0]["loc"] == ["body", "question"]
     assert not [r for r in caplog.records if r.exc_info or r.levelno >= 40]  # no traceback, no error
+
+
+def test_serve_without_fastapi_says_what_to_install_in_one_line():
+    """As `python -m crag_dspy.serve` runs without the serve extra (fastapi made unimportable)."""
+    code = (
+        "import runpy, sys\n"
+        "sys.modules['fastapi'] = None\n"
+        "try:\n"
+        "    from crag_dspy.serve import create_app\n"
+        "except ImportError as exc:\n"
+        "    print('library:', exc)\n"
+        "sys.argv = ['crag_dspy.serve', '--port', '1']\n"
+        "runpy.run_module('crag_dspy.serve', run_name='__main__', alter_sys=True)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    hint = "pip install 'crag-dspy[serve]'"
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == f"error: crag_dspy.serve needs FastAPI and uvicorn (fastapi is missing): {hint}\n"
+    assert run.stdout.startswith("library: crag_dspy.serve needs FastAPI") and hint in run.stdout
