@@ -252,3 +252,15 @@ def test_a_password_in_the_lm_api_base_never_reaches_stderr_or_the_trace(tmp_pat
     trace = json.loads(run.stdout)
     assert any("***@" in e for e in trace["errors"])  # the failure is there, its credential is not
     assert URL_PASSWORD not in run.stdout + run.stderr
+
+
+def test_a_long_error_is_redacted_before_it_is_cut_to_one_trace_line(keys):
+    from crag_dspy.faults import describe_error
+
+    # Cut first, the URL's "@" (or the end of a key) would be gone and the rest of the secret would stay.
+    for secret, text in (
+        (URL_PASSWORD, f"{'y' * 262} failed to connect to alice:{URL_PASSWORD}@127.0.0.1:9"),
+        (OPENAI_KEY, f"{'y' * 280} Incorrect API key provided: {OPENAI_KEY}"),
+    ):
+        line = describe_error(ConnectionError(text))
+        assert secret[:8] not in line, line[-60:]
