@@ -5,8 +5,7 @@ Transient LM faults (timeouts, connection errors, rate limits, 5xx) are retried 
 failed call that reaches CRAG has already been retried. CRAG then takes each stage's fallback (see
 ``docs/reliability.md``) and counts the failure: two failed calls in a row, or one that cannot get
 better by waiting (authentication, billing, configuration), mean the LM is down, and the question stops
-with :class:`LMDownError` instead of spending minutes in backoff on every remaining stage. Batch runs
-(the compile, the evaluation) stop on it too, since every further question would fail the same way.
+with :class:`LMUnavailableError` instead of spending minutes in backoff on every remaining stage.
 """
 
 from __future__ import annotations
@@ -29,7 +28,6 @@ if TYPE_CHECKING:
 __all__ = [
     "CONSECUTIVE_LM_FAILURES",
     "CRAGRunError",
-    "LMDownError",
     "LMFault",
     "LMHealth",
     "LMUnavailableError",
@@ -45,10 +43,9 @@ LMFault = Literal["fatal", "unavailable", "output"]
 
 
 class CRAGRunError(RuntimeError):
-    """A question could not be answered; ``trace`` records everything done up to the failure (None when
-    the failure came outside a question, e.g. while a batch run measured a judge)."""
+    """A question could not be answered; ``trace`` records everything done up to the failure."""
 
-    def __init__(self, message: str, trace: CRAGTrace | None):
+    def __init__(self, message: str, trace: CRAGTrace):
         super().__init__(message)
         self.trace = trace
 
@@ -67,15 +64,9 @@ class LMUnavailableError(CRAGRunError):
     ``stage`` names the stage whose call failed last.
     """
 
-    def __init__(self, message: str, trace: CRAGTrace | None, stage: str):
+    def __init__(self, message: str, trace: CRAGTrace, stage: str):
         super().__init__(message, trace)
         self.stage = stage
-
-
-class LMDownError(LMUnavailableError):
-    """The LM is down: :class:`LMHealth` saw an error that waiting will not fix, or
-    ``CONSECUTIVE_LM_FAILURES`` failed calls in a row. Unlike a question whose answer alone failed, a
-    batch run stops on it: every further question would fail the same way, each after its retries."""
 
 
 def classify_lm_error(exc: BaseException) -> LMFault:
@@ -104,22 +95,18 @@ def describe_error(exc: BaseException, limit: int = 300) -> str:
 class LMHealth:
     """Decides, for one question, when the LM is down: a fatal error, or ``CONSECUTIVE_LM_FAILURES``
     failed calls in a row (each already retried by DSPy). An unusable answer is not a failed call: the
-    LM answered. Never shared between threads, like the question's trace it writes to.
+    LM answered. Never shared between threads, like the question's trace it writes to."""
 
-    Without a trace (``model`` names the LM then) it watches a batch of calls outside any question,
-    e.g. a judge measured on many examples, by the same rule."""
-
-    def __init__(self, trace: CRAGTrace | None, model: str | None = None):
+    def __init__(self, trace: CRAGTrace):
         self.trace = trace
-        self.model = model  # read from the trace when there is one: it is set once the LM is known
         self.failures_in_a_row = 0
 
     def succeeded(self) -> None:
         self.failures_in_a_row = 0
 
     def failed(self, stage: str, exc: BaseException) -> None:
-        """Count an LM call that failed after DSPy's retries; raise :class:`LMDownError` (the message also
-        goes into the trace's errors) once the LM is down."""
+        """Count an LM call that failed after DSPy's retries; raise :class:`LMUnavailableError` (the
+        message also goes into the trace's errors) once the LM is down."""
         kind = classify_lm_error(exc)
         if kind == "output":
             self.succeeded()
@@ -132,8 +119,6 @@ class LMHealth:
             if kind == "fatal"
             else f"failed {self.failures_in_a_row} calls in a row, each after retries with backoff"
         )
-        model = self.trace.lm_model if self.trace is not None else self.model
-        message = f"the LM {model} {why}; stopped at stage {stage!r}: {describe_error(exc)}"
-        if self.trace is not None:
-            self.trace.errors.append(message)
-        raise LMDownError(message, self.trace, stage) from exc
+        message = f"the LM {self.trace.lm_model} {why}; stopped at stage {stage!r}: {describe_error(exc)}"
+        self.trace.errors.append(message)
+        raise LMUnavailableError(message, self.trace, stage) from exc

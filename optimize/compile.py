@@ -25,7 +25,7 @@ from crag_dspy.baselines import PlainRAG
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain, QAPair, load_domain
 from crag_dspy.embeddings import bundled_model_path
-from crag_dspy.faults import CRAGRunError, LMDownError
+from crag_dspy.faults import CRAGRunError
 from crag_dspy.judges.calibration import Calibration, fit_calibration
 from crag_dspy.judges.evaluator import TrainingConfig, check_encoder_folder
 from crag_dspy.judges.llm import BinaryJudge, Judgement
@@ -370,8 +370,6 @@ def _internal_retry_stage(
             try:
                 outcome = run_variant(Variant("CRAG", internal_retries=rounds), q.question, pieces, None)
                 results.append(answer_matches(outcome.answer, q.answers))
-            except LMDownError:  # the LM is down, not one question: stop the compile
-                raise
             except CRAGRunError as exc:  # wrong either way, like a failed question in the evaluation
                 log.warning("question %s failed with %d retry rounds: %s", q.id, rounds, exc)
                 results.append(False)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import dspy
 from tqdm.auto import tqdm
 
-from crag_dspy.faults import CRAGRunError, LMDownError, LMHealth
+from crag_dspy.faults import CRAGRunError
 from crag_dspy.judges.llm import Judgement
 from crag_dspy.judges.protocols import Judge
 from crag_dspy.trace import StageUsage, usage_from_tracker
@@ -27,23 +27,12 @@ def judge_outcomes(
     desc: str,
     progress: bool = True,
 ) -> list[Judgement]:
-    """One :class:`~crag_dspy.judges.llm.Judgement` per example, in input order.
-
-    A judgement whose LM call failed is kept as unknown, but the LM being down (the rule of
-    :class:`~crag_dspy.faults.LMHealth`: two failed calls in a row) raises
-    :class:`~crag_dspy.faults.LMDownError`: the remaining examples would each wait through their
-    retries for nothing.
-    """
+    """One :class:`~crag_dspy.judges.llm.Judgement` per example, in input order."""
     # Sorted by question so consecutive calls share the cached prompt prefix; results keep input order.
     order = sorted(range(len(examples)), key=lambda i: examples[i].question)
     outcomes: list[Judgement | None] = [None] * len(examples)
-    health = LMHealth(None, model=getattr(dspy.settings.lm, "model", None))
     for i in tqdm(order, desc=desc, disable=not progress):
-        outcomes[i] = judgement = judge(**examples[i].inputs()).judgement
-        if judgement.lm_error is not None:
-            health.failed(desc, judgement.lm_error)
-        else:
-            health.succeeded()
+        outcomes[i] = judge(**examples[i].inputs()).judgement
     return outcomes  # type: ignore[return-value]
 
 
@@ -85,8 +74,6 @@ def evaluate_program(
         for example in tqdm(examples, desc=f"evaluate {name}", disable=not progress):
             try:
                 pred = program(question=example.question)
-            except LMDownError:  # every further question would fail the same way
-                raise
             except CRAGRunError as exc:
                 # One failed question is a wrong answer with its reason, not the end of the evaluation.
                 rows.append(

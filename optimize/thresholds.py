@@ -25,7 +25,7 @@ from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, Jour
 from optuna.trial import FrozenTrial, TrialState
 
 from crag_dspy.domain import QAPair
-from crag_dspy.faults import CRAGRunError, LMDownError
+from crag_dspy.faults import CRAGRunError
 from crag_dspy.module import CRAG
 from crag_dspy.routing import Action, decide_action, question_type
 from crag_dspy.trace import StageUsage
@@ -109,8 +109,6 @@ def precompute_routes(
                     pieces.documents(q.question)
                     answers[action.value] = pieces.route(q.question, action)
                 requests[action.value] = work.cost(used).requests
-        except LMDownError:  # not one question's failure: every further question would fail the same way
-            raise
         except CRAGRunError as exc:
             # A question the LM or store failed on is wrong under every threshold; tuning goes on.
             log.warning("question %s failed, counted as wrong on every route: %s", q.id, exc)
