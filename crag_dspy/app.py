@@ -103,9 +103,12 @@ def assemble(
     *,
     domain: Domain | None = None,
 ) -> tuple[CRAG, Backends]:
-    """Build CRAG and return it with its storage backends (compile and evaluation need both);
-    ``domain``: the domain of ``settings`` when the caller has loaded it already."""
-    lm = lm or build_lm(settings)  # first: a bad model string or missing key fails before any indexing
+    """Build CRAG and return it with its storage backends (compile and evaluation need both); pass
+    ``domain`` when it is loaded already."""
+    # The domain first: reading and validating its files starts nothing, while the embedded LM takes
+    # seconds and 1.8 GB. Then the LM: a bad model string or a missing key fails before any indexing.
+    domain = domain or load_domain(settings.resolved_domain_dir)
+    lm = lm or build_lm(settings)
     backends = open_backends(settings, progress=progress, domain=domain)
     crag = CRAG(
         backends.retriever("kb"),

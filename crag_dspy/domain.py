@@ -118,16 +118,25 @@ class DomainConfig(BaseModel):
 
 R = TypeVar("R", bound=BaseModel)
 
+# json and tomllib parse nested arrays/objects recursively: a line nested deeper than the interpreter's
+# recursion limit raises RecursionError, which is the file's fault, not a bug.
+_TOO_DEEP = "nested too deeply to parse (arrays or objects inside each other, past Python's recursion limit)"
 
-def load_jsonl(path: Path, model: type[R]) -> list[R]:
-    """Parse and validate a JSON-lines file; blank lines are skipped, errors name file and line."""
-    records: list[R] = []
+
+def _read_text(path: Path) -> str:
+    """``path`` as UTF-8 text; a missing or undecodable file is a :class:`DomainDataError` naming it."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        return path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise DomainDataError(f"{path}: file not found") from None
     except UnicodeDecodeError as exc:
         raise DomainDataError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+
+
+def load_jsonl(path: Path, model: type[R]) -> list[R]:
+    """Parse and validate a JSON-lines file; blank lines are skipped, errors name file and line."""
+    records: list[R] = []
+    lines = _read_text(path).splitlines()
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -137,6 +146,8 @@ def load_jsonl(path: Path, model: type[R]) -> list[R]:
             raise DomainDataError(
                 f"{path}:{number}: not valid JSON ({exc.msg} at column {exc.colno})"
             ) from None
+        except RecursionError:
+            raise DomainDataError(f"{path}:{number}: {_TOO_DEEP}") from None
         except ValidationError as exc:
             problems = "; ".join(
                 f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in exc.errors()
@@ -148,7 +159,7 @@ def load_jsonl(path: Path, model: type[R]) -> list[R]:
 def _load_text_folder(folder: Path) -> list[CorpusDoc]:
     docs = []
     for path in sorted([*folder.rglob("*.md"), *folder.rglob("*.txt")]):
-        text = path.read_text(encoding="utf-8").strip()
+        text = _read_text(path).strip()
         if not text:
             continue
         first = text.splitlines()[0].lstrip("# ").strip()
@@ -198,9 +209,11 @@ def load_domain(root: Path | str) -> Domain:
     toml_path = root / "domain.toml"
     if toml_path.is_file():
         try:
-            config = DomainConfig.model_validate(tomllib.loads(toml_path.read_text(encoding="utf-8")))
+            config = DomainConfig.model_validate(tomllib.loads(_read_text(toml_path)))
         except (tomllib.TOMLDecodeError, ValidationError) as exc:
             raise DomainDataError(f"{toml_path}: {exc}") from None
+        except RecursionError:
+            raise DomainDataError(f"{toml_path}: {_TOO_DEEP}") from None
     else:
         config = DomainConfig(name=re.sub(r"[^a-zA-Z0-9_-]", "-", root.name).strip("-_")[:42] or "domain")
 

@@ -96,7 +96,9 @@ def describe_error(exc: BaseException, limit: int = 300) -> str:
     DSPy's LM errors carry multi-line "To fix" advice after the first line; a trace needs what happened.
     """
     lines = str(exc).strip().splitlines()
-    return redact(f"{type(exc).__name__}: {lines[0][:limit] if lines else ''}".rstrip(": "))
+    # Redacted before it is cut: a secret cut in two (or a URL cut before its "@") would no longer match.
+    first = redact(lines[0])[:limit] if lines else ""
+    return f"{type(exc).__name__}: {first}".rstrip(": ")
 
 
 class LMHealth:

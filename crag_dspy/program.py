@@ -197,6 +197,10 @@ def read_program(path: Path | str, *, domain: str | None = None) -> dict[str, An
         document = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProgramError(f"{path}: corrupt or truncated program JSON ({exc})") from None
+    except RecursionError:  # json parses nested arrays/objects recursively
+        raise ProgramError(
+            f"{path}: corrupt program JSON: nested too deeply to parse (past Python's recursion limit)"
+        ) from None
     if not isinstance(document, dict) or document.get("format") != PROGRAM_FORMAT:
         raise ProgramError(f'{path}: not a crag-dspy program (missing "format": "{PROGRAM_FORMAT}")')
     version = document.get("format_version")

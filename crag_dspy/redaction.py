@@ -23,7 +23,9 @@ _SECRET_SHAPES = re.compile(
     r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"  # Authorization header values
     r"|\b(sk|tvly|gsk|xai|pk|rk)-[A-Za-z0-9_-]{8,}"  # OpenAI/Anthropic, Tavily, Groq, xAI-style keys
     r"|\bAIza[0-9A-Za-z_-]{20,}"  # Google API keys
-    r"|(?<=://)[^/\s:@]+:[^/\s@]+(?=@)"  # user:password@ in URLs
+    # user:password@host in URLs, with or without the scheme (LiteLLM's connection errors drop it). Only
+    # a ":password" part is redacted, so e-mail addresses (and "mailto:") in answers stay as they are.
+    r"|(?<![^\s/'\"(<\[=,;])(?!mailto:)[^\s/:@'\"<>()\[\]]+:[^\s/@'\"<>]+(?=@[\w\[])"
 )
 _MIN_SECRET_LENGTH = 6  # shorter values ("1", "true") would redact ordinary words
 

@@ -2,8 +2,9 @@
 
 A question is user input headed into prompts. It is normalised (Unicode NFC, control and bidi-override
 characters removed, whitespace collapsed, forged prompt markers neutralised) and refused when it is not
-a string, is empty, or is longer than the limit. Over-long questions are refused rather than truncated:
-cutting a question can change what it asks, and the caller is better placed to shorten it.
+a string, holds lone surrogates (bytes that were not UTF-8), is empty, or is longer than the limit.
+Over-long questions are refused rather than truncated: cutting a question can change what it asks, and
+the caller is better placed to shorten it.
 Questions in any language and script are accepted unchanged apart from that normalisation.
 """
 
@@ -22,10 +23,13 @@ embedded model's context, so a pasted document is refused before it costs LM cal
 
 # Bidi overrides/isolates can make displayed text differ from what the model reads ("Trojan source").
 _BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
+# Lone surrogates are no text: Python makes them of bytes that are not UTF-8 (sys.argv, os.fsdecode),
+# and they cannot be encoded for the store, the embedder or the LM.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class QuestionError(ValueError):
-    """The question cannot be asked: not a string, empty, or over the length limit."""
+    """The question cannot be asked: not a string, not valid UTF-8, empty, or over the length limit."""
 
 
 def _is_control(char: str) -> bool:
@@ -43,6 +47,12 @@ def normalize_question(question: object, *, max_chars: int | None = DEFAULT_MAX_
     """
     if not isinstance(question, str):
         raise QuestionError(f"the question must be a string, not {type(question).__name__}")
+    bad = _SURROGATE.search(question)
+    if bad:
+        raise QuestionError(
+            f"the question is not valid UTF-8 (undecodable bytes at character {bad.start() + 1}): "
+            "ask it as UTF-8 text"
+        )
     text = unicodedata.normalize("NFC", question)
     text = _BIDI_CONTROLS.sub("", text)
     text = "".join(" " if _is_control(c) else c for c in text)

@@ -13,6 +13,7 @@ import argparse
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ import dspy
 from crag_dspy.app import assemble
 from crag_dspy.baselines import PlainRAG
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
-from crag_dspy.domain import Domain, QAPair
+from crag_dspy.domain import Domain, QAPair, load_domain
 from crag_dspy.embeddings import bundled_model_path
 from crag_dspy.faults import CRAGRunError, LMDownError, describe_error, raise_if_lm_down, watch_lm
 from crag_dspy.judges.calibration import Calibration, fit_calibration
@@ -432,9 +433,9 @@ def compile_program(
     if "grader" in stages and grader != "llm":
         check_encoder_folder(evaluator_base or bundled_model_path())  # before the LM starts
     runs_embedded = lm is None and settings.lm == "embedded"
+    domain = load_domain(settings.resolved_domain_dir)  # a bad domain fails before the LM starts
     lm = lm or build_lm(settings)
-    crag, backends = assemble(settings, lm, progress)
-    domain = backends.domain
+    crag, backends = assemble(settings, lm, progress, domain=domain)
     ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed
     out = out or Path("runs") / domain.name / "program.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -592,6 +593,23 @@ def compile_program(
     return report
 
 
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number of at least ``minimum``. A count below it means nothing
+    (``--demos -1``, ``--evaluator-epochs 0``) and is refused with argparse's one-line usage error
+    instead of reaching the compile, where a negative limit would silently drop examples."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m optimize.compile", description=__doc__.split("\n\n")[0])
     add_storage_arguments(parser)
@@ -604,10 +622,10 @@ def build_parser() -> argparse.ArgumentParser:
         "always a candidate and the best on val ships (default: none = zero-shot + calibration, chosen by "
         "measurement: on the embedded 1.5B every few-shot candidate scored lower, see docs/compile.md)",
     )
-    parser.add_argument("--demos", type=int, default=4, help="few-shot demos per predictor")
+    parser.add_argument("--demos", type=at_least(0), default=4, help="few-shot demos per predictor")
     parser.add_argument(
         "--calibration-pairs",
-        type=int,
+        type=at_least(0),
         default=64,
         help="held-out train examples per judge to fit its calibrations on (0: no calibration)",
     )
@@ -637,34 +655,34 @@ def build_parser() -> argparse.ArgumentParser:
         "all-MiniLM-L6-v2)",
     )
     parser.add_argument(
-        "--evaluator-epochs", type=int, default=TrainingConfig().max_epochs, help="most evaluator epochs"
+        "--evaluator-epochs", type=at_least(1), default=TrainingConfig().max_epochs, help="most evaluator epochs"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
     # Whole splits by default: a handful of questions cannot tell a gain from noise (docs/compile.md).
     parser.add_argument(
         "--val-limit",
-        type=int,
+        type=at_least(0),
         default=0,
         help="tune thresholds on N QA val questions, taken evenly across kinds (default 0: all; quick runs)",
     )
     parser.add_argument(
         "--judge-val-limit",
-        type=int,
+        type=at_least(0),
         default=80,
         help="measure grader and strip filter on N val examples each, whole questions spread evenly over "
         "the split (default 80; 0: all)",
     )
     parser.add_argument(
         "--test-limit",
-        type=int,
+        type=at_least(0),
         default=0,
         help="evaluate on N QA test questions, taken evenly across kinds (default 0: all; quick runs)",
     )
     parser.add_argument("--no-test-eval", action="store_true", help="skip the test-split comparison")
     parser.add_argument(
         "--num-threads",
-        type=int,
+        type=at_least(1),
         default=1,
         metavar="N",
         help="precompute N val questions' routes at a time (default: 1); faster only with a hosted LM or a "
@@ -702,7 +720,7 @@ def main(argv: list[str] | None = None) -> int:
             evaluator_training=TrainingConfig(max_epochs=args.evaluator_epochs),
         )
     except user_error_types() as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)  # e.g. a --chroma-host with user:password@
         return 2
     except (CRAGRunError, LMDownError) as exc:  # the LM went down mid-compile: one redacted line
         print(f"error: {redact(str(exc))}", file=sys.stderr)

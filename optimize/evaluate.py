@@ -30,7 +30,7 @@ from crag_dspy.embeddings import Embedder
 from crag_dspy.faults import CRAGRunError, LMDownError, describe_error, raise_if_lm_down, watch_lm
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.program import apply_program, check_dataset, read_program
-from crag_dspy.redaction import redact
+from crag_dspy.redaction import configure_logging, redact
 from crag_dspy.routing import Action
 from crag_dspy.settings import Settings
 from crag_dspy.store import ingest_domain
@@ -232,6 +232,7 @@ def evaluate_domain(
     num_threads: int = 1,
     rows: str = "all",
     force: bool = False,
+    cache: bool = True,
 ) -> dict[str, Any]:
     """Evaluate every variant on ``split`` of the domain of ``settings``; write and return the report.
 
@@ -241,7 +242,8 @@ def evaluate_domain(
     ``num_threads`` questions are evaluated at a time (each question's pieces by one thread): faster
     when the LM serves several requests at once (hosted APIs, multi-slot servers). The report is the
     same as with one thread, wall times aside. ``rows`` (:data:`~optimize.variants.ROW_SETS`) leaves
-    out the costlier rows (ablations, internal retry) for quicker runs.
+    out the costlier rows (ablations, internal retry) for quicker runs. ``cache=False`` builds the LM
+    (when ``lm`` is not given) without DSPy's request cache.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; choose from {SPLITS}")
@@ -258,7 +260,7 @@ def evaluate_domain(
     if document:
         check_dataset(document, domain.file_hashes(), program, force=force)
     started = time.perf_counter()
-    lm = lm or build_lm(settings)
+    lm = lm or build_lm(settings, cache=cache)
     default_crag, backends = assemble(settings, lm, progress, domain=domain)
     ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed
     backends.embedder.encode(["warm-up"])  # loading the embedding model is no variant's cost
@@ -379,17 +381,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
-    )
+    configure_logging(args.verbose)  # every handler redacts credentials
     try:
         settings = settings_from_args(args)
         if args.num_threads > 1 and settings.lm == "embedded":
             log.warning("--num-threads: the embedded model serves one request at a time, so it is no faster")
-        lm = build_lm(settings, cache=False) if args.no_cache else None
         report = evaluate_domain(
             settings,
-            lm=lm,
+            cache=not args.no_cache,  # the LM is built after the domain and the program are checked
             program=args.program,
             split=args.split,
             limit=args.limit,
@@ -399,9 +398,9 @@ def main(argv: list[str] | None = None) -> int:
             force=args.force,
         )
     except user_error_types() as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)  # e.g. a --chroma-host with user:password@
         return 2
-    except LMDownError as exc:  # one line, no traceback, no report of a run that did not happen
+    except (LMDownError, CRAGRunError) as exc:  # one redacted line, no traceback, no report
         print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 1
     md = next(Path(p) for p in report["files"] if p.endswith(".md"))

@@ -107,6 +107,25 @@ def test_cli_refuses_a_bad_question_before_opening_anything(tmp_path, capsys):
     assert not chroma.exists()  # nothing was created
 
 
+# What Python puts in sys.argv for bytes that are not UTF-8 (os.fsdecode: surrogateescape).
+NOT_UTF8 = b"What is the price of \xff\xfe?".decode("utf-8", "surrogateescape")
+
+
+@pytest.mark.parametrize("question", [NOT_UTF8, "lone \ud800 high surrogate", "lone low \udfff"])
+def test_lone_surrogates_are_refused_as_text_that_is_not_utf8(question):
+    with pytest.raises(QuestionError, match="not valid UTF-8"):
+        normalize_question(question)
+
+
+def test_cli_refuses_a_question_that_is_not_utf8_before_opening_anything(tmp_path, capsys):
+    chroma = tmp_path / "chroma"
+    argv = ["ask", NOT_UTF8, "--domain-dir", str(tmp_path / "nowhere"), "--chroma-path", str(chroma)]
+    assert main([*argv, "--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the question is not valid UTF-8") and err.count("\n") == 1
+    assert not chroma.exists()  # refused before the domain, the store or the LM
+
+
 def write_corpus(root, lines):
     root.mkdir()
     (root / "corpus.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -175,3 +194,71 @@ def test_unknown_lm_strings_are_refused_before_any_work(tmp_path, capsys, lm, me
     chroma = tmp_path / "chroma"
     assert main(["ask", "q", "--lm", lm, "--chroma-path", str(chroma)]) == 2
     assert message in capsys.readouterr().err and not chroma.exists()
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+
+
+def test_deeply_nested_files_are_one_line_errors_in_every_command(tmp_path, capsys):
+    """No RecursionError traceback from ingest, ask, serve or evaluate: exit 2 naming the file."""
+    from crag_dspy.serve.cli import main as serve_main
+    from optimize.evaluate import main as evaluate_main
+
+    deep_corpus = write_corpus(tmp_path / "deep", ['{"id": "a", "title": "A", "text": "x"}', DEEP])
+    good = write_corpus(tmp_path / "good", ['{"id": "a", "title": "A", "text": "x"}'])
+    program = tmp_path / "program.json"
+    program.write_text('{"format": "crag-dspy-program", "state": ' + DEEP + "}", encoding="utf-8")
+    lm = ["--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1", "--chroma-path", str(tmp_path / "c")]
+    runs = {
+        "ingest": (
+            lambda: main(["ingest", str(deep_corpus), "--chroma-path", str(tmp_path / "c")]),
+            "corpus.jsonl:2",
+        ),
+        "ask": (
+            lambda: main(["ask", "q", "--program", str(program), "--domain-dir", str(good), *lm]),
+            "program.json",
+        ),
+        "serve": (
+            lambda: serve_main(["--program", str(program), "--domain-dir", str(good), *lm]),
+            "program.json",
+        ),
+        "evaluate": (lambda: evaluate_main(["--domain-dir", str(deep_corpus), *lm]), "corpus.jsonl:2"),
+    }
+    for command, (run, where) in runs.items():
+        assert run() == 2, command
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and where in err and "nested too deeply" in err, (command, err)
+        assert err.count("\n") == 1, command
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.fixture()
+def lm_must_not_start(monkeypatch):
+    """Every command builds its LM through build_lm; here that fails the test (the embedded model would
+    take seconds and 1.8 GB to start)."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the LM was started before the bad --domain-dir was reported")
+
+    for module in ("crag_dspy.app", "optimize.compile", "optimize.evaluate"):
+        monkeypatch.setattr(f"{module}.build_lm", refuse)
+    monkeypatch.delenv("CRAG_LM", raising=False)  # the default: the embedded model
+
+
+def test_a_bad_domain_dir_is_reported_before_the_lm_starts(tmp_path, capsys, lm_must_not_start):
+    from crag_dspy.serve.cli import main as serve_main
+    from optimize.compile import main as compile_main
+    from optimize.evaluate import main as evaluate_main
+
+    bad = write_corpus(tmp_path / "bad", ["{broken"])
+    flags = ["--domain-dir", str(bad), "--chroma-path", str(tmp_path / "chroma")]
+    runs = {
+        "ask": lambda: main(["ask", "q", *flags]),
+        "serve": lambda: serve_main(flags),
+        "compile": lambda: compile_main([*flags, "--grader", "llm"]),
+        "evaluate": lambda: evaluate_main([*flags, "--no-cache"]),
+    }
+    for command, run in runs.items():
+        assert run() == 2, command
+        assert "corpus.jsonl:1: not valid JSON" in capsys.readouterr().err, command
+    assert not (tmp_path / "chroma").exists()

@@ -520,3 +520,31 @@ def test_an_lm_that_is_down_stops_the_compile_fast_with_one_line(tmp_path, capsy
     )
     assert "Traceback" not in err and len(lm.calls) == 2  # the first two grader calls, not the whole val set
     assert not (tmp_path / "out" / "program.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--demos", "-1"], "argument --demos: must be at least 0, got -1"),
+        (["--calibration-pairs", "-3"], "argument --calibration-pairs: must be at least 0, got -3"),
+        (["--val-limit", "-1"], "argument --val-limit: must be at least 0, got -1"),
+        (["--judge-val-limit", "-1"], "argument --judge-val-limit: must be at least 0, got -1"),
+        (["--test-limit", "-2"], "argument --test-limit: must be at least 0, got -2"),
+        (["--evaluator-epochs", "0"], "argument --evaluator-epochs: must be at least 1, got 0"),
+        (["--num-threads", "0"], "argument --num-threads: must be at least 1, got 0"),
+        (["--demos", "many"], "argument --demos: 'many' is not a whole number"),
+        (
+            ["--trials", "-1"],
+            "unrecognized arguments: --trials -1",
+        ),  # the Optuna grid search has no trial count
+    ],
+)
+def test_meaningless_counts_are_refused_by_the_argument_parser(argv, message, capsys, monkeypatch):
+    def refuse(*args, **kwargs):  # a count that got past the parser would start the compile's LM
+        raise AssertionError(f"{argv} reached the compile")
+
+    monkeypatch.setattr("optimize.compile.build_lm", refuse)
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err

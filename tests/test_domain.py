@@ -108,3 +108,40 @@ def test_text_folder_corpus(tmp_path):
     (tmp_path / "corpus" / "policy.md").write_text("# Leave policy\n\nStaff get 25 days.\n", encoding="utf-8")
     domain = load_domain(tmp_path)
     assert domain.corpus[0].title == "Leave policy" and domain.config.name == tmp_path.name.strip("-_")[:42]
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # nested far past Python's recursion limit
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        (
+            "corpus.jsonl",
+            '{"id": "a", "title": "A", "text": "x"}\n' + DEEP,
+            r"corpus.jsonl:2: nested too deeply",
+        ),
+        ("qa.jsonl", DEEP, r"qa.jsonl:1: nested too deeply"),
+        ("domain.toml", "name = " + DEEP, r"domain.toml: nested too deeply"),
+        (
+            "domain.toml",
+            b'name = "caf\xe9"\n',
+            r"domain.toml: not UTF-8 text \(invalid continuation byte at byte 11\)",
+        ),
+        ("corpus/policy.md", b"# Leave\n\nStaff get 25 days \xff.\n", r"corpus/policy.md: not UTF-8 text"),
+        (
+            "web.jsonl",
+            b'{"id": "w", "title": "W", "text": "\xff", "url": "u"}\n',
+            r"web.jsonl: not UTF-8 text",
+        ),
+    ],
+)
+def test_deep_nesting_and_undecodable_files_are_errors_naming_the_file(tmp_path, name, content, message):
+    if not name.startswith("corpus"):
+        write(tmp_path, "corpus.jsonl", ['{"id": "a", "title": "A", "text": "x"}'])
+    path = tmp_path / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(DomainDataError, match=message) as info:
+        load_domain(tmp_path)
+    assert str(path) in str(info.value) and "\n" not in str(info.value)

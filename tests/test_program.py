@@ -400,3 +400,11 @@ def test_a_program_compiled_on_other_data_is_refused_unless_forced(tmp_path, cap
         path, settings, domain_from_program=False, lm=ScriptedLM(script), progress=False, force=True
     )
     assert loaded.compiled and "using it anyway (--force)" in caplog.text
+
+
+def test_a_program_nested_too_deeply_is_a_clear_error(tmp_path):
+    path = _write(
+        tmp_path, "p.json", '{"format": "crag-dspy-program", "state": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    )
+    with pytest.raises(ProgramError, match="p.json: corrupt program JSON: nested too deeply"):
+        read_program(path)

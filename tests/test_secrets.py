@@ -191,3 +191,76 @@ def test_no_project_module_can_load_a_pickle():
     assert _pickle_uses_of("import pickle\npickle.loads(b'')\ntorch.load('w.pt')\nm.load('p', allow_pickle=True)") == [
         "pickle", "pickle.loads", "torch.load", "m.load(allow_pickle=...)"
     ]  # fmt: skip
+
+
+URL_PASSWORD = "s3cretpw-in-url"
+
+
+def test_credentials_in_urls_are_redacted_also_without_a_scheme():
+    # LiteLLM's connection errors name the host without "http://": "failed to connect to u:p@host:9".
+    for text in (
+        f"failed to connect to alice:{URL_PASSWORD}@127.0.0.1:9: Name or service not known",
+        f"Cannot open Chroma (server alice:{URL_PASSWORD}@chroma.internal:8000): unsupported protocol",
+        f"url https://alice:{URL_PASSWORD}@proxy.example/v1 and 'alice:{URL_PASSWORD}@h'",
+    ):
+        cleaned = redact(text)
+        assert URL_PASSWORD not in cleaned and "alice" not in cleaned and "***@" in cleaned
+    # An e-mail address has no ":password" part: answers and passages keep theirs.
+    for text in (
+        "Write to bob@example.com or ops.team@harbour.example.",
+        "Contact: bob@example.com; mailto:bob@example.com; (bob@example.com)",
+        "Opening hours 08:00-17:00 at the office.",
+    ):
+        assert redact(text) == text
+
+
+def test_every_cli_error_line_redacts_a_password_in_a_url(tmp_path, capsys):
+    """ask, serve, optimize.evaluate and optimize.compile print their start-up errors redacted."""
+    from test_compile import make_domain
+
+    from crag_dspy.cli import main as ask_main
+    from crag_dspy.serve.cli import main as serve_main
+    from optimize.compile import main as compile_main
+    from optimize.evaluate import main as evaluate_main
+
+    domain = make_domain(tmp_path / "tiny")
+    common = ["--domain-dir", str(domain), "--chroma-host", f"alice:{URL_PASSWORD}@127.0.0.1"]
+    common += ["--chroma-port", "9", "--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]
+    for name, run in (
+        ("ask", lambda: ask_main(["ask", "What is the zeta code?", *common])),
+        ("serve", lambda: serve_main(common)),
+        ("evaluate", lambda: evaluate_main(common)),
+        ("compile", lambda: compile_main([*common, "--grader", "llm"])),
+    ):
+        assert run() == 2, name
+        err = capsys.readouterr().err
+        assert err.startswith("error: Cannot open Chroma") and err.count("\n") == 1, (name, err)
+        assert URL_PASSWORD not in err, name
+
+
+def test_a_password_in_the_lm_api_base_never_reaches_stderr_or_the_trace(tmp_path):
+    tiny_domain(tmp_path / "tiny")
+    env = {**os.environ, "CRAG_CACHE_DIR": str(tmp_path), "CRAG_LM_RETRIES": "0"}
+    argv = [
+        sys.executable, "-m", "crag_dspy", "ask", "How many days of leave do staff get?",
+        "--domain-dir", str(tmp_path / "tiny"), "--chroma-path", str(tmp_path / "chroma"),
+        "--lm", "openai/fake", "--lm-api-base", f"http://alice:{URL_PASSWORD}@127.0.0.1:9/v1",
+        "--web-search", "none", "-v", "--json",
+    ]  # fmt: skip
+    run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 1, run.stderr
+    trace = json.loads(run.stdout)
+    assert any("***@" in e for e in trace["errors"])  # the failure is there, its credential is not
+    assert URL_PASSWORD not in run.stdout + run.stderr
+
+
+def test_a_long_error_is_redacted_before_it_is_cut_to_one_trace_line(keys):
+    from crag_dspy.faults import describe_error
+
+    # Cut first, the URL's "@" (or the end of a key) would be gone and the rest of the secret would stay.
+    for secret, text in (
+        (URL_PASSWORD, f"{'y' * 262} failed to connect to alice:{URL_PASSWORD}@127.0.0.1:9"),
+        (OPENAI_KEY, f"{'y' * 280} Incorrect API key provided: {OPENAI_KEY}"),
+    ):
+        line = describe_error(ConnectionError(text))
+        assert secret[:8] not in line, line[-60:]

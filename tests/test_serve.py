@@ -344,3 +344,41 @@ def test_program_flags_keep_the_programs_domain_and_honour_storage_and_threshold
     assert chroma.is_dir()  # the flag is honoured, not only the program's domain
     assert (loaded.crag.thresholds.lower, loaded.crag.thresholds.upper) == (0.2, 0.83)
     assert loaded.crag.retriever.name == "chroma:harbour__kb"
+
+
+@pytest.mark.parametrize("question", ["\u0000\u0001\u001b", "\u202e\u0007 \u0000"])
+def test_a_question_crag_refuses_is_422_in_one_line_without_a_logged_traceback(question, caplog):
+    client = TestClient(create_app(make_service()), raise_server_exceptions=False)
+    with caplog.at_level("DEBUG"):
+        response = client.post("/ask", json={"question": question})
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert detail.startswith("invalid request: question: the question ") and "\n" not in detail
+    assert response.json()["errors"][0]["loc"] == ["body", "question"]
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= 40]  # no traceback, no error
+
+
+def test_serve_without_fastapi_says_what_to_install_in_one_line():
+    """As `python -m crag_dspy.serve` runs without the serve extra (fastapi made unimportable)."""
+    code = (
+        "import runpy, sys\n"
+        "sys.modules['fastapi'] = None\n"
+        "try:\n"
+        "    from crag_dspy.serve import create_app\n"
+        "except ImportError as exc:\n"
+        "    print('library:', exc)\n"
+        "sys.argv = ['crag_dspy.serve', '--port', '1']\n"
+        "runpy.run_module('crag_dspy.serve', run_name='__main__', alter_sys=True)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=Path(__file__).parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    hint = "pip install 'crag-dspy[serve]'"
+    assert run.returncode == 2, run.stderr
+    assert run.stderr == f"error: crag_dspy.serve needs FastAPI and uvicorn (fastapi is missing): {hint}\n"
+    assert run.stdout.startswith("library: crag_dspy.serve needs FastAPI") and hint in run.stdout

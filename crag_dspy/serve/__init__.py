@@ -8,22 +8,14 @@ ASGI stack with ``create_app(ProgramService(open_program(path)))``. Needs the ``
 try:
     import fastapi  # noqa: F401
     import uvicorn  # noqa: F401
-except ImportError as exc:  # pragma: no cover - depends on the install
-    raise ImportError(
+except ImportError as exc:
+    # Not raised here: `python -m crag_dspy.serve` imports this package before its __main__ can print
+    # this as one line; importing any of the names below raises it instead.
+    MISSING_EXTRA: str | None = (
         f"crag_dspy.serve needs FastAPI and uvicorn ({exc.name} is missing): pip install 'crag-dspy[serve]'"
-    ) from exc
-
-from .api import create_app
-from .schemas import (
-    QUESTION_MAX_CHARS,
-    AskRequest,
-    AskResponse,
-    ErrorResponse,
-    Health,
-    ProgramInfo,
-    ValidationErrorResponse,
-)
-from .service import DependencyError, ProgramService
+    )
+else:
+    MISSING_EXTRA = None
 
 __all__ = [
     "QUESTION_MAX_CHARS",
@@ -37,3 +29,22 @@ __all__ = [
     "ValidationErrorResponse",
     "create_app",
 ]
+
+if MISSING_EXTRA is None:
+    from .api import create_app
+    from .schemas import (
+        QUESTION_MAX_CHARS,
+        AskRequest,
+        AskResponse,
+        ErrorResponse,
+        Health,
+        ProgramInfo,
+        ValidationErrorResponse,
+    )
+    from .service import DependencyError, ProgramService
+else:
+
+    def __getattr__(name: str):
+        if name in __all__:
+            raise ImportError(MISSING_EXTRA)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,6 +10,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from ..faults import describe_error
+from ..validation import QuestionError
 from ..version import __version__
 from .schemas import (
     QUESTION_MAX_CHARS,
@@ -76,6 +77,15 @@ def create_app(service: ProgramService) -> FastAPI:
         body = ValidationErrorResponse(detail=f"invalid request: {detail}", errors=errors)
         return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
 
+    @app.exception_handler(QuestionError)
+    async def _unaskable(request: Request, exc: QuestionError) -> JSONResponse:
+        # A question the schema let through but CRAG refuses (e.g. only control characters): the client's
+        # input, so a 422 like any invalid request, without an error log or a traceback.
+        log.info("422: %s", exc)
+        error = {"type": "question_error", "loc": ["body", "question"], "msg": str(exc)}
+        body = ValidationErrorResponse(detail=f"invalid request: question: {exc}", errors=[error])
+        return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
+
     @app.exception_handler(DependencyError)
     async def _dependency(request: Request, exc: DependencyError) -> JSONResponse:
         log.error("503 (%s): %s", exc.dependency, exc)
@@ -95,7 +105,8 @@ def create_app(service: ProgramService) -> FastAPI:
         responses={
             422: {
                 "model": ValidationErrorResponse,
-                "description": f"question missing, blank, not a string or over {QUESTION_MAX_CHARS} chars",
+                "description": f"question missing, blank, not a string or over {QUESTION_MAX_CHARS} chars, "
+                "or empty once control characters are removed",
             },
             500: {"model": ErrorResponse, "description": "a bug: the detail names the exception"},
             503: {

@@ -15,6 +15,7 @@ from ..cli import (
     program_from_args,
     user_error_types,
 )
+from ..redaction import configure_logging, redact
 from .api import create_app
 from .service import ProgramService
 
@@ -42,9 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s"
-    )
+    configure_logging(args.verbose)  # every handler redacts credentials
     if not 1 <= args.port <= 65535:
         print(f"error: --port must be in 1..65535, got {args.port}", file=sys.stderr)
         return 2
@@ -53,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         # before the server listens.
         loaded = program_from_args(args)
     except user_error_types() as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {redact(str(exc))}", file=sys.stderr)  # e.g. a --chroma-host with user:password@
         return 2
     what = f"program {loaded.path}" if loaded.compiled else "the uncompiled default program (no --program)"
     print(
