@@ -2,11 +2,13 @@
 ``GET /program``, ``/openapi.json``) and a page at ``/`` that shows CRAG's decision.
 
 Run it with ``python -m crag_dspy.serve --program runs/default/program.json``; embed it in your own
-ASGI stack with ``create_app(ProgramService(open_program(path)))``. Needs the ``serve`` extra.
+ASGI stack with ``create_app(ProgramService(open_program(path)), policy)`` (``policy_for`` reads the
+keys and limits from the settings). Needs the ``serve`` extra.
 """
 
 try:
     import fastapi  # noqa: F401
+    import limits  # noqa: F401
     import uvicorn  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the install
     raise ImportError(
@@ -14,6 +16,8 @@ except ImportError as exc:  # pragma: no cover - depends on the install
     ) from exc
 
 from .api import create_app
+from .client_trace import ClientTrace, client_trace
+from .policy import ExposureError, ServePolicy, policy_for
 from .schemas import (
     QUESTION_MAX_CHARS,
     AskRequest,
@@ -29,11 +33,16 @@ __all__ = [
     "QUESTION_MAX_CHARS",
     "AskRequest",
     "AskResponse",
+    "ClientTrace",
     "DependencyError",
     "ErrorResponse",
+    "ExposureError",
     "Health",
     "ProgramInfo",
     "ProgramService",
+    "ServePolicy",
     "ValidationErrorResponse",
+    "client_trace",
     "create_app",
+    "policy_for",
 ]

@@ -174,7 +174,8 @@ function stripItem(s) {
       el("span", {}, where),
       el("span", { class: "sc", title: s.score_source }, s.score === null ? "failed" : `score ${fmt(s.score)}`),
     ),
-    el("p", {}, s.text),
+    // A dropped strip's text comes only in the full trace (?debug=1).
+    s.text === null ? null : el("p", {}, s.text),
   );
 }
 
@@ -192,7 +193,8 @@ function drawWeb(trace) {
   section.hidden = trace.web_query === null;
   if (section.hidden) return;
   const results = trace.web_results.map((r) =>
-    el("li", {}, safeLink(r.url, r.title || r.url), el("p", {}, r.content.length > 220 ? `${r.content.slice(0, 220)}…` : r.content)));
+    // Contents come only in the full trace (?debug=1); clients see titles and links.
+    el("li", {}, safeLink(r.url, r.title || r.url), r.content ? el("p", {}, r.content.length > 220 ? `${r.content.slice(0, 220)}…` : r.content) : null));
   $("web-body").replaceChildren(
     el("p", {}, "Rewritten query ", el("span", { class: "web-query" }, trace.web_query), ` sent to ${trace.web_backend}: ${results.length} result(s).`),
     results.length ? el("ol", { class: "results" }, results) : el("p", { class: "empty" }, "No results."),
