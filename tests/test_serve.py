@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -345,6 +346,17 @@ def test_serve_command_end_to_end_with_an_unreachable_lm(tmp_path):
         process.terminate()
         output = process.communicate(timeout=30)[0]
     assert "uncompiled default program" in output and f"http://127.0.0.1:{port}/" in output
+    # The access log is on without -v: one JSON line per request (uvicorn's own lines are off).
+    access = [
+        json.loads(line[line.index("{") :]) for line in output.splitlines() if '"event": "access"' in line
+    ]
+    assert [(a["path"], a["status"]) for a in access] == [
+        ("/health", 200),
+        ("/program", 200),
+        ("/ask", 503),
+        ("/ask", 422),
+    ]
+    assert "How much annual leave?" not in output and '"POST /ask HTTP/1.1"' not in output
 
 
 def test_program_flags_keep_the_programs_domain_and_honour_storage_and_threshold_flags(tmp_path):
