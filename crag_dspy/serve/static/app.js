@@ -40,11 +40,36 @@ function thresholdLines(lower, upper) {
   ];
 }
 
+// --- the API key ---------------------------------------------------------------------------------
+// A service with keys configured answers 401 without one: the page asks for it and keeps it for this
+// tab only (sessionStorage, gone when the tab closes), sending it as X-API-Key.
+const KEY_ITEM = "crag-api-key";
+const keyHeaders = () => (sessionStorage.getItem(KEY_ITEM) ? { "X-API-Key": sessionStorage.getItem(KEY_ITEM) } : {});
+
+function askForKey() {
+  sessionStorage.removeItem(KEY_ITEM);
+  $("key-form").hidden = false;
+  $("api-key").focus();
+}
+
+$("key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sessionStorage.setItem(KEY_ITEM, $("api-key").value.trim());
+  $("api-key").value = "";
+  $("key-form").hidden = true;
+  loadProgram();
+});
+
 // --- program -------------------------------------------------------------------------------------
 async function loadProgram() {
   const box = $("program");
   try {
-    const response = await fetch("/program");
+    const response = await fetch("/program", { headers: keyHeaders() });
+    if (response.status === 401) {
+      box.textContent = "This service needs an API key.";
+      askForKey();
+      return;
+    }
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const p = await response.json();
     const scores = p.scores || {};
@@ -268,7 +293,7 @@ async function ask(question) {
   try {
     const response = await fetch("/ask", {
       method: "POST",
-      headers: { "Content-Type": "application/json", Accept: "application/json" },
+      headers: { "Content-Type": "application/json", Accept: "application/json", ...keyHeaders() },
       body: JSON.stringify({ question }),
     });
     const body = await response.json().catch(() => ({ detail: `HTTP ${response.status} with a non-JSON body` }));
@@ -277,6 +302,7 @@ async function ask(question) {
       status.textContent = `Answered in ${fmt(body.seconds, body.seconds < 10 ? 2 : 1)} s: ${body.action}${body.degraded ? " (degraded: see fallbacks and errors)" : ""}.`;
       return;
     }
+    if (response.status === 401) askForKey();
     const who = body.dependency ? ` (failed dependency: ${body.dependency})` : "";
     failure.replaceChildren(el("h3", {}, `HTTP ${response.status}${who}`), el("p", {}, body.detail || "request failed"));
     failure.hidden = false;
