@@ -55,7 +55,7 @@ def service(lm=None, texts=(GOOD, BAD)) -> ProgramService:
     crag = CRAG(
         ListRetriever(list(texts)),
         ListWebSearch([WEB]),
-        CRAGConfig(lm_calls={"retries": 0}, sentences_per_strip=1),
+        CRAGConfig(lm_calls={"retries": 0}, sentences_per_strip=1, grader_view={"sentences": 0}),
         lm=lm or ScriptedLM(script),
     )
     return ProgramService(LoadedProgram(crag, "default"))
@@ -319,6 +319,13 @@ def test_without_keys_the_limit_is_per_client_address():
 
 
 # --- deadline and queue ------------------------------------------------------------------------------
+def wait_until(condition, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
+
+
 def blocking_lm(release: threading.Event, entered: threading.Event | None = None):
     """Grades the first passage at once, then blocks on the second until ``release``."""
 
@@ -374,7 +381,7 @@ def test_a_full_queue_is_503_with_retry_after_and_nothing_is_lost():
             running = pool.submit(post)
             assert entered.wait(10)
             waiting = pool.submit(post)
-            time.sleep(0.3)  # admitted, waiting for the one worker
+            wait_until(lambda: app.state.queue.admitted == 2)  # admitted, waiting for the one worker
             refused = [post() for _ in range(3)]
             assert all(r.status_code == 503 for r in refused)
             assert all(int(r.headers["retry-after"]) >= 1 for r in refused)
@@ -393,8 +400,8 @@ def test_a_question_that_times_out_while_queued_never_runs():
         asyncio.run(queue.run(lambda: ran.append(1), timeout_s=0.2))
     gate.set()
     first.result(5)
-    time.sleep(0.1)
-    assert ran == [] and queue.admitted == 0
+    wait_until(lambda: queue.admitted == 0)
+    assert ran == []
     queue.close()
 
 

@@ -118,6 +118,7 @@ def create_app(service: ProgramService, policy: ServePolicy | None = None) -> Fa
         max_body_size=policy.max_body_bytes,  # Starlette's limit: 413 from Content-Length or while streaming
         lifespan=lifespan,
     )
+    app.state.queue = queue  # for operators' probes and tests: how many questions are admitted
     # The last added runs first: every request gets an id and an access line, refused ones too.
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(policy.allowed_hosts))
     app.add_middleware(AccessLog)
