@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int
     server = None
     if args.hosted_latency is not None and lm is None:
         engine = FakeHostedEngine(latency=0.0)  # no latency while warming up
-        server = OpenAIServer(engine, "fake-hosted")
+        server = OpenAIServer(engine, "fake-hosted", api_key=None)  # a fake engine, for this run only
         extra = {"lm": "openai/fake-hosted", "lm_api_base": f"http://127.0.0.1:{server.port}/v1"}
         settings = harness.settings_for(args, document, **extra)
     else:

@@ -288,10 +288,16 @@ class CRAG(dspy.Module):
         return new
 
     # -- the algorithm --------------------------------------------------------------------------
-    def forward(self, question: str) -> dspy.Prediction:
+    def forward(
+        self, question: str, *, on_start: Callable[[CRAGTrace], None] | None = None
+    ) -> dspy.Prediction:
+        """``on_start`` gets the trace as the run begins: a caller with a deadline (the server) can
+        answer with what was done so far while the run goes on in its thread."""
         # Any length: the length limit is the app's (CLI, server), which knows its users and budget.
         question = normalize_question(question, max_chars=None)
         run = self.new_run(question)
+        if on_start is not None:
+            on_start(run.trace)
         with self.lm_scope(run.trace):
             passages, scores = self.grade_documents(question, run)
             bounds = run.trace.lower, run.trace.upper  # this question's pair (per type when tuned so)

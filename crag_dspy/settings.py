@@ -4,7 +4,9 @@ Every field can be set by an environment variable ``CRAG_<FIELD>`` (e.g. ``CRAG_
 or a ``.env`` file, and the CRAG program's own settings (:class:`~crag_dspy.config.CRAGConfig`) by
 ``CRAG_CONFIG__<FIELD>`` (e.g. ``CRAG_CONFIG__K=8``); CLI flags override them. Secrets are never fields here: provider keys
 (``OPENAI_API_KEY``, ``TAVILY_API_KEY``, ...) are read from the environment by the client that needs them,
-so they cannot leak into traces, reports or saved programs.
+so they cannot leak into traces, reports or saved programs. The one exception is the service's own
+keys (``CRAG_API_KEYS``, ``CRAG_DEBUG_API_KEYS``): they are ``SecretStr`` (printed as ``**********``)
+and the service logs only a short hash of a key.
 """
 
 from __future__ import annotations
@@ -12,16 +14,16 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .config import CRAGConfig
 from .domain import check_domain_name
 from .validation import DEFAULT_MAX_QUESTION_CHARS
 
-__all__ = ["DEFAULT_DATA_DIR", "Settings", "default_cache_dir"]
+__all__ = ["DEFAULT_DATA_DIR", "LOOPBACK_HOSTS", "Settings", "default_cache_dir"]
 
 log = logging.getLogger(__name__)
 _WARNED: set[tuple[str, ...]] = set()
@@ -29,6 +31,10 @@ _WARNED: set[tuple[str, ...]] = set()
 # Bundled domains live in the repository's data/ folder; an installed wheel has no such folder, so
 # users then point --domain-dir at their own copy.
 DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+"""The Host names the service answers by default: a page on another site that rebinds its own name to
+127.0.0.1 still sends its own name as Host, and is refused."""
 
 
 def default_cache_dir() -> Path:
@@ -128,6 +134,72 @@ class Settings(BaseSettings):
     @classmethod
     def _domain_is_a_name(cls, value: str) -> str:
         return check_domain_name(value, "domain")
+
+    # --- serving (python -m crag_dspy.serve) ------------------------------------------------------
+    # Lists of these are comma-separated in the environment (NoDecode: not JSON), as operators write them.
+    api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
+        (),
+        description="Keys a client of the service must present (Authorization: Bearer <key> or X-API-Key), "
+        "comma-separated; required when the service listens beyond loopback.",
+    )
+    debug_api_keys: Annotated[tuple[SecretStr, ...], NoDecode] = Field(
+        (),
+        description="Keys that may also ask for the full trace (POST /ask?debug=1), comma-separated; "
+        "they are valid keys too.",
+    )
+    allowed_hosts: Annotated[tuple[str, ...], NoDecode] = Field(
+        LOOPBACK_HOSTS,
+        description="Host headers the service answers (Starlette's TrustedHostMiddleware), comma-separated; "
+        "'*.example.com' matches subdomains. The host serve listens on is added.",
+    )
+    max_body_bytes: int = Field(
+        65536, ge=1024, description="Larger request bodies are refused with 413 before they are parsed."
+    )
+    rate_limit: str = Field(
+        "60/minute",
+        description="Requests per API key (per client address without keys) in the `limits` notation, "
+        "e.g. '60/minute' or '10/second;500/hour'; 'none' turns it off.",
+    )
+    request_timeout_s: float = Field(
+        300.0, gt=0, description="Seconds a request may take in all, queueing included, before a 504."
+    )
+    serve_workers: int = Field(4, ge=1, description="Questions the service runs at once.")
+    serve_queue: int = Field(
+        16, ge=1, description="Questions running or waiting at most; more are refused with 503."
+    )
+
+    @field_validator("api_keys", "debug_api_keys", "allowed_hosts", mode="before")
+    @classmethod
+    def _split_commas(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @field_validator("rate_limit")
+    @classmethod
+    def _rate_limit_notation(cls, value: str) -> str:
+        try:
+            from limits import parse_many
+        except ImportError:  # the serve extra brings it; only the service reads this setting
+            return value
+        if value.strip().lower() not in ("", "none"):
+            try:
+                parse_many(value)
+            except ValueError as exc:
+                raise ValueError(
+                    f"{value!r} is not a rate in the limits notation such as '60/minute'"
+                ) from exc
+        return value
+
+    @field_validator("serve_queue")
+    @classmethod
+    def _queue_holds_the_workers(cls, queue: int, info: ValidationInfo) -> int:
+        workers = info.data.get("serve_workers", queue)
+        if queue < workers:
+            raise ValueError(
+                f"must be at least serve_workers ({workers}): running questions are in the queue"
+            )
+        return queue
 
     @property
     def resolved_domain_dir(self) -> Path:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import uvicorn
 from fakes import ScriptedLM, field
+from fastapi.testclient import TestClient
 
 # A fictional harbour authority: two questions the KB answers, one it needs the web for.
 CORPUS = [
@@ -85,6 +86,12 @@ def harbour_lm() -> ScriptedLM:
         raise AssertionError(f"unexpected prompt: {system[:80]}")
 
     return ScriptedLM(script)
+
+
+def local_client(app, **kwargs) -> TestClient:
+    """A TestClient that calls ``app`` as a browser on this machine does: Host 127.0.0.1 (the service
+    answers only its allowed hosts; TestClient's own "testserver" is not one)."""
+    return TestClient(app, base_url="http://127.0.0.1", **kwargs)
 
 
 @contextmanager

@@ -2,15 +2,19 @@
 
 import json
 import math
+import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
 import dspy
 import pytest
 
-from crag_dspy.lm.ik_engine import Completion, ContextOverflow, TokenLogprob
+from crag_dspy.lm.ik_engine import Cancelled, Completion, ContextOverflow, TokenLogprob
 from crag_dspy.lm.openai_server import BadRequest, OpenAIServer, completion_response, parse_request
+
+KEY = "test-key-0123456789"
 from crag_dspy.trace import usage_from_tracker
 
 
@@ -22,7 +26,9 @@ class ScriptedEngine:
         self.raise_next: Exception | None = None
         self.lock = threading.Lock()
 
-    def chat(self, messages, *, max_tokens, temperature=0.0, top_logprobs=None, stop=(), seed=None):
+    def chat(
+        self, messages, *, max_tokens, temperature=0.0, top_logprobs=None, stop=(), seed=None, cancelled=None
+    ):
         with self.lock:
             self.calls.append(
                 {
@@ -40,17 +46,23 @@ class ScriptedEngine:
         entry = TokenLogprob("yes", math.log(0.8), (("yes", math.log(0.8)), ("no", math.log(0.2))))
         return Completion("yes", "length", 120, 100, 1, (entry,) if top_logprobs else None)
 
+    def close(self):
+        pass
+
 
 @pytest.fixture
 def served():
     engine = ScriptedEngine()
-    server = OpenAIServer(engine, "test-model")
+    server = OpenAIServer(engine, "test-model", api_key=KEY)
     yield engine, f"http://127.0.0.1:{server.port}"
     server.close()
 
 
-def post(base: str, path: str, body: bytes) -> tuple[int, dict]:
-    request = urllib.request.Request(base + path, data=body, headers={"Content-Type": "application/json"})
+def post(base: str, path: str, body: bytes, key: str | None = KEY) -> tuple[int, dict]:
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(base + path, data=body, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             return response.status, json.loads(response.read())
@@ -134,7 +146,7 @@ def test_a_judge_reads_p_yes_and_cached_tokens_through_litellm(served):
     lm = dspy.LM(
         "openai/test-model",
         api_base=base + "/v1",
-        api_key="x",
+        api_key=KEY,
         temperature=0.0,
         max_tokens=512,
         num_retries=0,
@@ -172,5 +184,120 @@ def test_health_and_models(served):
     _, base = served
     with urllib.request.urlopen(base + "/health", timeout=10) as response:
         assert json.loads(response.read()) == {"status": "ok"}
-    with urllib.request.urlopen(base + "/v1/models", timeout=10) as response:
+    models = urllib.request.Request(base + "/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(models, timeout=10) as response:
         assert json.loads(response.read())["data"][0]["id"] == "test-model"
+
+
+# --- the server's key ----------------------------------------------------------------------------------
+OK_BODY = json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()
+
+
+@pytest.mark.parametrize("key", [None, "", "wrong-key-0123456789", KEY + "x"])
+def test_requests_without_the_servers_key_are_refused(served, key):
+    engine, base = served
+    status, body = post(base, "/v1/chat/completions", OK_BODY, key=key)
+    assert status == 401 and "needs its key" in body["error"]["message"]
+    request = urllib.request.Request(base + "/v1/models", headers={"Authorization": f"Bearer {key}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
+    assert engine.calls == []  # the model never saw them
+    with urllib.request.urlopen(base + "/health", timeout=10) as response:  # liveness needs no key
+        assert response.status == 200
+
+
+def test_the_embedded_server_makes_a_random_key_and_build_lm_hands_it_to_the_lm(monkeypatch, tmp_path):
+    """The real start-up path of the ik_llama engine, with a scripted engine in place of the model."""
+    from crag_dspy.lm import embedded, factory, ik_engine
+    from crag_dspy.settings import Settings
+
+    monkeypatch.setattr(ik_engine, "IkEngine", lambda *a, **k: ScriptedEngine())
+    first = embedded._start_ik_llama("m", tmp_path / "m.gguf", n_threads=1, n_ctx=1024, n_parallel=1)
+    second = embedded._start_ik_llama("m", tmp_path / "m.gguf", n_threads=1, n_ctx=1024, n_parallel=1)
+    try:
+        assert len(first.api_key) > 40 and first.api_key != second.api_key
+        assert first.api_key not in repr(first)
+        base = f"http://127.0.0.1:{first.port}"
+        assert post(base, "/v1/chat/completions", OK_BODY, key=None)[0] == 401
+        assert post(base, "/v1/chat/completions", OK_BODY, key=second.api_key)[0] == 401
+        assert post(base, "/v1/chat/completions", OK_BODY, key=first.api_key)[0] == 200
+        monkeypatch.setattr(factory, "start_embedded_server", lambda *a, **k: first)
+        lm = factory.build_lm(Settings(lm="embedded"), cache=False, num_retries=0)
+        assert lm.kwargs["api_key"] == first.api_key
+        assert lm("x") == ["yes"]  # through LiteLLM, with the key
+    finally:
+        first.close()
+        second.close()
+
+
+# --- abandoned requests --------------------------------------------------------------------------------
+class SlowEngine:
+    """Generates one token every 20 ms up to ``max_tokens``, asking ``cancelled`` between tokens as the
+    ik_llama engine does; one request at a time, as the one model is."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.generated: list[int] = []  # tokens generated per request, in order
+        self.outcomes: list[str] = []
+
+    def chat(self, messages, *, max_tokens, cancelled=None, **_):
+        with self.lock:
+            tokens = 0
+            try:
+                while tokens < max_tokens:
+                    if cancelled is not None and cancelled():
+                        raise Cancelled(f"request withdrawn by its client after {tokens} generated tokens")
+                    time.sleep(0.02)
+                    tokens += 1
+            except Cancelled:
+                self.outcomes.append("cancelled")
+                raise
+            finally:
+                self.generated.append(tokens)
+            self.outcomes.append("done")
+        return Completion("y" * tokens, "length", 10, 0, tokens, None)
+
+
+def raw_post(port: int, body: bytes, key: str = KEY) -> socket.socket:
+    """Send a chat request on a fresh connection and return the socket without reading the answer."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def test_a_request_whose_client_left_stops_generating_and_frees_the_model():
+    """A client that times out (here: closes its socket) stops its generation at the next token, and a
+    request queued behind it is not kept waiting for the rest of the abandoned one."""
+    engine = SlowEngine()
+    server = OpenAIServer(engine, "slow", api_key=KEY)
+    long = json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 500}).encode()  # ~10 s
+    try:
+        abandoned = raw_post(server.port, long)
+        time.sleep(0.3)  # it is generating
+        abandoned.close()
+        started = time.monotonic()
+        short = json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 5}).encode()
+        status, body = post(f"http://127.0.0.1:{server.port}", "/v1/chat/completions", short)
+        waited = time.monotonic() - started
+    finally:
+        server.close()
+    assert status == 200 and body["usage"]["completion_tokens"] == 5
+    assert engine.outcomes == ["cancelled", "done"]
+    assert engine.generated[0] < 100, "the abandoned request went on generating"
+    assert waited < 3, f"the retry waited {waited:.1f} s behind the abandoned generation"
+
+
+def test_a_request_that_keeps_its_client_is_not_cancelled():
+    engine = SlowEngine()
+    server = OpenAIServer(engine, "slow", api_key=KEY)
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 25}).encode()
+    try:
+        status, answer = post(f"http://127.0.0.1:{server.port}", "/v1/chat/completions", body)
+    finally:
+        server.close()
+    assert status == 200 and answer["usage"]["completion_tokens"] == 25 and engine.outcomes == ["done"]

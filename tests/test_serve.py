@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,8 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
-from fastapi.testclient import TestClient
-from serving import free_port, serving, write_domain
+from serving import free_port, local_client, serving, write_domain
 
 from crag_dspy import CRAG
 from crag_dspy.app import LoadedProgram
@@ -47,20 +47,29 @@ def make_service(texts=(GOOD, BAD), web=None, lm=None, retries=2) -> ProgramServ
 
 @pytest.fixture()
 def client():
-    return TestClient(create_app(make_service()), raise_server_exceptions=False)
+    return local_client(create_app(make_service()), raise_server_exceptions=False)
 
 
-def test_ask_returns_answer_action_and_the_full_trace(client):
+def test_ask_returns_answer_action_and_the_trace_trimmed_for_clients(client):
     response = client.post("/ask", json={"question": "  What is the range of the AquaProbe 220?  "})
     assert response.status_code == 200
     body = AskResponse.model_validate(response.json())
-    assert (body.answer, body.action, body.degraded) == ("0 to 25 mg/L", "CORRECT", False)
-    trace = body.trace
-    assert trace.question == "What is the range of the AquaProbe 220?"  # stripped at the boundary
-    assert [d.doc_id for d in trace.documents] == ["kb-good", "kb-bad"]
-    assert [s.kept for s in trace.internal_strips] == [True]
-    assert set(trace.timings) >= {"retrieve", "grade", "answer"} and body.seconds > 0
-    assert trace.total_usage.calls == 3  # 2 grades + 1 answer
+    assert (body.answer, body.action, body.degraded, body.full_trace) == (
+        "0 to 25 mg/L",
+        "CORRECT",
+        False,
+        False,
+    )
+    trace = response.json()["trace"]
+    assert trace["question"] == "What is the range of the AquaProbe 220?"  # stripped at the boundary
+    assert [(d["doc_id"], round(d["score"], 2)) for d in trace["documents"]] == [
+        ("kb-good", 0.9),
+        ("kb-bad", 0.05),
+    ]
+    assert [(s["kept"], s["text"]) for s in trace["internal_strips"]] == [(True, GOOD[1])]
+    assert "graded_text" not in trace["documents"][0] and "context" not in trace
+    assert set(trace["timings"]) >= {"retrieve", "grade", "answer"} and body.seconds > 0
+    assert sum(u["calls"] for u in trace["lm_usage"].values()) == 3  # 2 grades + 1 answer
 
 
 @pytest.mark.parametrize(
@@ -108,17 +117,19 @@ def test_health_and_program_of_the_uncompiled_default(client):
 def test_program_of_a_compiled_program_shows_its_thresholds_metadata_and_scores(tmp_path):
     scores = {"val_accuracy": 0.708, "test": {"crag": 0.5, "plain_rag": 0.54}}
     compiled = CRAG(ListRetriever([]), ListWebSearch(), CRAGConfig(lower=0.12, upper=0.83, k=4))
-    path = save_program(
-        compiled, tmp_path / "program.json", {"domain": "default", "seed": 3, "scores": scores}
-    )
+    metadata = {"domain": "default", "domain_dir": str(tmp_path / "kb"), "seed": 3, "scores": scores}
+    path = save_program(compiled, tmp_path / "program.json", metadata)
     document = read_program(path)
     crag = CRAG(ListRetriever([GOOD]), ListWebSearch(), lm=ScriptedLM(script))
     from crag_dspy.program import apply_program
 
     service = ProgramService(LoadedProgram(apply_program(crag, document), "default", path, document))
-    client = TestClient(create_app(service))
+    client = local_client(create_app(service))
     info = client.get("/program").json()
-    assert info["compiled"] and info["path"] == str(path) and info["created"] == document["created"]
+    assert info["compiled"] and info["created"] == document["created"]
+    # No folder of the server's disk reaches a client: paths become their last part.
+    assert info["path"] == "program.json" and info["metadata"]["domain_dir"] == "kb"
+    assert str(tmp_path) not in client.get("/program").text
     assert (info["lower"], info["upper"], info["config"]["k"]) == (0.12, 0.83, 4)
     assert info["scores"] == scores and info["metadata"]["seed"] == 3
     assert client.get("/health").json()["compiled"] is True
@@ -150,7 +161,7 @@ def test_page_and_its_script_are_served_with_a_strict_policy(client):
 
 
 def test_failed_web_search_is_a_degraded_answer_that_says_why():
-    client = TestClient(
+    client = local_client(
         create_app(make_service(texts=[BAD], web=ListWebSearch(error=WebSearchError("quota"))))
     )
     body = client.post("/ask", json={"question": "How often is WQ-17 recalibrated?"}).json()
@@ -164,7 +175,7 @@ def test_partly_failing_lm_is_a_degraded_answer_with_the_errors():
             return RuntimeError("llama.cpp slot crashed")
         return script(system, user)
 
-    client = TestClient(create_app(make_service(lm=ScriptedLM(flaky), retries=0)))
+    client = local_client(create_app(make_service(lm=ScriptedLM(flaky), retries=0)))
     response = client.post("/ask", json={"question": "What is the range?"})
     assert response.status_code == 200
     body = response.json()
@@ -175,7 +186,7 @@ def test_partly_failing_lm_is_a_degraded_answer_with_the_errors():
 
 def test_lm_failing_on_every_call_is_503_naming_the_lm_with_the_trace():
     lm = ScriptedLM(lambda s, u: ConnectionError("connection refused"))
-    client = TestClient(create_app(make_service(lm=lm, retries=0)))
+    client = local_client(create_app(make_service(lm=lm, retries=0)))
     response = client.post("/ask", json={"question": "What is the range?"})
     assert response.status_code == 503
     body = response.json()
@@ -192,7 +203,7 @@ def test_store_failure_is_503_naming_the_store():
             raise OSError("database disk image is malformed")
 
     crag = CRAG(BrokenStore(), ListWebSearch(), lm=ScriptedLM(script))
-    client = TestClient(create_app(ProgramService(LoadedProgram(crag, "default"))))
+    client = local_client(create_app(ProgramService(LoadedProgram(crag, "default"))))
     response = client.post("/ask", json={"question": "q"})
     assert response.status_code == 503
     assert response.json()["dependency"] == "store"
@@ -207,7 +218,7 @@ def test_a_bug_is_500_naming_the_exception():
         raise KeyError("context")
 
     service.crag.generate = broken_generate
-    client = TestClient(create_app(service), raise_server_exceptions=False)
+    client = local_client(create_app(service), raise_server_exceptions=False)
     response = client.post("/ask", json={"question": "q"})
     assert response.status_code == 500 and response.json()["detail"] == "internal error: KeyError: 'context'"
 
@@ -271,7 +282,16 @@ def test_serve_help_lists_the_shared_flags(capsys):
         serve_main(["--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
-    for flag in ("--program", "--domain", "--chroma-path", "--lm", "--lower", "--host", "--port"):
+    for flag in (
+        "--program",
+        "--domain",
+        "--chroma-path",
+        "--lm",
+        "--lower",
+        "--host",
+        "--port",
+        "--insecure",
+    ):
         assert flag in out
 
 
@@ -326,6 +346,17 @@ def test_serve_command_end_to_end_with_an_unreachable_lm(tmp_path):
         process.terminate()
         output = process.communicate(timeout=30)[0]
     assert "uncompiled default program" in output and f"http://127.0.0.1:{port}/" in output
+    # The access log is on without -v: one JSON line per request (uvicorn's own lines are off).
+    access = [
+        json.loads(line[line.index("{") :]) for line in output.splitlines() if '"event": "access"' in line
+    ]
+    assert [(a["path"], a["status"]) for a in access] == [
+        ("/health", 200),
+        ("/program", 200),
+        ("/ask", 503),
+        ("/ask", 422),
+    ]
+    assert "How much annual leave?" not in output and '"POST /ask HTTP/1.1"' not in output
 
 
 def test_program_flags_keep_the_programs_domain_and_honour_storage_and_threshold_flags(tmp_path, monkeypatch):
@@ -380,5 +411,5 @@ def test_serve_without_fastapi_says_what_to_install_in_one_line():
     )
     hint = "pip install 'crag-dspy[serve]'"
     assert run.returncode == 2, run.stderr
-    assert run.stderr == f"error: crag_dspy.serve needs FastAPI and uvicorn (fastapi is missing): {hint}\n"
+    assert run.stderr == f"error: crag_dspy.serve needs FastAPI, uvicorn and limits (fastapi is missing): {hint}\n"
     assert run.stdout.startswith("library: crag_dspy.serve needs FastAPI") and hint in run.stdout

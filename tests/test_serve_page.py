@@ -18,7 +18,7 @@ from serving import FESTIVAL_Q, LEAVE_Q, harbour_lm, serving, write_domain
 
 from crag_dspy.app import open_program
 from crag_dspy.config import CRAGConfig
-from crag_dspy.serve import ProgramService, create_app
+from crag_dspy.serve import ProgramService, ServePolicy, create_app
 from crag_dspy.settings import Settings
 
 SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "images" / "serve.png"
@@ -182,6 +182,39 @@ def test_the_page_shows_every_internal_retry_round(chromium, tmp_path):
             (item,) = page.locator("#rounds-list li").all_inner_texts()
             assert "Harbour Festival 2025 date" in item and "nothing new to grade, 3 found again" in item
             assert item.rstrip().endswith("AMBIGUOUS")
+        finally:
+            context.close()
+    assert problems == []
+
+
+def test_the_page_asks_for_a_key_when_the_service_needs_one(chromium, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    settings = Settings(
+        domain_dir=write_domain(tmp_path / "harbour"), chroma_path=tmp_path / "chroma", web_search="offline"
+    )
+    loaded = open_program(None, settings, lm=harbour_lm(), progress=False)
+    policy = ServePolicy(api_keys=("page-key-0123456789",), open_debug=False)
+    problems: list[str] = []
+    with serving(create_app(ProgramService(loaded), policy)) as url, sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS
+        )
+        try:
+            page = context.new_page()
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(url)
+            expect(page.locator("#key-form")).to_be_visible(timeout=30_000)
+            assert page.inner_text("#program") == "This service needs an API key."
+            page.fill("#api-key", "wrong-key-0123456789")
+            page.click("#key-form button")
+            expect(page.locator("#key-form")).to_be_visible(timeout=30_000)  # refused: asked again
+            page.fill("#api-key", "page-key-0123456789")
+            page.click("#key-form button")
+            page.wait_for_selector("#program b")
+            assert page.is_hidden("#key-form") and "harbour" in page.inner_text("#program")
+            _ask(page, LEAVE_Q)
+            assert page.inner_text("#answer") == "27 days of annual leave per year"
         finally:
             context.close()
     assert problems == []

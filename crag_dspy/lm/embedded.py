@@ -11,15 +11,20 @@ including token log-probabilities and a prompt-prefix KV cache. Two engines can 
 
 ``auto`` (the default) takes ik_llama when it is installed: its wheels exist for CPython 3.10-3.13
 on Linux (glibc 2.28+), macOS arm64 and Windows; elsewhere xllamacpp serves.
+
+Either server requires a key made at random when it starts (:attr:`EmbeddedServer.api_key`): a
+loopback port is open to every local user and process, and the key is known only to the ``dspy.LM``
+that :func:`~crag_dspy.lm.factory.build_lm` hands it to.
 """
 
 from __future__ import annotations
 
 import atexit
 import logging
+import secrets
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Literal
@@ -55,6 +60,7 @@ class EmbeddedServer:
     port: int
     engine: Engine
     _server: object
+    api_key: str = field(default="", repr=False)  # never in a repr, a log line or a trace
 
     @property
     def api_base(self) -> str:
@@ -95,6 +101,10 @@ def resolve_engine(choice: str) -> Engine:
 
 _lock = threading.Lock()
 _servers: dict[tuple, EmbeddedServer] = {}
+
+
+def _new_key() -> str:
+    return f"crag-{secrets.token_urlsafe(32)}"
 
 
 def _free_loopback_port() -> int:
@@ -139,9 +149,10 @@ def _start_ik_llama(
 
     # One request at a time, as llama.cpp's single slot: prompt evaluation already uses every core.
     engine = IkEngine(path, n_threads=n_threads, n_ctx=n_ctx * n_parallel, slots=_IK_SLOTS)
-    server = OpenAIServer(engine, model_name)
+    key = _new_key()
+    server = OpenAIServer(engine, model_name, api_key=key)
     log.info("starting embedded model %s (ik_llama) on 127.0.0.1:%d", model_name, server.port)
-    return EmbeddedServer(model_name, path, server.port, "ik_llama", (server, engine))
+    return EmbeddedServer(model_name, path, server.port, "ik_llama", (server, engine), key)
 
 
 def _start_xllamacpp(
@@ -158,8 +169,10 @@ def _start_xllamacpp(
     params.cpuparams_batch.n_threads = n_threads
     params.verbosity = -1  # llama.cpp's per-request info logs would flood the user's terminal
     params.port = _free_loopback_port()
+    key = _new_key()
+    params.api_keys = [key]  # llama.cpp's server then refuses requests without it (401)
     log.info("starting embedded model %s (xllamacpp) on 127.0.0.1:%d", model_name, params.port)
-    return EmbeddedServer(model_name, path, params.port, "xllamacpp", xllamacpp.Server(params))
+    return EmbeddedServer(model_name, path, params.port, "xllamacpp", xllamacpp.Server(params), key)
 
 
 @atexit.register

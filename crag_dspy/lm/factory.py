@@ -66,7 +66,9 @@ def build_lm(settings: Settings, **overrides) -> dspy.LM:
             n_ctx=settings.embedded_ctx,
             engine=settings.embedded_engine,
         )
-        return dspy.LM(f"openai/{server.served_name}", api_base=server.api_base, api_key="embedded", **kwargs)
+        return dspy.LM(
+            f"openai/{server.served_name}", api_base=server.api_base, api_key=server.api_key, **kwargs
+        )
 
     import os
 

@@ -18,7 +18,7 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +29,7 @@ import numpy as np
 from .chat_template import render_chatml
 from .prompt_cache import CachePlan, PromptCache
 
-__all__ = ["Completion", "ContextOverflow", "EngineError", "IkEngine", "TokenLogprob"]
+__all__ = ["Cancelled", "Completion", "ContextOverflow", "EngineError", "IkEngine", "TokenLogprob"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,18 @@ class EngineError(RuntimeError):
 
 class ContextOverflow(EngineError):
     """A prompt (with the tokens to generate) longer than the engine's context."""
+
+
+class Cancelled(EngineError):
+    """The request was withdrawn (its client left) before it was done; nothing is returned."""
+
+
+Cancel = Callable[[], bool] | None
+
+
+def _check(cancelled: Cancel, where: str) -> None:
+    if cancelled is not None and cancelled():
+        raise Cancelled(f"request withdrawn by its client {where}")
 
 
 class _NoRoom(EngineError):
@@ -183,6 +195,7 @@ class IkEngine:
         top_logprobs: int | None = None,
         stop: Sequence[str] = (),
         seed: int | None = None,
+        cancelled: Cancel = None,
     ) -> Completion:
         return self.complete(
             self.tokenize(render_chatml(messages)),
@@ -191,6 +204,7 @@ class IkEngine:
             top_logprobs=top_logprobs,
             stop=stop,
             seed=seed,
+            cancelled=cancelled,
         )
 
     def complete(
@@ -202,26 +216,34 @@ class IkEngine:
         top_logprobs: int | None = None,
         stop: Sequence[str] = (),
         seed: int | None = None,
+        cancelled: Cancel = None,
     ) -> Completion:
-        """Continue ``prompt`` by up to ``max_tokens`` tokens; greedy at temperature 0."""
+        """Continue ``prompt`` by up to ``max_tokens`` tokens; greedy at temperature 0.
+
+        ``cancelled`` is asked before the work starts, between prompt batches and between generated
+        tokens: when it says True, :class:`Cancelled` is raised and the model is free for the next request.
+        """
         if max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
         with self._lock:
             if self._ctx is None:
                 raise EngineError("the engine is closed")
+            _check(cancelled, "while it waited for the model")  # e.g. it timed out in the queue
             try:
                 plan = self.cache.plan(prompt, reserve=max_tokens)
             except ValueError as exc:
                 raise ContextOverflow(str(exc)) from exc
             try:
                 try:
-                    logits = self._evaluate(prompt, plan)
+                    logits = self._evaluate(prompt, plan, cancelled)
                 except _NoRoom:
                     # Freed cells are scattered and a batch needs a contiguous run: start afresh once.
                     self._forget(None)
                     plan = self.cache.plan(prompt, reserve=max_tokens)
-                    logits = self._evaluate(prompt, plan)
-                return self._generate(prompt, plan, logits, max_tokens, temperature, top_logprobs, stop, seed)
+                    logits = self._evaluate(prompt, plan, cancelled)
+                return self._generate(
+                    prompt, plan, logits, max_tokens, temperature, top_logprobs, stop, seed, cancelled
+                )
             except BaseException:
                 self._forget(plan.slot)  # what the sequence holds is no longer known
                 raise
@@ -231,16 +253,18 @@ class IkEngine:
         for i in range(self.cache.slots) if slot is None else (slot,):
             self._seq_rm(self._ctx, i, 0, -1)
 
-    def _evaluate(self, prompt: list[int], plan: CachePlan) -> np.ndarray:
+    def _evaluate(self, prompt: list[int], plan: CachePlan, cancelled: Cancel = None) -> np.ndarray:
         for slot in plan.evict:
             self._forget(slot)
         self._seq_rm(self._ctx, plan.slot, plan.start, -1)
-        return self._decode(prompt[plan.start :], plan.start, plan.slot)
+        return self._decode(prompt[plan.start :], plan.start, plan.slot, cancelled)
 
-    def _decode(self, tokens: list[int], pos: int, slot: int) -> np.ndarray:
+    def _decode(self, tokens: list[int], pos: int, slot: int, cancelled: Cancel = None) -> np.ndarray:
         """Evaluate ``tokens`` at positions ``pos...`` of sequence ``slot``; the last token's logits."""
         C = self._C
         for i in range(0, len(tokens), 512):
+            if i:  # a long prompt takes seconds per batch on a CPU
+                _check(cancelled, "during prompt evaluation")
             chunk = tokens[i : i + 512]
             batch = C.llama_batch_init(len(chunk), 0, 1)
             try:
@@ -271,6 +295,7 @@ class IkEngine:
         top_logprobs: int | None,
         stop: Sequence[str],
         seed: int | None,
+        cancelled: Cancel = None,
     ) -> Completion:
         rng = np.random.default_rng(seed)
         held = list(prompt)
@@ -294,6 +319,7 @@ class IkEngine:
                 break
             if len(generated) >= max_tokens:
                 break
+            _check(cancelled, f"after {len(generated)} generated tokens")
             logits = self._decode([token], len(held), plan.slot)
             held.append(token)
         self.cache.commit(plan, held)

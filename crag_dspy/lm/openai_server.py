@@ -4,22 +4,32 @@ The embedded model is reached like any hosted OpenAI-compatible server (``dspy.L
 both share one code path, log-probabilities and usage included. Only what that path uses is
 implemented: non-streaming chat completions with ``max_tokens``, ``temperature``, ``seed``, ``stop``,
 ``logprobs`` and ``top_logprobs``.
+
+Loopback is not private: any local user or process (and a browser page tricked into posting to it) can
+reach the port. So every request but ``/health`` must carry the server's key (``Authorization: Bearer``),
+random per process and known only to the ``dspy.LM`` it was handed to. A request whose client has gone
+(timed out, disconnected) stops generating at the engine's next check instead of holding the one
+model for a retry that queues behind it.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
+import select
+import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from .ik_engine import Completion, ContextOverflow
+from .ik_engine import Cancelled, Completion, ContextOverflow
 
-__all__ = ["ChatEngine", "OpenAIServer", "completion_response", "parse_request"]
+__all__ = ["ChatEngine", "OpenAIServer", "client_gone", "completion_response", "parse_request"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +48,28 @@ class ChatEngine(Protocol):
         top_logprobs: int | None = None,
         stop: list[str] = ...,
         seed: int | None = None,
-    ) -> Completion: ...
+        cancelled: Callable[[], bool] | None = None,
+    ) -> Completion:
+        """``cancelled`` is asked between steps of the work; when it says True the engine raises
+        :class:`~crag_dspy.lm.ik_engine.Cancelled` (an engine that cannot stop may ignore it)."""
+        ...
+
+
+def client_gone(connection: socket.socket) -> bool:
+    """True when the peer of ``connection`` has closed it or reset it.
+
+    A waiting client sends nothing until it has its answer, so a readable socket means end of file (or
+    a reset): peeking one byte tells, without taking data from a client that did send more.
+    """
+    try:
+        readable, _, _ = select.select([connection], [], [], 0)
+        if not readable:
+            return False
+        return connection.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except (OSError, ValueError):  # reset, or already closed on our side
+        return True
 
 
 class BadRequest(ValueError):
@@ -121,16 +152,35 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        try:
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up just before its answer
+            log.info("embedded server: the client left before its answer was sent")
+            self.close_connection = True
 
     def _error(self, status: HTTPStatus, message: str) -> None:
         kind = "invalid_request_error" if status < 500 else "server_error"
         self._send(status, {"error": {"message": message, "type": kind, "code": status.value}})
 
+    def _authorized(self) -> bool:
+        """Whether the request carries the server's key; answers 401 when it does not."""
+        key = self.server.api_key
+        if key is None:
+            return True
+        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), key.encode()):
+            return True
+        # The body may not have been read: close the connection rather than parse it as the next request.
+        self.close_connection = True
+        self._error(HTTPStatus.UNAUTHORIZED, "this server needs its key: Authorization: Bearer <key>")
+        return False
+
     def do_GET(self) -> None:
         if self.path in ("/health", "/v1/health"):
             self._send(HTTPStatus.OK, {"status": "ok"})
+        elif not self._authorized():
+            return
         elif self.path == "/v1/models":
             self._send(
                 HTTPStatus.OK, {"object": "list", "data": [{"id": self.server.model, "object": "model"}]}
@@ -139,6 +189,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(HTTPStatus.NOT_FOUND, f"no such endpoint: GET {self.path}")
 
     def do_POST(self) -> None:
+        if not self._authorized():
+            return
         if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
             self._error(HTTPStatus.NOT_FOUND, f"no such endpoint: POST {self.path}")
             return
@@ -147,14 +199,21 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.loads(self.rfile.read(length) or b"null")
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
-            completion = self.server.engine.chat(**parse_request(body))
+            connection = self.connection
+            completion = self.server.engine.chat(
+                **parse_request(body), cancelled=lambda: client_gone(connection)
+            )
+        except Cancelled as exc:
+            log.info("embedded server: %s", exc)
+            self.close_connection = True  # nobody is there to answer
+            return
         except (
             ValueError,
             ContextOverflow,
         ) as exc:  # bad JSON or parameters, bad messages, too long a prompt
             self._error(HTTPStatus.BAD_REQUEST, str(exc))
             return
-        except Exception as exc:  # noqa: BLE001 - the client gets the reason, the server keeps serving
+        except Exception as exc:  # the client gets the reason, the server keeps serving
             log.exception("embedded engine failed")
             self._error(HTTPStatus.INTERNAL_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
             return
@@ -164,16 +223,20 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, engine: ChatEngine, model: str):
+    def __init__(self, engine: ChatEngine, model: str, api_key: str | None):
         super().__init__(("127.0.0.1", 0), _Handler)
-        self.engine, self.model = engine, model
+        self.engine, self.model, self.api_key = engine, model, api_key
 
 
 class OpenAIServer:
-    """Serves ``engine`` on a free loopback port from a daemon thread until :meth:`close`."""
+    """Serves ``engine`` on a free loopback port from a daemon thread until :meth:`close`.
 
-    def __init__(self, engine: ChatEngine, model: str):
-        self._server = _Server(engine, model)
+    ``api_key`` is the key every request but ``/health`` must carry; ``None`` serves anyone who
+    reaches the port, for fakes in tests and benchmarks only.
+    """
+
+    def __init__(self, engine: ChatEngine, model: str, *, api_key: str | None):
+        self._server = _Server(engine, model, api_key)
         self.port = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="embedded-lm", daemon=True)
         self._thread.start()

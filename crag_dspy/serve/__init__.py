@@ -2,17 +2,19 @@
 ``GET /program``, ``/openapi.json``) and a page at ``/`` that shows CRAG's decision.
 
 Run it with ``python -m crag_dspy.serve --program runs/default/program.json``; embed it in your own
-ASGI stack with ``create_app(ProgramService(open_program(path)))``. Needs the ``serve`` extra.
+ASGI stack with ``create_app(ProgramService(open_program(path)), policy)`` (``policy_for`` reads the
+keys and limits from the settings). Needs the ``serve`` extra.
 """
 
 try:
     import fastapi  # noqa: F401
+    import limits  # noqa: F401
     import uvicorn  # noqa: F401
 except ImportError as exc:
     # Not raised here: `python -m crag_dspy.serve` imports this package before its __main__ can print
     # this as one line; importing any of the names below raises it instead.
     MISSING_EXTRA: str | None = (
-        f"crag_dspy.serve needs FastAPI and uvicorn ({exc.name} is missing): pip install 'crag-dspy[serve]'"
+        f"crag_dspy.serve needs FastAPI, uvicorn and limits ({exc.name} is missing): pip install 'crag-dspy[serve]'"
     )
 else:
     MISSING_EXTRA = None
@@ -21,17 +23,24 @@ __all__ = [
     "QUESTION_MAX_CHARS",
     "AskRequest",
     "AskResponse",
+    "ClientTrace",
     "DependencyError",
     "ErrorResponse",
+    "ExposureError",
     "Health",
     "ProgramInfo",
     "ProgramService",
+    "ServePolicy",
     "ValidationErrorResponse",
+    "client_trace",
     "create_app",
+    "policy_for",
 ]
 
 if MISSING_EXTRA is None:
     from .api import create_app
+    from .client_trace import ClientTrace, client_trace
+    from .policy import ExposureError, ServePolicy, policy_for
     from .schemas import (
         QUESTION_MAX_CHARS,
         AskRequest,

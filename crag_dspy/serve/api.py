@@ -1,17 +1,35 @@
-"""The FastAPI app: ``POST /ask``, ``GET /health``, ``GET /program``, the page at ``/`` and ``/openapi.json``."""
+"""The FastAPI app: ``POST /ask``, ``GET /health``, ``GET /program``, the page at ``/`` and ``/openapi.json``.
 
-from __future__ import annotations
+A request passes, in order: the access log (an id, one JSON line), the trusted-host check, the body
+limit (413), the API key (401), the caller's rate limit (429), request validation (422), then the
+bounded queue (503 when full) and the deadline (504). :class:`~crag_dspy.serve.policy.ServePolicy`
+sets them all.
+"""
 
+# No `from __future__ import annotations`: FastAPI reads the dependencies in the signatures at
+# runtime, and `authenticate` is local to create_app.
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from importlib.resources import files
+from typing import Annotated
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..faults import describe_error
+from ..trace import CRAGTrace
 from ..validation import QuestionError
 from ..version import __version__
+from .access_log import AccessLog, question_hash
+from .admission import DeadlineExceeded, ModelQueue, QueueFull
+from .auth import Caller, identify
+from .client_trace import client_trace
+from .policy import ServePolicy
+from .ratelimit import RateLimiter
 from .schemas import (
     QUESTION_MAX_CHARS,
     AskRequest,
@@ -53,21 +71,92 @@ def _describe(error: dict) -> str:
     return f"{where}: {error.get('msg', 'invalid')}"
 
 
-def create_app(service: ProgramService) -> FastAPI:
-    """An ASGI app serving ``service``; run it with any ASGI server (``python -m crag_dspy.serve`` uses uvicorn)."""
+def _trace_for(caller: Caller, debug: bool, trace: CRAGTrace | None):
+    """The trace as this caller may see it: full only when it asked (``?debug=1``) and may."""
+    if trace is None:
+        return None
+    return trace if debug and caller.debug else client_trace(trace)
+
+
+def _snapshot(trace: CRAGTrace) -> CRAGTrace:
+    # The run goes on in its thread and still writes to ``trace``; pydantic-core copies it in one step
+    # under the GIL, so the copy is a consistent state of the run.
+    return CRAGTrace.model_validate(trace.model_dump())
+
+
+def _error(status: int, body: ErrorResponse, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content=body.model_dump(mode="json"), headers=headers)
+
+
+def create_app(service: ProgramService, policy: ServePolicy | None = None) -> FastAPI:
+    """An ASGI app serving ``service``; run it with any ASGI server (``python -m crag_dspy.serve`` uses uvicorn).
+
+    ``policy`` defaults to the loopback developer's (no keys, the full trace on ``?debug=1``); listen
+    beyond this machine only with one that has keys (:func:`~crag_dspy.serve.policy.policy_for`).
+    """
+    policy = policy or ServePolicy()
+    queue = ModelQueue(policy.workers, policy.queue)
+    limiter = RateLimiter(policy.rate_limit) if policy.rate_limit else None
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        queue.close()
+
     app = FastAPI(
         title="crag-dspy",
         version=__version__,
-        summary="Corrective RAG over a compiled DSPy program: answers with the full decision trace.",
+        summary="Corrective RAG over a compiled DSPy program: answers with the decision trace.",
         description=(
             "Ask with `POST /ask`. Every answer carries CRAG's trace: each document's grade, the action "
-            "taken against the two thresholds, kept and dropped knowledge strips, the web query and "
-            "results, fallbacks, errors, timings and LM usage. Invalid requests get 422; a 503 names the "
-            "dependency that failed (`lm` or `store`). The page at `/` is a small UI over the same API."
+            "taken against the two thresholds, the kept knowledge strips and the sources of the dropped "
+            "ones, the web query and result links, fallbacks, errors, timings and LM usage; the raw "
+            "passages and web contents only with `?debug=1` for a debug key. Invalid requests get 422; a "
+            "503 names the dependency that failed (`lm` or `store`) or says the queue is full; 504: no "
+            "answer within the deadline. Send the API key as `Authorization: Bearer <key>` or "
+            "`X-API-Key`. The page at `/` is a small UI over the same API."
         ),
+        max_body_size=policy.max_body_bytes,  # Starlette's limit: 413 from Content-Length or while streaming
+        lifespan=lifespan,
     )
+    app.state.queue = queue  # for operators' probes and tests: how many questions are admitted
+    # The last added runs first: every request gets an id and an access line, refused ones too.
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(policy.allowed_hosts))
+    app.add_middleware(AccessLog)
     page = (_STATIC / "index.html").read_text(encoding="utf-8")
     script = (_STATIC / "app.js").read_text(encoding="utf-8")
+    bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <key>")
+    api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False, description="the key itself")
+
+    def authenticate(
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
+        header_key: Annotated[str | None, Security(api_key_header)],
+    ) -> Caller:
+        presented = header_key or (credentials.credentials if credentials else None)
+        caller = identify(presented, policy)
+        if caller is None:
+            problem = "the API key is not valid" if presented else "an API key is required"
+            raise HTTPException(
+                401,
+                f"{problem}: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        request.state.key_id = caller.key_id
+        if limiter is not None:
+            who = (
+                f"key:{caller.key_id}"
+                if caller.key_id
+                else f"addr:{request.client.host if request.client else '-'}"
+            )
+            wait = limiter.hit(who)
+            if wait is not None:
+                raise HTTPException(
+                    429,
+                    f"rate limit of {limiter.spec} reached: retry in {wait} s",
+                    headers={"Retry-After": str(wait)},
+                )
+        return caller
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -86,45 +175,87 @@ def create_app(service: ProgramService) -> FastAPI:
         body = ValidationErrorResponse(detail=f"invalid request: question: {exc}", errors=[error])
         return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
 
-    @app.exception_handler(DependencyError)
-    async def _dependency(request: Request, exc: DependencyError) -> JSONResponse:
-        log.error("503 (%s): %s", exc.dependency, exc)
-        body = ErrorResponse(detail=str(exc), dependency=exc.dependency, trace=exc.trace)
-        return JSONResponse(status_code=503, content=body.model_dump(mode="json"))
-
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        body = ErrorResponse(detail=f"internal error: {describe_error(exc)}")
-        return JSONResponse(status_code=500, content=body.model_dump(mode="json"))
+        return _error(500, ErrorResponse(detail=f"internal error: {describe_error(exc)}"))
 
     @app.post(
         "/ask",
         response_model=AskResponse,
-        summary="Answer a question and return CRAG's full trace",
+        summary="Answer a question and return CRAG's trace",
         responses={
+            401: {"model": ErrorResponse, "description": "no API key, or not a valid one"},
+            403: {"model": ErrorResponse, "description": "?debug=1 without a debug key"},
+            413: {"model": ErrorResponse, "description": "the body is over the size limit"},
             422: {
                 "model": ValidationErrorResponse,
                 "description": f"question missing, blank, not a string or over {QUESTION_MAX_CHARS} chars, "
                 "or empty once control characters are removed",
             },
+            429: {"model": ErrorResponse, "description": "the caller's rate limit; see Retry-After"},
             500: {"model": ErrorResponse, "description": "a bug: the detail names the exception"},
             503: {
                 "model": ErrorResponse,
-                "description": "the LM or the store failed; `dependency` says which",
+                "description": "the LM or the store failed (`dependency` says which), or the queue is full "
+                "(see Retry-After)",
             },
+            504: {"model": ErrorResponse, "description": "no answer within the deadline; the trace so far"},
         },
     )
-    def ask(request: AskRequest) -> AskResponse:
-        # A plain `def`: FastAPI runs it in its thread pool, so a slow LM call never blocks other requests.
-        return service.ask(request.question)
+    async def ask(
+        request: AskRequest,
+        http: Request,
+        caller: Annotated[Caller, Depends(authenticate)],
+        debug: Annotated[
+            bool, Query(description="the full trace (raw passages, web contents): debug keys only")
+        ] = False,
+    ) -> Response:
+        if debug and not caller.debug:
+            raise HTTPException(403, "the full trace (?debug=1) needs a debug key (CRAG_DEBUG_API_KEYS)")
+        http.state.question_hash = question_hash(request.question)
+        started: list[CRAGTrace] = []
+        try:
+            # CRAG runs on the queue's threads; this coroutine only waits, so the deadline is kept
+            # even when a run cannot be interrupted.
+            answer = await queue.run(
+                lambda: service.ask(request.question, on_start=started.append), policy.request_timeout_s
+            )
+        except QueueFull as exc:
+            log.warning("503 (queue): %s", exc)
+            return _error(503, ErrorResponse(detail=str(exc)), {"Retry-After": str(exc.retry_after)})
+        except DeadlineExceeded as exc:
+            log.warning("504: %s", exc)
+            trace = _snapshot(started[0]) if started else None
+            http.state.action = trace.action if trace else None
+            return _error(504, ErrorResponse(detail=str(exc), trace=_trace_for(caller, debug, trace)))
+        except DependencyError as exc:
+            log.error("503 (%s): %s", exc.dependency, exc)
+            http.state.action = exc.trace.action if exc.trace else None
+            body = ErrorResponse(
+                detail=str(exc), dependency=exc.dependency, trace=_trace_for(caller, debug, exc.trace)
+            )
+            return _error(503, body)
+        http.state.action = answer.action
+        full = debug and caller.debug
+        body = answer.model_copy(
+            update={"trace": _trace_for(caller, debug, answer.trace), "full_trace": full}
+        )
+        return JSONResponse(body.model_dump(mode="json"))
 
-    @app.get("/health", response_model=Health, summary="Liveness and what is loaded (makes no LM call)")
+    @app.get(
+        "/health", response_model=Health, summary="Liveness and what is loaded (makes no LM call; no key)"
+    )
     def health() -> Health:
         return service.health()
 
-    @app.get("/program", response_model=ProgramInfo, summary="The program served: thresholds, domain, scores")
-    def program() -> ProgramInfo:
+    @app.get(
+        "/program",
+        response_model=ProgramInfo,
+        summary="The program served: thresholds, domain, scores",
+        responses={401: {"model": ErrorResponse, "description": "no API key, or not a valid one"}},
+    )
+    def program(caller: Annotated[Caller, Depends(authenticate)]) -> ProgramInfo:
         return service.info()
 
     @app.get("/", include_in_schema=False)

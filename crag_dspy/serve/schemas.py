@@ -9,6 +9,7 @@ from pydantic_core import PydanticCustomError
 
 from ..trace import CRAGTrace
 from ..validation import DEFAULT_MAX_QUESTION_CHARS
+from .client_trace import ClientTrace
 
 __all__ = [
     "QUESTION_MAX_CHARS",
@@ -56,12 +57,17 @@ class AskResponse(BaseModel):
         description="True when a stage failed or fell back; the trace's errors and fallbacks say what and why"
     )
     seconds: float = Field(description="wall-clock seconds the request took in the program")
-    trace: CRAGTrace
+    full_trace: bool = Field(
+        False, description="True: `trace` is the full CRAGTrace (?debug=1 with a debug key); else trimmed"
+    )
+    trace: ClientTrace | CRAGTrace = Field(
+        description="what CRAG did and why; raw passages and web contents only in the full trace"
+    )
 
 
 class ProgramInfo(BaseModel):
     compiled: bool = Field(description="False: the uncompiled default program (no program JSON loaded)")
-    path: str | None = Field(description="the program JSON served, if any")
+    path: str | None = Field(description="the file name of the program JSON served, if any (no folder)")
     domain: str
     lower: float = Field(description="lower action threshold in force")
     upper: float = Field(description="upper action threshold in force")
@@ -91,7 +97,9 @@ class ErrorResponse(BaseModel):
     dependency: Dependency | None = Field(
         None, description="the failed dependency behind a 503: 'lm' (language model) or 'store' (retrieval)"
     )
-    trace: CRAGTrace | None = Field(None, description="what CRAG did before giving up, when it got that far")
+    trace: ClientTrace | CRAGTrace | None = Field(
+        None, description="what CRAG did before giving up or before the deadline, when it got that far"
+    )
 
 
 class ValidationErrorResponse(BaseModel):

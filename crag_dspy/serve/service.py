@@ -7,7 +7,11 @@ own DSPy context, so concurrent requests never mix traces, LM usage or the failu
 from __future__ import annotations
 
 import logging
+import re
 import time
+from collections.abc import Callable
+from pathlib import PurePath
+from typing import Any
 
 import dspy
 
@@ -18,7 +22,7 @@ from ..trace import CRAGTrace
 from ..version import __version__
 from .schemas import AskResponse, Dependency, Health, ProgramInfo
 
-__all__ = ["DependencyError", "ProgramService"]
+__all__ = ["DependencyError", "ProgramService", "without_paths"]
 
 log = logging.getLogger(__name__)
 
@@ -45,17 +49,18 @@ class ProgramService:
         self.loaded = loaded
         self.crag = loaded.crag
 
-    def ask(self, question: str) -> AskResponse:
+    def ask(self, question: str, *, on_start: Callable[[CRAGTrace], None] | None = None) -> AskResponse:
+        """Answer ``question`` with the full trace; ``on_start`` gets the trace as the run begins."""
         started = time.perf_counter()
         try:
-            prediction = self.crag(question=question)
+            prediction = self.crag(question=question, on_start=on_start)
         except RetrievalError as exc:
             raise DependencyError("store", str(exc), exc.trace) from exc
         except LMUnavailableError as exc:
             raise DependencyError("lm", str(exc), exc.trace) from exc
         seconds = round(time.perf_counter() - started, 4)
         trace: CRAGTrace = prediction.trace
-        log.info("%s in %.1f s: %r", trace.action, seconds, question[:80])
+        log.info("%s in %.1f s", trace.action, seconds)  # the access log names the question by a hash
         return AskResponse(
             answer=trace.answer or "",
             action=trace.action,
@@ -70,7 +75,8 @@ class ProgramService:
     def info(self) -> ProgramInfo:
         crag, document = self.crag, self.loaded.document
         lm = crag.lm or dspy.settings.lm
-        metadata = dict(document["metadata"]) if document else {}
+        # Clients learn nothing of the server's file system: a path becomes its last part.
+        metadata = without_paths(dict(document["metadata"])) if document else {}
         if document:
             note = f"compiled program {self.loaded.path.name} for domain {self.loaded.domain!r}"
         else:
@@ -80,7 +86,7 @@ class ProgramService:
             )
         return ProgramInfo(
             compiled=self.loaded.compiled,
-            path=str(self.loaded.path) if self.loaded.path else None,
+            path=self.loaded.path.name if self.loaded.path else None,
             domain=self.loaded.domain,
             lower=crag.thresholds.lower,
             upper=crag.thresholds.upper,
@@ -88,9 +94,24 @@ class ProgramService:
             lm=getattr(lm, "model", None) if lm is not None else None,
             retriever=crag.retriever.name,
             web_backend=getattr(crag.web_search, "name", type(crag.web_search).__name__),
-            config=program_config(crag),
+            config=without_paths(program_config(crag)),
             metadata=metadata,
             scores=metadata.get("scores"),
             created=document.get("created") if document else None,
             note=note,
         )
+
+
+# POSIX absolute or home-relative, a Windows drive or UNC path, or a file: URL.
+_PATH = re.compile(r"^(/|~|[A-Za-z]:[\\/]|\\\\|file:)")
+
+
+def without_paths(value: Any) -> Any:
+    """``value`` (JSON-like) with every absolute file path replaced by its last part."""
+    if isinstance(value, dict):
+        return {key: without_paths(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [without_paths(item) for item in value]
+    if isinstance(value, str) and _PATH.match(value):
+        return PurePath(value.removeprefix("file:").replace("\\", "/")).name or "-"
+    return value

@@ -40,11 +40,36 @@ function thresholdLines(lower, upper) {
   ];
 }
 
+// --- the API key ---------------------------------------------------------------------------------
+// A service with keys configured answers 401 without one: the page asks for it and keeps it for this
+// tab only (sessionStorage, gone when the tab closes), sending it as X-API-Key.
+const KEY_ITEM = "crag-api-key";
+const keyHeaders = () => (sessionStorage.getItem(KEY_ITEM) ? { "X-API-Key": sessionStorage.getItem(KEY_ITEM) } : {});
+
+function askForKey() {
+  sessionStorage.removeItem(KEY_ITEM);
+  $("key-form").hidden = false;
+  $("api-key").focus();
+}
+
+$("key-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sessionStorage.setItem(KEY_ITEM, $("api-key").value.trim());
+  $("api-key").value = "";
+  $("key-form").hidden = true;
+  loadProgram();
+});
+
 // --- program -------------------------------------------------------------------------------------
 async function loadProgram() {
   const box = $("program");
   try {
-    const response = await fetch("/program");
+    const response = await fetch("/program", { headers: keyHeaders() });
+    if (response.status === 401) {
+      box.textContent = "This service needs an API key.";
+      askForKey();
+      return;
+    }
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const p = await response.json();
     const scores = p.scores || {};
@@ -174,7 +199,8 @@ function stripItem(s) {
       el("span", {}, where),
       el("span", { class: "sc", title: s.score_source }, s.score === null ? "failed" : `score ${fmt(s.score)}`),
     ),
-    el("p", {}, s.text),
+    // A dropped strip's text comes only in the full trace (?debug=1).
+    s.text === null ? null : el("p", {}, s.text),
   );
 }
 
@@ -192,7 +218,8 @@ function drawWeb(trace) {
   section.hidden = trace.web_query === null;
   if (section.hidden) return;
   const results = trace.web_results.map((r) =>
-    el("li", {}, safeLink(r.url, r.title || r.url), el("p", {}, r.content.length > 220 ? `${r.content.slice(0, 220)}…` : r.content)));
+    // Contents come only in the full trace (?debug=1); clients see titles and links.
+    el("li", {}, safeLink(r.url, r.title || r.url), r.content ? el("p", {}, r.content.length > 220 ? `${r.content.slice(0, 220)}…` : r.content) : null));
   $("web-body").replaceChildren(
     el("p", {}, "Rewritten query ", el("span", { class: "web-query" }, trace.web_query), ` sent to ${trace.web_backend}: ${results.length} result(s).`),
     results.length ? el("ol", { class: "results" }, results) : el("p", { class: "empty" }, "No results."),
@@ -266,7 +293,7 @@ async function ask(question) {
   try {
     const response = await fetch("/ask", {
       method: "POST",
-      headers: { "Content-Type": "application/json", Accept: "application/json" },
+      headers: { "Content-Type": "application/json", Accept: "application/json", ...keyHeaders() },
       body: JSON.stringify({ question }),
     });
     const body = await response.json().catch(() => ({ detail: `HTTP ${response.status} with a non-JSON body` }));
@@ -275,6 +302,7 @@ async function ask(question) {
       status.textContent = `Answered in ${fmt(body.seconds, body.seconds < 10 ? 2 : 1)} s: ${body.action}${body.degraded ? " (degraded: see fallbacks and errors)" : ""}.`;
       return;
     }
+    if (response.status === 401) askForKey();
     const who = body.dependency ? ` (failed dependency: ${body.dependency})` : "";
     failure.replaceChildren(el("h3", {}, `HTTP ${response.status}${who}`), el("p", {}, body.detail || "request failed"));
     failure.hidden = false;

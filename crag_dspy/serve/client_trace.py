@@ -1,0 +1,102 @@
+"""The trace as clients see it: every decision and its reasons, none of the knowledge base's raw text.
+
+The full :class:`~crag_dspy.trace.CRAGTrace` holds each passage as the grader read it, every strip's
+text and the web pages' contents: whatever the store holds goes to whoever may ask. Clients get what
+explains the answer: scores, actions, sources, the kept strips (the answer's only context), the query
+and timings. The full trace is for debug keys (``POST /ask?debug=1``).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from ..trace import CRAGTrace, DocumentGrade, InternalRound, StageUsage, StripRecord
+
+__all__ = ["ClientDocument", "ClientStrip", "ClientTrace", "ClientWebResult", "client_trace"]
+
+
+class ClientDocument(BaseModel):
+    id: str
+    doc_id: str
+    title: str
+    rank: int
+    similarity: float
+    score: float | None = Field(description="P(relevant) in [0, 1]; None when the grader failed")
+    score_source: str
+    attempts: int
+    error: str | None = None
+
+
+class ClientStrip(BaseModel):
+    source: str
+    doc_id: str
+    title: str
+    position: int
+    text: str | None = Field(
+        description="the strip's text when it was kept (the answer's context); else None"
+    )
+    score: float | None
+    score_source: str
+    kept: bool
+    url: str | None = None
+
+
+class ClientWebResult(BaseModel):
+    title: str
+    url: str
+
+
+class ClientTrace(BaseModel):
+    """CRAGTrace without raw passages, graded excerpts, dropped strips' text or web page contents."""
+
+    question: str
+    answer: str | None = None
+    lm_answer: str | None = None
+    action: str | None = None
+    lower: float
+    upper: float
+    question_type: str | None = None
+    retriever: str
+    web_backend: str
+    lm_model: str | None = None
+    documents: list[ClientDocument] = []
+    internal_retries: int = 0
+    first_action: str | None = None
+    internal_rounds: list[InternalRound] = []
+    internal_strips: list[ClientStrip] = []
+    web_query: str | None = None
+    web_results: list[ClientWebResult] = []
+    external_strips: list[ClientStrip] = []
+    defused: list[str] = []
+    fallbacks: list[str] = []
+    errors: list[str] = []
+    timings: dict[str, float] = {}
+    lm_usage: dict[str, StageUsage] = {}
+
+
+# Fields of CRAGTrace that hold no raw knowledge-base text (``context`` is the kept strips again).
+_KEPT_AS_IS = {
+    "question", "answer", "lm_answer", "action", "lower", "upper", "question_type", "retriever",
+    "web_backend", "lm_model", "internal_retries", "first_action", "internal_rounds", "web_query",
+    "defused", "fallbacks", "errors", "timings", "lm_usage",
+}  # fmt: skip
+
+
+def _document(d: DocumentGrade) -> ClientDocument:
+    return ClientDocument(**d.model_dump(include=set(ClientDocument.model_fields)))
+
+
+def _strip(s: StripRecord) -> ClientStrip:
+    fields = s.model_dump(include=set(ClientStrip.model_fields))
+    return ClientStrip(**{**fields, "text": s.text if s.kept else None})
+
+
+def client_trace(trace: CRAGTrace) -> ClientTrace:
+    """``trace`` trimmed for clients."""
+    return ClientTrace(
+        **trace.model_dump(include=_KEPT_AS_IS),
+        documents=[_document(d) for d in trace.documents],
+        internal_strips=[_strip(s) for s in trace.internal_strips],
+        external_strips=[_strip(s) for s in trace.external_strips],
+        web_results=[ClientWebResult(title=r.title, url=r.url) for r in trace.web_results],
+    )
