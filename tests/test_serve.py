@@ -379,7 +379,7 @@ def test_program_flags_keep_the_programs_domain_and_honour_storage_and_threshold
 
 @pytest.mark.parametrize("question", ["\u0000\u0001\u001b", "\u202e\u0007 \u0000"])
 def test_a_question_crag_refuses_is_422_in_one_line_without_a_logged_traceback(question, caplog):
-    client = TestClient(create_app(make_service()), raise_server_exceptions=False)
+    client = local_client(create_app(make_service()), raise_server_exceptions=False)
     with caplog.at_level("DEBUG"):
         response = client.post("/ask", json={"question": question})
     assert response.status_code == 422
