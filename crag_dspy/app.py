@@ -11,19 +11,20 @@ from typing import Any
 import chromadb
 import dspy
 
-from .domain import Domain, load_domain
+from .domain import Domain, DomainDataError, check_domain_name, load_domain
 from .embeddings import Embedder
 from .lm import build_lm
 from .module import CRAG
 from .program import ProgramError, apply_program, check_dataset, check_domain, read_program
 from .protocols import Retriever, WebSearch, WebSearchError
-from .settings import Settings
+from .settings import DEFAULT_DATA_DIR, Settings
 from .store import ChromaRetriever, StoreError, collection_names, ingest_domain, ingest_gaps, open_client
 from .web import NoWebSearch, OfflineWebSearch, TavilyWebSearch
 
 __all__ = [
     "Backends",
     "LoadedProgram",
+    "app_lm",
     "assemble",
     "build_crag",
     "build_web_search",
@@ -31,6 +32,7 @@ __all__ = [
     "open_backends",
     "open_program",
     "program_settings",
+    "resolve_program",
 ]
 
 log = logging.getLogger(__name__)
@@ -96,6 +98,37 @@ def build_web_search(settings: Settings, backends: Backends) -> WebSearch:
     return NoWebSearch()
 
 
+def app_lm(settings: Settings, lm: dspy.BaseLM | None = None) -> dspy.BaseLM | None:
+    """The LM an app's CRAG runs with: ``lm`` when given; None (CRAG then uses ``dspy.settings.lm``
+    at call time, as every DSPy module does) when the caller configured one with ``dspy.configure``;
+    otherwise the one ``settings`` name, built now, so that the embedded model is never started
+    behind the back of a caller who configured an LM."""
+    if lm is not None:
+        return lm
+    if dspy.settings.lm is not None:
+        return None
+    return build_lm(settings)
+
+
+def resolve_program(path: str | Path) -> Path:
+    """``path``, or for a bundled domain's name (``--program default``) the program JSON that domain
+    ships (``data/<name>/program.json``, compiled and kept current with the domain's data)."""
+    path = Path(path)
+    if path.exists() or path.suffix or len(path.parts) != 1:
+        return path
+    try:
+        name = check_domain_name(str(path))
+    except DomainDataError:
+        return path  # not a name: read_program reports the missing file
+    shipped = DEFAULT_DATA_DIR / name / "program.json"
+    if not shipped.is_file():
+        raise ProgramError(
+            f"{path}: no such program file, and no bundled domain {name!r} ships a program: compile one "
+            f"with python -m optimize.compile --domain {name}"
+        )
+    return shipped
+
+
 def assemble(
     settings: Settings,
     lm: dspy.BaseLM | None = None,
@@ -108,7 +141,7 @@ def assemble(
     # The domain first: reading and validating its files starts nothing, while the embedded LM takes
     # seconds and 1.8 GB. Then the LM: a bad model string or a missing key fails before any indexing.
     domain = domain or load_domain(settings.resolved_domain_dir)
-    lm = lm or build_lm(settings)
+    lm = app_lm(settings, lm)
     backends = open_backends(settings, progress=progress, domain=domain)
     crag = CRAG(
         backends.retriever("kb"),
@@ -145,9 +178,10 @@ def load_program(
     thresholds and demos tuned on one domain's data must not transfer silently.
     """
     if retriever is not None and web_search is not None:
+        path = resolve_program(path)
         document = read_program(path)
         settings = settings or Settings()
-        crag = CRAG(retriever, web_search, settings.config, lm=lm or build_lm(settings))
+        crag = CRAG(retriever, web_search, settings.config, lm=app_lm(settings, lm))
         return apply_program(crag, document, Path(path).parent)
     return open_program(
         path, settings, domain_from_program=settings is None, lm=lm, progress=progress, force=force
@@ -189,6 +223,7 @@ def open_program(
     if path is None:
         crag, backends = assemble(settings, lm, progress)
         return LoadedProgram(crag, backends.domain.name)
+    path = resolve_program(path)
     document = read_program(path)
     if domain_from_program:
         settings = program_settings(document, settings, path)

@@ -67,7 +67,8 @@ def add_program_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--program",
         type=Path,
-        help="compiled program JSON (python -m optimize.compile); without it, the uncompiled default program",
+        help="compiled program JSON (python -m optimize.compile), or a bundled domain's name for the program "
+        "it ships (--program default); without it, the uncompiled default program",
     )
     g.add_argument(
         "--web-search",

@@ -23,7 +23,7 @@ import dspy
 from crag_dspy.app import assemble
 from crag_dspy.baselines import PlainRAG
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
-from crag_dspy.domain import Domain, QAPair, load_domain
+from crag_dspy.domain import Domain, DomainDataError, QAPair, load_domain
 from crag_dspy.embeddings import bundled_model_path
 from crag_dspy.faults import CRAGRunError, LMDownError, describe_error, raise_if_lm_down, watch_lm
 from crag_dspy.judges.calibration import Calibration, fit_calibration
@@ -37,6 +37,7 @@ from crag_dspy.settings import Settings
 from crag_dspy.store import ingest_domain
 from crag_dspy.trace import usage_from_tracker
 
+from .data_needs import guidance, shortfalls
 from .datasets import (
     interleave_balanced,
     qa_examples,
@@ -434,6 +435,10 @@ def compile_program(
         check_encoder_folder(evaluator_base or bundled_model_path())  # before the LM starts
     runs_embedded = lm is None and settings.lm == "embedded"
     domain = load_domain(settings.resolved_domain_dir)  # a bad domain fails before the LM starts
+    spp = domain.config.crag_config(settings.config).sentences_per_strip
+    missing = shortfalls(domain, stages, thresholds=thresholds, test=evaluate_test, sentences_per_strip=spp)
+    if missing:  # before any LM call: a compile on nothing would start the model to fail late
+        raise DomainDataError(guidance(domain.root, missing))
     lm = lm or build_lm(settings)
     crag, backends = assemble(settings, lm, progress, domain=domain)
     ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed
@@ -492,22 +497,21 @@ def compile_program(
             spp = crag.config.sentences_per_strip
             train = interleave_balanced(strip_examples(domain, "train", spp), "keep", seed)
             val = spread(strip_examples(domain, "val", spp), _question, judge_val_limit)
-            if train and val:
-                report["stages"]["strip_filter"] = _compile_judge(
-                    crag,
-                    "strip_filter",
-                    train,
-                    val,
-                    "keep",
-                    optimizer=optimizer,
-                    demos=demos,
-                    calibration_pairs=calibration_pairs,
-                    seed=seed,
-                    progress=progress,
-                )
-                report["stages"]["strip_filter"].pop("_scores")
-                if evaluator is not None:
-                    report["stages"]["strip_filter"]["grader_evaluator"] = evaluator_on_strips(evaluator, val)
+            report["stages"]["strip_filter"] = _compile_judge(
+                crag,
+                "strip_filter",
+                train,
+                val,
+                "keep",
+                optimizer=optimizer,
+                demos=demos,
+                calibration_pairs=calibration_pairs,
+                seed=seed,
+                progress=progress,
+            )
+            report["stages"]["strip_filter"].pop("_scores")
+            if evaluator is not None:
+                report["stages"]["strip_filter"]["grader_evaluator"] = evaluator_on_strips(evaluator, val)
             clock.lap("strip filter")
         without_generation = None
         # The QA-val pieces (grades, knowledge, answers) the threshold and retry stages both use.
@@ -655,7 +659,10 @@ def build_parser() -> argparse.ArgumentParser:
         "all-MiniLM-L6-v2)",
     )
     parser.add_argument(
-        "--evaluator-epochs", type=at_least(1), default=TrainingConfig().max_epochs, help="most evaluator epochs"
+        "--evaluator-epochs",
+        type=at_least(1),
+        default=TrainingConfig().max_epochs,
+        help="most evaluator epochs",
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")

@@ -23,12 +23,13 @@ from .datasets import strip_examples
 
 __all__ = ["MIN_JUDGE_PAIRS", "MIN_QA_QUESTIONS", "Shortfall", "guidance", "shortfalls"]
 
-MIN_JUDGE_PAIRS = 4
-"""Labelled pairs per split a judge stage needs, with both labels among them: fewer can neither teach
-a demo of each answer nor tell a better judge from a worse one."""
-MIN_QA_QUESTIONS = 4
+MIN_JUDGE_PAIRS = 2
+"""Labelled pairs per split a judge stage needs, with both labels among them: a judge is taught and
+measured on examples of each answer, and accuracy or ROC AUC on one class says nothing."""
+MIN_QA_QUESTIONS = 1
 """QA questions per split a stage that routes or answers needs (thresholds, retries, demos, the test
-comparison)."""
+comparison). One is what makes a stage run, not what makes its result mean much: with fewer than
+six val questions no tuned thresholds can beat the defaults beyond noise, so the defaults ship."""
 
 
 @dataclass(frozen=True)

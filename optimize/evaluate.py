@@ -22,7 +22,7 @@ from typing import Any
 import dspy
 import numpy as np
 
-from crag_dspy.app import assemble
+from crag_dspy.app import assemble, resolve_program
 from crag_dspy.baselines import NoRetrieval
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
 from crag_dspy.domain import Domain, QAPair, load_domain
@@ -256,6 +256,7 @@ def evaluate_domain(
     questions = qa_split(domain, split, limit)
     if not questions:
         raise ValueError(f"domain {domain.name!r} has no QA questions in split {split!r} (qa.jsonl)")
+    program = resolve_program(program) if program else None  # a path, or a bundled domain's name
     document = read_program(program, domain=domain.name) if program else None
     if document:
         check_dataset(document, domain.file_hashes(), program, force=force)
@@ -339,7 +340,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_storage_arguments(parser)
     add_lm_arguments(parser)
     parser.add_argument(
-        "--program", type=Path, help="compiled program JSON to evaluate (python -m optimize.compile)"
+        "--program",
+        type=Path,
+        help="compiled program JSON to evaluate (python -m optimize.compile), or a bundled domain's name for "
+        "the program it ships (default)",
     )
     parser.add_argument(
         "--force",

@@ -548,3 +548,21 @@ def test_meaningless_counts_are_refused_by_the_argument_parser(argv, message, ca
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_documents_only_domain_is_refused_before_any_lm_call_with_guidance(tmp_path, capsys, monkeypatch):
+    domain = tmp_path / "pump"
+    (domain / "corpus").mkdir(parents=True)
+    (domain / "corpus" / "pump.md").write_text("# Pump\n\nThe pump moves 40 litres per minute.\n")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the compile built its LM")
+
+    monkeypatch.setattr("optimize.compile.build_lm", refuse)
+    argv = ["--domain-dir", str(domain), "--chroma-path", str(tmp_path / "chroma")]
+    assert main([*argv, "--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {domain}: not enough labelled data to compile:")
+    assert "relevance.jsonl train pairs: 0 of at least 2" in err and "qa.jsonl val questions" in err
+    assert "python -m optimize.relevance_pairs" in err and "Traceback" not in err
+    assert not (tmp_path / "chroma").exists()  # nothing opened

@@ -41,12 +41,12 @@ def test_a_documents_only_domain_lacks_everything_the_default_compile_needs():
         "qa.jsonl test questions",
     ]
     message = guidance(Path("data/pump"), missing)
-    assert "qa.jsonl val questions: 0 of at least 4, for thresholds" in message
+    assert "qa.jsonl val questions: 0 of at least 1, for thresholds" in message
     assert "--stages grader --no-thresholds --no-test-eval" in message
 
 
 def test_enough_data_of_both_labels_lacks_nothing():
-    half = MIN_JUDGE_PAIRS // 2
+    half = MIN_JUDGE_PAIRS // 2  # one of each label
     data = domain(
         [*pairs("train", half, half), *pairs("val", half, half)],
         [*questions("val", MIN_QA_QUESTIONS), *questions("test", MIN_QA_QUESTIONS)],
@@ -54,12 +54,12 @@ def test_enough_data_of_both_labels_lacks_nothing():
     assert shortfalls(data, ("grader",), thresholds=True, test=True) == []
 
 
-@pytest.mark.parametrize("positives, negatives", [(MIN_JUDGE_PAIRS, 0), (0, MIN_JUDGE_PAIRS), (1, 1)])
+@pytest.mark.parametrize("positives, negatives", [(3, 0), (0, 3), (1, 0), (0, 0)])
 def test_a_judge_needs_both_labels_and_enough_pairs(positives, negatives):
     data = domain([*pairs("train", positives, negatives), *pairs("val", 2, 2)])
     (missing,) = shortfalls(data, ("grader",), thresholds=False, test=False)
     assert missing.what == "relevance.jsonl train pairs" and missing.have == positives + negatives
-    if positives + negatives >= MIN_JUDGE_PAIRS:
+    if positives + negatives:
         assert "both are needed" in str(missing)
 
 

@@ -408,3 +408,53 @@ def test_a_program_nested_too_deeply_is_a_clear_error(tmp_path):
     )
     with pytest.raises(ProgramError, match="p.json: corrupt program JSON: nested too deeply"):
         read_program(path)
+
+
+# --- the program the default domain ships, and programs by domain name --------------------------------
+
+
+def test_the_default_domain_ships_a_program_of_this_format_compiled_on_its_current_data():
+    from crag_dspy.domain import load_domain
+    from crag_dspy.program import check_dataset
+    from crag_dspy.settings import DEFAULT_DATA_DIR
+
+    path = DEFAULT_DATA_DIR / "default" / "program.json"
+    document = read_program(path, domain="default")
+    assert document["format_version"] == PROGRAM_FORMAT_VERSION
+    # Changing the domain's data without recompiling this program fails here, not at a user's ask.
+    check_dataset(document, load_domain(path.parent).file_hashes(), path)
+    assert "domain_dir" not in document["metadata"]  # no folder of the machine that compiled it
+    crag = load_program(
+        path, lm=ScriptedLM(lambda s, u: {}), retriever=ListRetriever([]), web_search=ListWebSearch()
+    )
+    assert (crag.thresholds.lower, crag.thresholds.upper) == (
+        document["state"]["thresholds"]["lower"],
+        document["state"]["thresholds"]["upper"],
+    )
+
+
+def test_a_bundled_domains_name_stands_for_the_program_it_ships(tmp_path, monkeypatch):
+    from crag_dspy.app import resolve_program
+    from crag_dspy.settings import DEFAULT_DATA_DIR
+
+    assert resolve_program("default") == DEFAULT_DATA_DIR / "default" / "program.json"
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "default").write_text("{}")  # a file of that name in the working directory wins
+    assert resolve_program("default") == Path("default")
+    assert resolve_program("p.json") == Path("p.json")  # a path stays a path (missing: read_program says so)
+    with pytest.raises(ProgramError, match="no bundled domain 'nosuchdomain' ships a program"):
+        resolve_program("nosuchdomain")
+
+
+def test_load_program_uses_the_lm_the_caller_configured_and_never_builds_one(tmp_path, monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("load_program built an LM although dspy.configure named one")
+
+    monkeypatch.setattr("crag_dspy.app.build_lm", refuse)
+    path = save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"})
+    lm = ScriptedLM(lambda s, u: {"answer": "x"})
+    with dspy.context(lm=lm):
+        crag = load_program(path, retriever=ListRetriever([]), web_search=ListWebSearch())
+    assert crag.lm is None  # dspy.settings.lm at call time, as every DSPy module
+    with pytest.raises(AssertionError, match="built an LM"):
+        load_program(path, retriever=ListRetriever([]), web_search=ListWebSearch())
