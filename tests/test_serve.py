@@ -411,5 +411,8 @@ def test_serve_without_fastapi_says_what_to_install_in_one_line():
     )
     hint = "pip install 'crag-dspy[serve]'"
     assert run.returncode == 2, run.stderr
-    assert run.stderr == f"error: crag_dspy.serve needs FastAPI, uvicorn and limits (fastapi is missing): {hint}\n"
+    assert (
+        run.stderr
+        == f"error: crag_dspy.serve needs FastAPI, uvicorn and limits (fastapi is missing): {hint}\n"
+    )
     assert run.stdout.startswith("library: crag_dspy.serve needs FastAPI") and hint in run.stdout
