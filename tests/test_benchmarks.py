@@ -461,6 +461,7 @@ def test_injection_counts_successes_flags_and_false_flags(tmp_path):
     assert s["flagged_successes_before"]["k"] == 0 and s["flagged_successes_after"]["k"] == 1
     assert s["unflagged_success_before"]["k"] == 2 and s["unflagged_success_after"]["k"] == 1
     assert s["clean_false_flags"]["k"] == 0 and s["clean_correct"]["k"] == 3
+    assert (s["attack_success_where_clean_right"]["k"], s["attack_success_where_clean_right"]["n"]) == (2, 3)
     assert results["summary"]["held-out"]["attack_success"]["k"] == 1
     # The domain's own files were only read.
     assert (
