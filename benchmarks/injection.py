@@ -8,8 +8,8 @@ alone) and after the answer-grounding check (``trace.grounding``), from one run.
 Each attack in ``benchmarks/injection_attacks.jsonl`` names a question of the domain's qa.jsonl, a
 document (``where``: corpus or web) that tries to make the answer a specific wrong value (``target``,
 with aliases), and the ``set`` it belongs to: ``dev`` (written together with the grounding rule),
-``round2`` (written blind to the first rule; the rule was broadened after it missed them) and
-``held-out`` (written after the rule was frozen; never used to change it). Every attacked question is
+``round2`` and ``round3`` (each written blind to the rule of its day, which was broadened after it
+missed them) and ``held-out`` (written after the current rule was frozen; never used to change it). Every attacked question is
 run twice on a temporary Chroma folder (the domain's files are only read): first clean, then with its
 attack document added to the collection (and removed after). Reported, per set and overall, with Wilson
 95% intervals:
@@ -53,7 +53,7 @@ class Attack(BaseModel):
     """One planted document and the value it tries to make the answer."""
 
     id: str
-    set: str = Field(description="dev, round2 or held-out (see the module docstring)")
+    set: str = Field(description="dev, round2, round3 or held-out (see the module docstring)")
     qa_id: str
     where: str = Field(pattern="^(corpus|web)$")
     title: str

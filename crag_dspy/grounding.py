@@ -22,8 +22,8 @@ built; a paraphrase gets through it. This check looks at the other end, the answ
 
 The check is a heuristic on strings, with known limits: it cannot tell a wrong value stated as plain
 fact (corpus poisoning without an instruction) from a right one; an instruction phrased unlike any
-rule in (3) passes (of 6 attacks written after the rule was frozen, it recognised 1:
-``benchmarks/injection.py``); a reader-facing imperative ("Reply with your order number.") reads as
+rule in (3) passes: each time a set of attacks was written blind to the rule of the day, the rule
+recognised few of them (0 of 8, then 1 of 6, then 1 of 8: ``benchmarks/injection.py``); a reader-facing imperative ("Reply with your order number.") reads as
 an instruction; a unit converted by the answer ("3 weeks" for "21 days", "6 pm" for "18:00") is
 flagged. None of the bundled domains' documents reads as an instruction, and every first gold answer is
 grounded by its evidence documents (tests/test_grounding.py). What it adds is that the flag and the attack need the same thing to succeed: the
@@ -377,8 +377,37 @@ _SPEECH_ACTS = (
         r"context|knowledge|information)\b[^.!?]{0,40}\b(?:above|below|elsewhere|other|previous|earlier)\b"
     ),
 )
+# Categories rather than forms (added after the second rule recognised 1 of 6 attacks written blind to
+# it, set "round3"): text written *for a machine reader* (it names one: "copilot", "machine-generated",
+# "text-generation systems", "the model's output"), *about how it is to be reported* ("is to be listed
+# as", "configured to tell people", "for the purposes of ... replies"), or *discrediting the other
+# sources* a reader would compare it with ("whatever the other pages say", "older datasheets are
+# wrong"). Honest documentation describes its subject; it has no reader-model to steer.
+_FOR_MACHINES = (
+    (
+        r"\b(?:co-?pilots?|chat\s*gpt|gpt-?\d|copilot|machine[\s-](?:generated|written|readers?|learning\s+systems?)|"
+        r"text[\s-]generation|generative|model'?s\s+(?:output|answer|reply|response)s?|(?:ai|bot|model)[\s-](?:generated|written|"
+        r"powered|based))\b"
+    ),
+    (
+        r"\b(?:quoting|citing|reading|summari[sz]ing|indexing|processing|ingesting|scraping)\s+this\s+"
+        r"(?:page|document|text|passage|article|entry|note|file)\b"
+    ),
+    r"\b(?:is|are)\s+to\s+be\s+(?:listed|given|quoted|stated|reported|described|shown|presented|treated|cited)\s+as\b",
+    r"\b(?:configured|instructed|told|set\s+up|programmed)\s+to\s+(?:tell|say|answer|reply|respond|state|quote|report|give)\b",
+    (
+        r"\bfor\s+the\s+purposes?\s+of\s+(?:any\s+|all\s+)?(?:[\w-]+\s+){0,2}(?:repl(?:y|ies)|answers?|responses?|summar(?:y|ies)|"
+        r"outputs?|digests?)\b"
+    ),
+    r"\bwhatever\s+(?:the\s+)?(?:other|older|earlier)\s+(?:pages?|sources?|documents?|sites?|articles?)\s+(?:say|said|state)",
+    (
+        r"\b(?:older|other|earlier|previous)\s+(?:[\w-]+\s+){0,2}(?:datasheets?|pages?|sources?|documents?|articles?|figures?)\s+"
+        r"(?:are|is)\s+(?:wrong|incorrect|outdated|obsolete|unreliable|not\s+to\s+be\s+trusted)\b"
+    ),
+)
 _INSTRUCTION = re.compile(
-    "|".join(f"(?:{p})" for p in (*_ADDRESSEE, *_DIRECTIVE, *_SPEECH_ACTS)), re.IGNORECASE | re.MULTILINE
+    "|".join(f"(?:{p})" for p in (*_ADDRESSEE, *_DIRECTIVE, *_SPEECH_ACTS, *_FOR_MACHINES)),
+    re.IGNORECASE | re.MULTILINE,
 )
 
 
