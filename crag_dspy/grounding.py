@@ -36,15 +36,12 @@ import re
 import unicodedata
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from .strips import split_sentences
 from .untrusted import REMOVED_INSTRUCTION, defuse_instructions
-
-if TYPE_CHECKING:
-    from .trace import CRAGTrace
 
 __all__ = [
     "Grounding",
@@ -456,8 +453,9 @@ def check_grounding(
 _DEFUSED_SOURCE = re.compile(r"^(.*): \d+ instruction-like sentence")
 
 
-def grounding_of_trace(trace: CRAGTrace) -> Grounding:
-    """:func:`check_grounding` of a finished run: its kept strips that are in its context are the
+def grounding_of_trace(trace: Any) -> Grounding:
+    """:func:`check_grounding` of a finished run's :class:`~crag_dspy.trace.CRAGTrace` (not imported:
+    the trace holds a :class:`Grounding`, so this module stays below it): its kept strips that are in its context are the
     support; every strip and web page it saw, and its ``defused`` list, name instructing sources."""
     texts = [
         SupportText(s.doc_id, s.text, s.kept and s.text in trace.context)
