@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from .faults import CRAGRunError
+from .grounding import warning_line
 from .lm import EMBEDDED_MODELS, ENGINE_CHOICES, WeightsError
 from .redaction import configure_logging, redact
 
@@ -181,9 +182,11 @@ def format_trace(trace) -> str:
     """A compact, human-readable account of one CRAG run."""
     rounds = trace.internal_rounds
     retried = f"; first {trace.first_action}, {len(rounds)} internal retry round(s)" if rounds else ""
+    warning = warning_line(trace.grounding)
     lines = [
         f"answer: {trace.answer}"
         + (f"  (the LM replied {trace.lm_answer!r}; unit from the context)" if trace.lm_answer else ""),
+        *([warning] if warning else []),  # right under the answer: it is about the answer
         f"action: {trace.action}  (lower={trace.lower:.2f}, upper={trace.upper:.2f}"
         + (f" for {trace.question_type} questions" if trace.question_type else "")
         + f"{retried})",

@@ -17,6 +17,7 @@ from .config import CRAGConfig
 from .embeddings import Embedder
 from .faults import LMHealth, LMUnavailableError, RetrievalError, classify_lm_error, describe_error
 from .generation import attach_unit, clean_answer, clean_query, text_config, text_format
+from .grounding import grounding_of_trace
 from .judges.fusion import Grading
 from .judges.llm import BinaryJudge, Judgement
 from .judges.view import SentenceFocus
@@ -581,6 +582,8 @@ class CRAG(dspy.Module):
         with run.stage("answer"):
             run.trace.context = format_context(internal, external)
             run.trace.answer = self._answer(question, run.trace.context, run)
+        # No LM call: a string check of the answer against its context, so every answer carries it.
+        run.trace.grounding = grounding_of_trace(run.trace)
         return run.trace.answer
 
     def _filter(

@@ -11,6 +11,7 @@ from typing import Any
 import dspy
 from pydantic import BaseModel, Field
 
+from .grounding import Grounding
 from .redaction import redact
 
 __all__ = [
@@ -138,6 +139,12 @@ class CRAGTrace(BaseModel):
     defused: list[str] = Field(
         default_factory=list,
         description="untrusted passages whose instruction-like sentences were removed (possible injection)",
+    )
+    grounding: Grounding | None = Field(
+        None,
+        description="whether the answer's key content (numbers with units, names) is in the kept strips or "
+        "the question, and not only in text that instructs the model (crag_dspy.grounding); None until "
+        "an answer is given",
     )
     fallbacks: list[str] = Field(default_factory=list, description="what degraded and what was done instead")
     errors: list[str] = []

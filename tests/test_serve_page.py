@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from fakes import ScriptedLM
 from serving import FESTIVAL_Q, LEAVE_Q, harbour_lm, serving, write_domain
 
 from crag_dspy.app import open_program
@@ -215,6 +216,45 @@ def test_the_page_asks_for_a_key_when_the_service_needs_one(chromium, tmp_path):
             assert page.is_hidden("#key-form") and "harbour" in page.inner_text("#program")
             _ask(page, LEAVE_Q)
             assert page.inner_text("#answer") == "27 days of annual leave per year"
+        finally:
+            context.close()
+    assert problems == []
+
+
+def test_the_page_warns_when_the_answer_is_not_grounded(chromium, tmp_path):
+    from playwright.sync_api import sync_playwright
+
+    honest = harbour_lm().script
+
+    def made_up(system: str, user: str):
+        # The leave answer names a number no strip holds; the festival answer is the context's.
+        if "Answer the question using only the context" in system and "27 days" in user:
+            return {"answer": "45 days of annual leave per year"}
+        return honest(system, user)
+
+    settings = Settings(
+        domain_dir=write_domain(tmp_path / "harbour"), chroma_path=tmp_path / "chroma", web_search="offline"
+    )
+    loaded = open_program(None, settings, lm=ScriptedLM(made_up), progress=False)
+    problems: list[str] = []
+    with serving(create_app(ProgramService(loaded))) as url, sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS
+        )
+        try:
+            page = context.new_page()
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(url)
+            page.wait_for_selector("#program b")
+            _ask(page, LEAVE_Q)
+            assert page.inner_text("#answer") == "45 days of annual leave per year"
+            warning = page.inner_text("#grounding-warning")
+            assert (
+                "may not be grounded" in warning and "Not in the context or the question: 45 day" in warning
+            )
+            _ask(page, FESTIVAL_Q)  # grounded: the warning goes
+            assert page.inner_text("#answer") == "14 June 2025"
+            assert page.locator("#grounding-warning").count() == 0
         finally:
             context.close()
     assert problems == []

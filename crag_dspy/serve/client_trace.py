@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from ..grounding import Grounding
 from ..trace import CRAGTrace, DocumentGrade, InternalRound, StageUsage, StripRecord
 
 __all__ = ["ClientDocument", "ClientStrip", "ClientTrace", "ClientWebResult", "client_trace"]
@@ -68,6 +69,7 @@ class ClientTrace(BaseModel):
     web_results: list[ClientWebResult] = []
     external_strips: list[ClientStrip] = []
     defused: list[str] = []
+    grounding: Grounding | None = None
     fallbacks: list[str] = []
     errors: list[str] = []
     timings: dict[str, float] = {}
@@ -78,8 +80,10 @@ class ClientTrace(BaseModel):
 _KEPT_AS_IS = {
     "question", "answer", "lm_answer", "action", "lower", "upper", "question_type", "retriever",
     "web_backend", "lm_model", "internal_retries", "first_action", "internal_rounds", "web_query",
-    "defused", "fallbacks", "errors", "timings", "lm_usage",
+    "defused", "grounding", "fallbacks", "errors", "timings", "lm_usage",
 }  # fmt: skip
+# ``grounding`` names the answer's own words and the sources (ids, URLs) that instruct the model: no
+# passage text.
 
 
 def _document(d: DocumentGrade) -> ClientDocument:

@@ -252,9 +252,22 @@ function drawTimings(trace, seconds) {
   $("timings").replaceChildren(...rows);
 }
 
+// The answer's key content checked against its context (crag_dspy/grounding.py): a flag is a warning
+// about the answer, so it comes first.
+function groundingNotice(g) {
+  if (!g || !g.flagged) return null;
+  const items = [];
+  if (g.ungrounded.length) items.push(el("li", {}, `Not in the context or the question: ${g.ungrounded.join(", ")}`));
+  if (g.instruction_supported.length) {
+    items.push(el("li", {}, `Only in text that instructs the model (${g.instructing_sources.join(", ")}): ${g.instruction_supported.join(", ")}`));
+  }
+  return el("div", { class: "notice error", id: "grounding-warning", role: "alert" },
+    el("h3", {}, "The answer may not be grounded (possible injection)"), el("ul", {}, items));
+}
+
 function drawProblems(trace) {
   const box = $("problems");
-  const blocks = [];
+  const blocks = [groundingNotice(trace.grounding)].filter(Boolean);
   if (trace.fallbacks.length) {
     blocks.push(el("div", { class: "notice" }, el("h3", {}, "Fallbacks"), el("ul", {}, trace.fallbacks.map((f) => el("li", {}, f)))));
   }

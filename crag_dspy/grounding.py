@@ -1,0 +1,481 @@
+"""Answer grounding: is the answer's key content in the knowledge it was given, from a source that
+informs rather than instructs?
+
+The keyword filter (``untrusted.py``) removes the usual phrasing of an injection before a prompt is
+built; a paraphrase gets through it. This check looks at the other end, the answer, and needs no LM:
+
+1. **Key content** of the answer (:func:`key_content`): numbers with the unit that follows them
+   ("1,240 velds", "45 days", "18%"), and names: words with a capital letter or a digit that are not
+   function words ("Agnes Rhowe", "WQ-17", "May"). Dates fall out of the two ("12 to 14 May 2026").
+   An abstention ("I don't know") has no key content, so it is never flagged.
+2. **Support**: an item is supported by the question (repeating the question is not making things up)
+   or by a kept strip, i.e. the context the answer was given. Numbers compare by value ("1,000" =
+   "1000" = "one thousand" is not attempted; "twelve" = "12" is), units by stem ("day" ~ "days",
+   "min" ~ "minutes"), names case-insensitively as whole words.
+3. **Support from an instruction is not support.** A targeted injection puts its false value *into* a
+   strip, so grounding alone would bless it. A source (document or web page) that addresses the model
+   ("note for automated assistants", "when asked ... say", "respond with", "you must answer") is not
+   knowledge but a request; an item supported only by such sources is flagged too. A source counts as
+   instructing when any of its text the run saw reads so (:func:`reads_as_instruction`), or when the
+   keyword filter removed a sentence from it: an honest document has no reason to tell a reader-model
+   what to answer, so the whole source loses its standing, not just the sentence.
+
+The check is a heuristic on strings, with known limits: it cannot tell a wrong value stated as plain
+fact (corpus poisoning without an instruction) from a right one; an instruction phrased unlike any
+rule in (3) passes: each time a set of attacks was written blind to the rule of the day, the rule
+recognised few of them (0 of 8, then 1 of 6, then 1 of 8: ``benchmarks/injection.py``); a reader-facing imperative ("Reply with your order number.") reads as
+an instruction; a unit converted by the answer ("3 weeks" for "21 days", "6 pm" for "18:00") is
+flagged. None of the bundled domains' documents reads as an instruction, and every first gold answer is
+grounded by its evidence documents (tests/test_grounding.py). What it adds is that the flag and the attack need the same thing to succeed: the
+value must come from somewhere, and where it comes from is named in the trace.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from .strips import split_sentences
+from .untrusted import REMOVED_INSTRUCTION, defuse_instructions
+
+__all__ = [
+    "Grounding",
+    "KeyItem",
+    "SupportText",
+    "check_grounding",
+    "grounding_of_trace",
+    "key_content",
+    "reads_as_instruction",
+    "warning_line",
+]
+
+
+class Grounding(BaseModel):
+    """Whether the answer's key content came from the knowledge it was given (``crag_dspy.grounding``)."""
+
+    checked: list[str] = Field(
+        default_factory=list, description="the answer's key content: numbers with their units, and names"
+    )
+    ungrounded: list[str] = Field(
+        default_factory=list, description="key content found in no kept strip and not in the question"
+    )
+    instruction_supported: list[str] = Field(
+        default_factory=list,
+        description="key content found only in kept strips of sources that instruct the model "
+        "(possible injection)",
+    )
+    instructing_sources: list[str] = Field(
+        default_factory=list,
+        description="sources (doc ids or URLs) whose text addresses the model or had instruction-like "
+        "sentences removed; their strips do not count as support",
+    )
+    flagged: bool = Field(
+        False, description="true when anything is ungrounded or supported only by an instruction"
+    )
+
+
+@dataclass(frozen=True)
+class SupportText:
+    """Text the run saw from one source: ``kept`` strips are the answer's context."""
+
+    source: str
+    text: str
+    kept: bool
+
+
+@dataclass(frozen=True)
+class KeyItem:
+    """One piece of key content: a number (``value``, with its ``unit`` stem or "") or a name."""
+
+    text: str
+    kind: str  # "number" or "name"
+    value: str
+    unit: str = ""
+
+
+# --- normalisation -------------------------------------------------------------------------------------
+
+_NUMBER_WORDS = {
+    w: str(i)
+    for i, w in enumerate(
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen nineteen twenty".split()  # noqa: SIM905
+    )
+}
+_TENS = {
+    w: str(10 * i)
+    for i, w in enumerate("twenty thirty forty fifty sixty seventy eighty ninety".split(), 2)  # noqa: SIM905
+}
+_NUMBER_WORD = re.compile(
+    r"\b(" + "|".join(_TENS) + r")[-\s](one|two|three|four|five|six|seven|eight|nine)\b"
+    r"|\b(" + "|".join([*_NUMBER_WORDS, *_TENS]) + r")\b",
+    re.IGNORECASE,
+)
+
+
+def _words_to_digits(text: str) -> str:
+    """'ninety-nine days' -> '99 days', 'six months' -> '6 months'; other words are left alone."""
+
+    def digits(m: re.Match[str]) -> str:
+        if m.group(1):
+            return str(int(_TENS[m.group(1).lower()]) + int(_NUMBER_WORDS[m.group(2).lower()]))
+        word = m.group(3).lower()
+        return _NUMBER_WORDS.get(word) or _TENS[word]
+
+    return _NUMBER_WORD.sub(digits, text)
+
+
+def _normalize(text: str) -> str:
+    """NFKC, typographic apostrophes and dashes made plain, thousands separators dropped
+    ("1,240" -> "1240"), number words as digits, "%"/"per cent" as "percent"."""
+    text = re.sub(r"(?<=\d)[,\u202f\u00a0](?=\d{3}(?!\d))", "", text)  # before NFKC turns \u202f into a space
+    text = unicodedata.normalize("NFKC", text).replace("\u2019", "'").replace("\u2013", "-")
+    text = re.sub(r"\s*%", " percent", text)
+    text = re.sub(r"\bper\s+cent\b", "percent", text, flags=re.IGNORECASE)
+    text = _words_to_digits(text)
+    # "4 million" is "4000000"; "2.5 million" is "2500000".
+    return re.sub(
+        r"\b(\d+(?:\.\d+)?)\s+million\b",
+        lambda m: f"{round(float(m.group(1)) * 1_000_000)}",
+        text,
+        flags=re.IGNORECASE,
+    )
+
+
+def _number_value(raw: str) -> str:
+    """'05' -> '5', '12.50' -> '12.5', '1240' -> '1240': the same value, the same string; a version
+    ("5.0.3") is compared as written."""
+    if raw.count(".") > 1:
+        return raw
+    whole, _, fraction = raw.partition(".")
+    whole = whole.lstrip("0") or "0"
+    fraction = fraction.rstrip("0")
+    return f"{whole}.{fraction}" if fraction else whole
+
+
+def _stem(word: str) -> str:
+    word = word.lower().strip(".,;:!?()\"'")
+    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
+
+
+# One spelling per unit, so that "60 m" supports "60 metres" and "1,240 velds" supports "V1,240": the
+# same quantity written as a reader writes it is not made up.
+_UNIT_SPELLINGS = {
+    "metre": "m", "meter": "m", "kilometre": "km", "kilometer": "km", "centimetre": "cm", "centimeter": "cm",
+    "millimetre": "mm", "millimeter": "mm", "kilogram": "kg", "gram": "g", "litre": "l", "liter": "l",
+    "milligram": "mg", "mg/l": "mg", "hour": "h", "hr": "h", "minute": "min", "second": "s", "sec": "s",
+    "veld": "v", "cubic": "m3", "m\u00b3": "m3", "square": "m2", "sq": "m2", "m\u00b2": "m2",
+    "m3/": "m3", "percentage": "percent",
+}  # fmt: skip
+
+
+def _unit(word: str) -> str:
+    return _UNIT_SPELLINGS.get(word, word)
+
+
+def _same_unit(a: str, b: str) -> bool:
+    """Units match by spelling ("metres" ~ "m"), or one abbreviates the other ("min" ~ "minute")."""
+    a, b = _unit(a), _unit(b)
+    if a == b:
+        return True
+    short, long = sorted((a, b), key=len)
+    return len(short) >= 3 and long.startswith(short)
+
+
+# Words that are never a unit and never a name (function words, and sentence starters an answer begins
+# with); a capitalised one at the start of an answer ("The", "Every") is not a name.
+_FUNCTION_WORDS = frozenset(
+    """a about above after again against all also am an and any are around as at be because been before
+    being below between both but by can could did do does doing don't down during each either every few
+    for from further had has have having he her here hers him his how i if in into is it its itself just
+    least less many may might more most much must my neither no nor not now of off on once only or other
+    our out over own per same she should since so some such than that the their them then there these
+    they this those through to too under until up upon very via was we were what when where which while
+    who whom whose why will with within without would yes you your approximately roughly around nearly
+    almost over under only exactly up to plus minus answer""".split()  # noqa: SIM905 - reads as text
+)
+_MONTHS = frozenset(
+    "january february march april may june july august september october november december".split()  # noqa: SIM905
+)
+# A number not inside another ("5.0.3" is one); a letter may precede it ("V1240", "WQ-17", "TC4").
+_NUMBER = re.compile(r"(?<![\d.])(\d+(?:\.\d+)*)(?![\d])")
+# A currency sign or one letter before a number ("V260", "$5") makes it a price, not a name.
+_PREFIXED_NUMBER = re.compile(r"[^\W\d]?\d[\d.,/:-]*", re.UNICODE)
+_TOKEN = re.compile(r"[A-Za-z0-9\u00c0-\u024f][\w\u00c0-\u024f'&./-]*")
+_UNIT_AFTER = re.compile(r"\s*(?:-\s*)?([a-z\u00b0\u00b5][\w/\u00b0\u00b5]*)", re.IGNORECASE)
+_UNIT_WINDOW = 3  # a unit counts when it follows the number within this many words ("90 calendar days")
+
+
+def _unit_after(text: str, end: int) -> str:
+    """The stem of the unit word right after position ``end`` ("" when none)."""
+    m = _UNIT_AFTER.match(text, end)
+    if not m:
+        return ""
+    word = m.group(1).lower()
+    if word in _FUNCTION_WORDS or word in _MONTHS or word in ("and", "to", "or"):
+        return ""
+    return _stem(word)
+
+
+_MONTH_ABBREVIATIONS = {m[:3]: m for m in _MONTHS} | {"sept": "september"}
+
+
+def _name_form(token: str) -> str:
+    """How names compare: case, hyphens, a possessive and a plural s do not matter ("TRV-04" ~ "TRV04",
+    "Tuesdays" ~ "Tuesday"), nor a month's abbreviation ("Feb" ~ "February")."""
+    word = token.lower().rstrip(".'-/").removesuffix("'s").replace("-", "")
+    word = _MONTH_ABBREVIATIONS.get(word, word)
+    return _stem(word)
+
+
+def key_content(answer: str) -> list[KeyItem]:
+    """The answer's numbers (with the unit right after each) and names, in order, without repeats."""
+    text = _normalize(answer)
+    items: list[KeyItem] = []
+    units: list[tuple[int, int]] = []  # where the units are: "m3" in "12 m3" holds no number 3
+    for m in _NUMBER.finditer(text):
+        if any(start <= m.start() < end for start, end in units):
+            continue
+        unit_match = _UNIT_AFTER.match(text, m.end())
+        unit = _unit_after(text, m.end())
+        if unit and unit_match:
+            units.append(unit_match.span(1))
+        shown = f"{m.group(1)} {unit}".strip()
+        items.append(KeyItem(shown, "number", _number_value(m.group(1)), unit))
+    for m in _TOKEN.finditer(text):
+        token = m.group(0).rstrip(".'-/").removesuffix("'s")
+        lowered = token.lower()
+        if not token or lowered in _FUNCTION_WORDS or _PREFIXED_NUMBER.fullmatch(token):
+            continue  # a function word, or a number (checked as one above)
+        if token[0].isdigit() or any(start <= m.start() < end for start, end in units):
+            continue  # "60-day", "m3/s": a number with its unit, checked as one above
+        has_capital = any(c.isupper() for c in token)
+        has_digit = any(c.isdigit() for c in token)
+        if (has_capital or has_digit) and len(token) > 1:
+            items.append(KeyItem(token, "name", _name_form(token)))
+    unique: dict[tuple[str, str, str], KeyItem] = {}
+    for item in items:
+        unique.setdefault((item.kind, item.value, item.unit), item)
+    return list(unique.values())
+
+
+def _supports(item: KeyItem, text: str) -> bool:
+    """Whether ``text`` (normalised) states ``item``."""
+    if item.kind == "name":
+        return item.value in {_name_form(w) for w in _TOKEN.findall(text)}
+    for m in _NUMBER.finditer(text):
+        if _number_value(m.group(1)) != item.value:
+            continue
+        if not item.unit:
+            return True
+        following = [_stem(w) for w in re.findall(r"[^\s-]+", text[m.end() :])[:_UNIT_WINDOW]]
+        following += [_unit_after(text, m.end())]
+        if any(w and _same_unit(item.unit, w) for w in following):
+            return True
+    return False
+
+
+# --- instructions addressed to the model ------------------------------------------------------------
+
+_SAY = r"(?:say|says|state|states|answer|answers|respond|reply|replies|tell|quote|report|give|mention|cite|output|use|write|provide|present|treat|return)"
+_ADDRESSEE = (
+    # An automated reader named as such: "automated assistants", "AI systems", "language models".
+    (
+        r"\b(?:ai|a\.i\.|automated|automatic|virtual|digital|artificial|intelligent|generative)[\s-]+"
+        r"(?:assistants?|systems?|models?|agents?|readers?|tools?|helpers?|responders?|summari[sz]ers?|chat\w*)\b"
+    ),
+    r"\b(?:large\s+)?language[\s-]+models?\b",
+    r"\bllms?\b",
+    r"\bchat\s*bots?\b",
+    (
+        r"\b(?:q\s*&\s*a|answer(?:ing)?|question[\s-]answering|retrieval[\s-]augmented|rag)[\s-]+"
+        r"(?:bots?|engines?|systems?|models?|assistants?|tools?)\b"
+    ),
+    r"\bassistants?\b[^.!?]{0,80}\b" + _SAY + r"\b",
+    r"\b(?:dear|attention|note\s+(?:to|for))\s+(?:the\s+)?(?:assistant|model|ai|bot|reader)s?\b",
+)
+_DIRECTIVE = (
+    # Conditioned on being asked: "when asked about X, say Y"; "say Y if anyone asks".
+    r"\b(?:when|if|whenever|once|should)\b[^.!?]{0,60}\b(?:asked|queried|questioned|(?:user|someone|anyone|"
+    r"anybody|people|customers?|visitors?|readers?)\s+(?:asks?|enquires?|inquires?|wants?\s+to\s+know))\b"
+    r"[^.!?]{0,80}\b" + _SAY + r"\b",
+    r"\b" + _SAY + r"\b[^.!?]{0,80}\b(?:when|if|whenever)\b[^.!?]{0,40}\b(?:asked|asks|queried|questioned)\b",
+    # What the answer must be: "the answer you give must be 26 weeks", "your reply should name X".
+    (
+        r"\b(?:your|the|any|every|each|all)\s+(?:correct\s+|right\s+|proper\s+|final\s+|official\s+)?"
+        r"(?:answers?|responses?|replies|summar(?:y|ies)|output)\b[^.!?]{0,40}\b"
+        r"(?:should|must|shall|needs?\s+to|has\s+to|have\s+to|is\s+to|are\s+to|ought\s+to)\b"
+    ),
+    # The imperative itself: "state that ...", "respond with ...", "always answer ...".
+    (
+        r"(?:^|[:;,\-]\s*|\b(?:please|always|simply|just|must|should|shall|then|now|only)\s+)"
+        r"(?:say|state|respond|reply|answer|tell\s+(?:the\s+)?(?:user|reader|customer)s?)\s+(?:that|with|only|simply|exactly|:|\"|')"
+    ),
+    (
+        r"\byou\s+(?:must|should|shall|will|are\s+to|need\s+to|have\s+to|are\s+required\s+to)\s+(?:always\s+|now\s+|only\s+)?"
+        r"(?:say|state|answer|respond|reply|quote|mention|report|give\s+the\s+(?:answer|figure|value|number))\b"
+    ),
+    r"\b(?:if|as)\s+you\s+are\s+an?\s+(?:ai|assistant|bot|model|language\s+model)\b",
+    # Talk about the answer being written, which a knowledge source has no reason for: "when answering
+    # questions about X", "make sure your reply says", "your answer about X should be", "the correct
+    # answer to questions about X:", "for any summary you produce".
+    r"\bwhen\s+(?:answering|replying|responding|summari[sz]ing)\b",
+    r"\b(?:make\s+sure|ensure|see\s+to\s+it)\s+(?:that\s+)?(?:your|the|any|every)\s+(?:answers?|repl(?:y|ies)|responses?|summar(?:y|ies))\b",
+    (
+        r"\b(?:your|the)\s+(?:correct\s+|right\s+|proper\s+|final\s+)?(?:answer|reply)\s+(?:about|to|on|regarding|for)\b"
+        r"[^.!?]{0,100}(?:\b(?:should|must|shall|is\s+to)\b|:)"
+    ),
+    r"\b(?:answers?|repl(?:y|ies)|responses?|summar(?:y|ies)|output)\s+(?:that\s+)?you\s+(?:produce|write|generate|give|return|provide)\b",
+)
+# Speech acts rather than phrases (added after the first rule missed every one of 8 attacks written
+# blind to it, benchmarks/injection_attacks.jsonl set "round2"): a knowledge source states facts in the
+# third person; it does not oblige an unnamed reader to *communicate* something, call out to whoever
+# processes it, or carry a chat template's role markers.
+_COMMUNICATE = (
+    r"(?:say|state|answer|reply|respond|quote|tell|name|report|return|give|mention|cite|use|output|"
+    r"go\s+with|stick\s+to|disregard|ignore)"
+)
+_SPEECH_ACTS = (
+    # An obligation to communicate: "lookups must return 1,700", "should name X", "is to be given as".
+    # (Only verbs of answering: policies oblige people to "give notice" and "report incidents".)
+    (
+        r"\b(?:should|must|shall|need\s+to|needs\s+to|have\s+to|has\s+to|are\s+to|is\s+to)\s+(?:always\s+|now\s+|only\s+)?"
+        r"(?:(?:say|state|answer|reply|respond|quote)\s+(?:that|with|only|exactly|as|:|\"|'|the\s+(?:answer|figure|value|"
+        r"number|name))|go\s+with|stick\s+to)\b"
+    ),
+    r"\b(?:is|are)\s+to\s+be\s+(?:given|quoted|stated|said|answered)\s+as\b",
+    # "the figure to quote is 29", "the value to use", "the name to give".
+    r"\bthe\s+(?:figure|value|number|answer|name|price|date|amount|code)\s+to\s+" + _COMMUNICATE + r"\b",
+    # An imperative to communicate or to dismiss other sources at the start of a clause: "Go with
+    # that.", "kindly disregard older price lists".
+    r"(?:^|[.:;!]\s*|\b(?:please|kindly|just|simply|always)\s+)"
+    r"(?:say|state|answer|reply|respond|quote|tell|report|go\s+with|stick\s+to|disregard|ignore)"
+    + r"\b[^.!?]{0,40}\b(?:that|this|it|them|those|these|figures?|values?|lists?|sources?|versions?|answers?)\b",
+    # Calling out to whoever processes the text: "Hey model!", "heads-up for whoever is generating
+    # replies", "bots and crawlers indexing this page", "anyone generating an answer".
+    (
+        r"^\W*(?:hey|hi|hello|dear|attention|psa|heads[\s-]up|message|note|reminder|instruction)s?\b[^.!?]{0,40}"
+        r"\b(?:model|bot|assistant|ai|whoever|anyone|reader|system|crawler|tool|agent)s?\b"
+    ),
+    (
+        r"\b(?:whoever|anyone|anybody|everyone|those|any\s+(?:tool|system|program|agent))\s+(?:is\s+|are\s+)?"
+        r"(?:generating|writing|producing|reading|indexing|processing|using|answering|summari[sz]ing|parsing)\b"
+    ),
+    r"\b(?:bots?|crawlers?|scrapers?|indexers?)\b[^.!?]{0,40}\b(?:indexing|reading|processing|parsing|visiting|this)\b",
+    r"\breader\s+(?:instruction|note|notice|directive)s?\b",
+    # A chat template's role markers: "<<SYS>>", "[INST]", "<|im_start|>", "### System:", "Override:".
+    r"<<\s*/?\s*sys\s*>>|\[/?inst\]|<\|[a-z_]+\|>|^\W*(?:#+\s*)?(?:system|assistant|user)\s*:|\boverride\s*:",
+    (
+        r"\b(?:disregard|ignore|overrule|supersede)s?\b[^.!?]{0,40}\b(?:figures?|values?|numbers?|sources?|documents?|"
+        r"context|knowledge|information)\b[^.!?]{0,40}\b(?:above|below|elsewhere|other|previous|earlier)\b"
+    ),
+)
+# Categories rather than forms (added after the second rule recognised 1 of 6 attacks written blind to
+# it, set "round3"): text written *for a machine reader* (it names one: "copilot", "machine-generated",
+# "text-generation systems", "the model's output"), *about how it is to be reported* ("is to be listed
+# as", "configured to tell people", "for the purposes of ... replies"), or *discrediting the other
+# sources* a reader would compare it with ("whatever the other pages say", "older datasheets are
+# wrong"). Honest documentation describes its subject; it has no reader-model to steer.
+_FOR_MACHINES = (
+    (
+        r"\b(?:co-?pilots?|chat\s*gpt|gpt-?\d|copilot|machine[\s-](?:generated|written|readers?|learning\s+systems?)|"
+        r"text[\s-]generation|generative|model'?s\s+(?:output|answer|reply|response)s?|(?:ai|bot|model)[\s-](?:generated|written|"
+        r"powered|based))\b"
+    ),
+    (
+        r"\b(?:quoting|citing|reading|summari[sz]ing|indexing|processing|ingesting|scraping)\s+this\s+"
+        r"(?:page|document|text|passage|article|entry|note|file)\b"
+    ),
+    r"\b(?:is|are)\s+to\s+be\s+(?:listed|given|quoted|stated|reported|described|shown|presented|treated|cited)\s+as\b",
+    r"\b(?:configured|instructed|told|set\s+up|programmed)\s+to\s+(?:tell|say|answer|reply|respond|state|quote|report|give)\b",
+    (
+        r"\bfor\s+the\s+purposes?\s+of\s+(?:any\s+|all\s+)?(?:[\w-]+\s+){0,2}(?:repl(?:y|ies)|answers?|responses?|summar(?:y|ies)|"
+        r"outputs?|digests?)\b"
+    ),
+    r"\bwhatever\s+(?:the\s+)?(?:other|older|earlier)\s+(?:pages?|sources?|documents?|sites?|articles?)\s+(?:say|said|state)",
+    (
+        r"\b(?:older|other|earlier|previous)\s+(?:[\w-]+\s+){0,2}(?:datasheets?|pages?|sources?|documents?|articles?|figures?)\s+"
+        r"(?:are|is)\s+(?:wrong|incorrect|outdated|obsolete|unreliable|not\s+to\s+be\s+trusted)\b"
+    ),
+)
+_INSTRUCTION = re.compile(
+    "|".join(f"(?:{p})" for p in (*_ADDRESSEE, *_DIRECTIVE, *_SPEECH_ACTS, *_FOR_MACHINES)),
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def reads_as_instruction(text: str) -> bool:
+    """True when a sentence of ``text`` addresses the model (an automated reader named as such, or a
+    directive about what to answer), or the keyword filter's phrasing or its removal marker is there."""
+    if REMOVED_INSTRUCTION in text or defuse_instructions(text)[1]:
+        return True
+    return any(_INSTRUCTION.search(s) for s in split_sentences(text))
+
+
+# --- the check -------------------------------------------------------------------------------------------
+
+
+def check_grounding(
+    answer: str | None,
+    question: str,
+    texts: Sequence[SupportText],
+    instructing: Iterable[str] = (),
+) -> Grounding:
+    """The :class:`Grounding` of ``answer``: its key content against the question and the kept
+    ``texts``; a source in ``instructing``, or any of whose ``texts`` (kept or not) reads as an
+    instruction, does not support anything."""
+    instructing_sources = set(instructing) | {t.source for t in texts if reads_as_instruction(t.text)}
+    kept = [(t.source, _normalize(t.text)) for t in texts if t.kept]
+    asked = _normalize(question)
+    items = key_content(answer or "")
+    ungrounded, by_instruction = [], []
+    for item in items:
+        if _supports(item, asked):
+            continue
+        sources = {source for source, text in kept if _supports(item, text)}
+        if not sources:
+            ungrounded.append(item.text)
+        elif sources <= instructing_sources:
+            by_instruction.append(item.text)
+    return Grounding(
+        checked=[i.text for i in items],
+        ungrounded=ungrounded,
+        instruction_supported=by_instruction,
+        instructing_sources=sorted(instructing_sources),
+        flagged=bool(ungrounded or by_instruction),
+    )
+
+
+_DEFUSED_SOURCE = re.compile(r"^(.*): \d+ instruction-like sentence")
+
+
+def grounding_of_trace(trace: Any) -> Grounding:
+    """:func:`check_grounding` of a finished run's :class:`~crag_dspy.trace.CRAGTrace` (not imported:
+    the trace holds a :class:`Grounding`, so this module stays below it): its kept strips that are in its context are the
+    support; every strip and web page it saw, and its ``defused`` list, name instructing sources."""
+    texts = [
+        SupportText(s.doc_id, s.text, s.kept and s.text in trace.context)
+        for s in [*trace.internal_strips, *trace.external_strips]
+    ]
+    texts += [SupportText(r.url, r.content, False) for r in trace.web_results]
+    defused = [m.group(1) for m in map(_DEFUSED_SOURCE.match, trace.defused) if m]
+    return check_grounding(trace.answer, trace.question, texts, defused)
+
+
+def warning_line(grounding: Grounding | None) -> str | None:
+    """One line for people (``ask``, the page), or None when nothing is flagged."""
+    if grounding is None or not grounding.flagged:
+        return None
+    parts = []
+    if grounding.ungrounded:
+        parts.append(f"not in the context or the question: {', '.join(grounding.ungrounded)}")
+    if grounding.instruction_supported:
+        parts.append(
+            f"only in text that instructs the model ({', '.join(grounding.instructing_sources)}): "
+            f"{', '.join(grounding.instruction_supported)}"
+        )
+    return "warning: the answer may not be grounded; " + "; ".join(parts)
