@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -56,14 +58,39 @@ def chromium() -> str:
     return found
 
 
+def _harbour(tmp_path, lm=None, **settings):
+    """The uncompiled program over the tiny harbour domain, ingested into ``tmp_path``."""
+    settings = Settings(
+        domain_dir=write_domain(tmp_path / "harbour"),
+        chroma_path=tmp_path / "chroma",
+        web_search="offline",
+        **settings,
+    )
+    return open_program(None, settings, lm=lm or harbour_lm(), progress=False)
+
+
 @pytest.fixture()
 def page_url(tmp_path):
-    settings = Settings(
-        domain_dir=write_domain(tmp_path / "harbour"), chroma_path=tmp_path / "chroma", web_search="offline"
-    )
-    loaded = open_program(None, settings, lm=harbour_lm(), progress=False)
-    with serving(create_app(ProgramService(loaded))) as url:
+    with serving(create_app(ProgramService(_harbour(tmp_path)))) as url:
         yield url
+
+
+@contextmanager
+def _page_of(app, chromium: str, tmp_path, problems: list[str]) -> Iterator:
+    """``app`` served on loopback and opened in headless Chromium; the page's errors go to ``problems``."""
+    from playwright.sync_api import sync_playwright
+
+    with serving(app) as url, sync_playwright() as p:
+        context = p.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS
+        )
+        try:
+            page = context.new_page()
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(url)
+            yield page
+        finally:
+            context.close()
 
 
 def _ask(page, question: str) -> None:
@@ -151,79 +178,49 @@ def test_ask_in_the_browser_shows_the_decision(chromium, page_url, tmp_path):
 
 
 def test_the_page_shows_every_internal_retry_round(chromium, tmp_path):
-    from playwright.sync_api import sync_playwright
-
-    settings = Settings(
-        domain_dir=write_domain(tmp_path / "harbour"),
-        chroma_path=tmp_path / "chroma",
-        web_search="offline",
-        config=CRAGConfig(internal_retries=1),
-    )
-    loaded = open_program(None, settings, lm=harbour_lm(), progress=False)
+    loaded = _harbour(tmp_path, config=CRAGConfig(internal_retries=1))
     problems: list[str] = []
-    with serving(create_app(ProgramService(loaded))) as url, sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS
-        )
-        try:
-            page = context.new_page()
-            page.on("pageerror", lambda e: problems.append(str(e)))
-            page.goto(url)
-            page.wait_for_selector("#program b")
-            assert "internal retries at most 1" in page.inner_text("#program")
-            _ask(page, LEAVE_Q)  # CORRECT at once: no round, no rounds list
-            assert page.is_hidden("#rounds") and "again" not in page.inner_text("#why")
-            # AMBIGUOUS: one round with the rewritten query; the store has only the 3 passages graded.
-            _ask(page, FESTIVAL_Q)
-            assert page.inner_text("#action") == "AMBIGUOUS"
-            why = page.inner_text("#why")
-            assert why.startswith("First AMBIGUOUS: searched the knowledge base again once")
-            assert page.is_visible("#rounds")
-            assert "1 of at most 1 rounds; first action AMBIGUOUS" in page.inner_text("#rounds-heading")
-            (item,) = page.locator("#rounds-list li").all_inner_texts()
-            assert "Harbour Festival 2025 date" in item and "nothing new to grade, 3 found again" in item
-            assert item.rstrip().endswith("AMBIGUOUS")
-        finally:
-            context.close()
+    with _page_of(create_app(ProgramService(loaded)), chromium, tmp_path, problems) as page:
+        page.wait_for_selector("#program b")
+        assert "internal retries at most 1" in page.inner_text("#program")
+        _ask(page, LEAVE_Q)  # CORRECT at once: no round, no rounds list
+        assert page.is_hidden("#rounds") and "again" not in page.inner_text("#why")
+        # AMBIGUOUS: one round with the rewritten query; the store has only the 3 passages graded.
+        _ask(page, FESTIVAL_Q)
+        assert page.inner_text("#action") == "AMBIGUOUS"
+        why = page.inner_text("#why")
+        assert why.startswith("First AMBIGUOUS: searched the knowledge base again once")
+        assert page.is_visible("#rounds")
+        assert "1 of at most 1 rounds; first action AMBIGUOUS" in page.inner_text("#rounds-heading")
+        (item,) = page.locator("#rounds-list li").all_inner_texts()
+        assert "Harbour Festival 2025 date" in item and "nothing new to grade, 3 found again" in item
+        assert item.rstrip().endswith("AMBIGUOUS")
     assert problems == []
 
 
 def test_the_page_asks_for_a_key_when_the_service_needs_one(chromium, tmp_path):
-    from playwright.sync_api import expect, sync_playwright
+    from playwright.sync_api import expect
 
-    settings = Settings(
-        domain_dir=write_domain(tmp_path / "harbour"), chroma_path=tmp_path / "chroma", web_search="offline"
-    )
-    loaded = open_program(None, settings, lm=harbour_lm(), progress=False)
     policy = ServePolicy(api_keys=("page-key-0123456789",), open_debug=False)
     problems: list[str] = []
-    with serving(create_app(ProgramService(loaded), policy)) as url, sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS
-        )
-        try:
-            page = context.new_page()
-            page.on("pageerror", lambda e: problems.append(str(e)))
-            page.goto(url)
-            expect(page.locator("#key-form")).to_be_visible(timeout=30_000)
-            assert page.inner_text("#program") == "This service needs an API key."
-            page.fill("#api-key", "wrong-key-0123456789")
-            page.click("#key-form button")
-            expect(page.locator("#key-form")).to_be_visible(timeout=30_000)  # refused: asked again
-            page.fill("#api-key", "page-key-0123456789")
-            page.click("#key-form button")
-            page.wait_for_selector("#program b")
-            assert page.is_hidden("#key-form") and "harbour" in page.inner_text("#program")
-            _ask(page, LEAVE_Q)
-            assert page.inner_text("#answer") == "27 days of annual leave per year"
-        finally:
-            context.close()
+    with _page_of(
+        create_app(ProgramService(_harbour(tmp_path)), policy), chromium, tmp_path, problems
+    ) as page:
+        expect(page.locator("#key-form")).to_be_visible(timeout=30_000)
+        assert page.inner_text("#program") == "This service needs an API key."
+        page.fill("#api-key", "wrong-key-0123456789")
+        page.click("#key-form button")
+        expect(page.locator("#key-form")).to_be_visible(timeout=30_000)  # refused: asked again
+        page.fill("#api-key", "page-key-0123456789")
+        page.click("#key-form button")
+        page.wait_for_selector("#program b")
+        assert page.is_hidden("#key-form") and "harbour" in page.inner_text("#program")
+        _ask(page, LEAVE_Q)
+        assert page.inner_text("#answer") == "27 days of annual leave per year"
     assert problems == []
 
 
 def test_the_page_warns_when_the_answer_is_not_grounded(chromium, tmp_path):
-    from playwright.sync_api import sync_playwright
-
     honest = harbour_lm().script
 
     def made_up(system: str, user: str):
@@ -232,29 +229,15 @@ def test_the_page_warns_when_the_answer_is_not_grounded(chromium, tmp_path):
             return {"answer": "45 days of annual leave per year"}
         return honest(system, user)
 
-    settings = Settings(
-        domain_dir=write_domain(tmp_path / "harbour"), chroma_path=tmp_path / "chroma", web_search="offline"
-    )
-    loaded = open_program(None, settings, lm=ScriptedLM(made_up), progress=False)
+    loaded = _harbour(tmp_path, lm=ScriptedLM(made_up))
     problems: list[str] = []
-    with serving(create_app(ProgramService(loaded))) as url, sync_playwright() as p:
-        context = p.chromium.launch_persistent_context(
-            str(tmp_path / "profile"), executable_path=chromium, headless=True, args=CHROMIUM_FLAGS
-        )
-        try:
-            page = context.new_page()
-            page.on("pageerror", lambda e: problems.append(str(e)))
-            page.goto(url)
-            page.wait_for_selector("#program b")
-            _ask(page, LEAVE_Q)
-            assert page.inner_text("#answer") == "45 days of annual leave per year"
-            warning = page.inner_text("#grounding-warning")
-            assert (
-                "may not be grounded" in warning and "Not in the context or the question: 45 day" in warning
-            )
-            _ask(page, FESTIVAL_Q)  # grounded: the warning goes
-            assert page.inner_text("#answer") == "14 June 2025"
-            assert page.locator("#grounding-warning").count() == 0
-        finally:
-            context.close()
+    with _page_of(create_app(ProgramService(loaded)), chromium, tmp_path, problems) as page:
+        page.wait_for_selector("#program b")
+        _ask(page, LEAVE_Q)
+        assert page.inner_text("#answer") == "45 days of annual leave per year"
+        warning = page.inner_text("#grounding-warning")
+        assert "may not be grounded" in warning and "Not in the context or the question: 45 day" in warning
+        _ask(page, FESTIVAL_Q)  # grounded: the warning goes
+        assert page.inner_text("#answer") == "14 June 2025"
+        assert page.locator("#grounding-warning").count() == 0
     assert problems == []
