@@ -12,6 +12,10 @@ import dspy
 
 from crag_dspy.protocols import Passage, WebResult, WebSearchError
 
+NO_LM = ("--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1")
+"""CLI flags naming an LM nobody listens on: a command that got as far as asking it fails there, and the
+embedded model is never started."""
+
 
 def _response(text: str, logprobs: dict | None, prompt_tokens: int, model: str):
     choice = SimpleNamespace(

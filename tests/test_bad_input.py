@@ -8,7 +8,7 @@ unknown LM strings and missing keys (test_cli.py).
 import json
 
 import pytest
-from fakes import ListRetriever, ListWebSearch, ScriptedLM
+from fakes import NO_LM, ListRetriever, ListWebSearch, ScriptedLM
 
 from crag_dspy import CRAG
 from crag_dspy.cli import main
@@ -95,10 +95,7 @@ def test_cli_refuses_a_bad_question_before_opening_anything(tmp_path, capsys):
         " \t ",
         "--chroma-path",
         str(chroma),
-        "--lm",
-        "openai/m",
-        "--lm-api-base",
-        "http://127.0.0.1:9/v1",
+        *NO_LM,
     ]
     assert main(argv) == 2
     assert "error: the question is empty" in capsys.readouterr().err
@@ -120,7 +117,7 @@ def test_lone_surrogates_are_refused_as_text_that_is_not_utf8(question):
 def test_cli_refuses_a_question_that_is_not_utf8_before_opening_anything(tmp_path, capsys):
     chroma = tmp_path / "chroma"
     argv = ["ask", NOT_UTF8, "--domain-dir", str(tmp_path / "nowhere"), "--chroma-path", str(chroma)]
-    assert main([*argv, "--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]) == 2
+    assert main([*argv, *NO_LM]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: the question is not valid UTF-8") and err.count("\n") == 1
     assert not chroma.exists()  # refused before the domain, the store or the LM
@@ -208,7 +205,7 @@ def test_deeply_nested_files_are_one_line_errors_in_every_command(tmp_path, caps
     good = write_corpus(tmp_path / "good", ['{"id": "a", "title": "A", "text": "x"}'])
     program = tmp_path / "program.json"
     program.write_text('{"format": "crag-dspy-program", "state": ' + DEEP + "}", encoding="utf-8")
-    lm = ["--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1", "--chroma-path", str(tmp_path / "c")]
+    lm = [*NO_LM, "--chroma-path", str(tmp_path / "c")]
     runs = {
         "ingest": (
             lambda: main(["ingest", str(deep_corpus), "--chroma-path", str(tmp_path / "c")]),

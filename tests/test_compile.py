@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakes import ScriptedLM, field
+from fakes import NO_LM, ScriptedLM, field
 
 from crag_dspy.config import CRAGConfig
 from crag_dspy.routing import decide_action
@@ -511,7 +511,7 @@ def test_an_lm_that_is_down_stops_the_compile_fast_with_one_line(tmp_path, capsy
     lm = ScriptedLM(lambda system, user: ConnectionError("connection refused"))
     monkeypatch.setattr("optimize.compile.build_lm", lambda *a, **k: lm)
     argv = ["--domain-dir", str(domain), "--chroma-path", str(tmp_path / "chroma"), "--grader", "llm"]
-    argv += ["--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]  # never a real model
+    argv += NO_LM
     assert main([*argv, "--out", str(tmp_path / "out" / "program.json")]) == 1
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (
@@ -560,7 +560,7 @@ def test_a_documents_only_domain_is_refused_before_any_lm_call_with_guidance(tmp
 
     monkeypatch.setattr("optimize.compile.build_lm", refuse)
     argv = ["--domain-dir", str(domain), "--chroma-path", str(tmp_path / "chroma")]
-    assert main([*argv, "--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]) == 2
+    assert main([*argv, *NO_LM]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {domain}: not enough labelled data to compile:")
     assert "relevance.jsonl train pairs: 0 of at least 2" in err and "qa.jsonl val questions" in err

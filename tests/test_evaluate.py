@@ -4,7 +4,7 @@ structure, the paper's ablations as configuration, and shared work that is never
 import json
 
 import pytest
-from fakes import ScriptedLM, field
+from fakes import NO_LM, ScriptedLM, field
 from test_compile import key_of, make_domain, script
 
 from crag_dspy import CRAG
@@ -252,8 +252,7 @@ def test_a_program_compiled_on_other_data_is_refused_unless_forced(setup, tmp_pa
     other = {"corpus.jsonl": "b" * 64}  # what the compile saw: another corpus, no other files
     path = save_program(program, tmp_path / "program.json", {"domain": "tiny", "dataset_hashes": other})
     base = ["--domain-dir", str(settings.domain_dir), "--chroma-path", str(tmp_path / "chroma")]
-    nobody = ["--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]  # never a real model
-    assert main([*base, *nobody, "--program", str(path)]) == 2
+    assert main([*base, *NO_LM, "--program", str(path)]) == 2
     err = capsys.readouterr().err
     assert "corpus.jsonl: program bbbbbbbbbbbb, domain " in err and "qa.jsonl: program absent, domain " in err
     assert "--force" in err and not (tmp_path / "chroma").exists()  # refused before anything is opened
@@ -315,7 +314,7 @@ def test_an_lm_that_is_down_stops_the_run_fast_with_one_line(setup, tmp_path, ca
     answered.clear()
     monkeypatch.setattr("optimize.evaluate.build_lm", lambda *a, **k: ScriptedLM(down_after_one_question))
     argv = ["--domain-dir", str(settings.domain_dir), "--chroma-path", str(settings.chroma_path)]
-    argv += ["--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]  # never a real model
+    argv += NO_LM
     assert main([*argv, "--rows", "main", "--out", str(tmp_path / "cli")]) == 1
     err = capsys.readouterr().err  # progress bars, then the one line
     assert err.splitlines()[-1].startswith("error: the LM scripted/fake failed 2 calls in a row")

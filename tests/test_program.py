@@ -8,7 +8,7 @@ from pathlib import Path
 
 import dspy
 import pytest
-from fakes import ListRetriever, ListWebSearch, ScriptedLM
+from fakes import NO_LM, ListRetriever, ListWebSearch, ScriptedLM
 
 from crag_dspy import CRAG
 from crag_dspy.app import load_program
@@ -291,10 +291,7 @@ def _ask(argv, chroma):
             *argv,
             "--chroma-path",
             str(chroma),
-            "--lm",
-            "openai/m",
-            "--lm-api-base",
-            "http://127.0.0.1:9/v1",
+            *NO_LM,
         ]
     )
 

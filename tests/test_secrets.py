@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from fake_servers import FakeOpenAI
-from fakes import ScriptedLM
+from fakes import NO_LM, ScriptedLM
 
 from crag_dspy.program import ProgramError, read_program
 from crag_dspy.redaction import REDACTED, RedactingFilter, redact
@@ -144,7 +144,7 @@ def test_pickled_programs_are_refused_without_being_unpickled(tmp_path, name, ca
         read_program(path)
     from crag_dspy.cli import main
 
-    argv = ["ask", "q", "--program", str(path), "--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]
+    argv = ["ask", "q", "--program", str(path), *NO_LM]
     assert main(argv) == 2 and "pickle" in capsys.readouterr().err
     assert not marker.exists()
 
@@ -225,7 +225,7 @@ def test_every_cli_error_line_redacts_a_password_in_a_url(tmp_path, capsys):
 
     domain = make_domain(tmp_path / "tiny")
     common = ["--domain-dir", str(domain), "--chroma-host", f"alice:{URL_PASSWORD}@127.0.0.1"]
-    common += ["--chroma-port", "9", "--lm", "openai/m", "--lm-api-base", "http://127.0.0.1:9/v1"]
+    common += ["--chroma-port", "9", *NO_LM]
     for name, run in (
         ("ask", lambda: ask_main(["ask", "What is the zeta code?", *common])),
         ("serve", lambda: serve_main(common)),
