@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONSECUTIVE_LM_FAILURES",
     "CRAGRunError",
+    "FailureStreak",
     "LMDownError",
     "LMFault",
     "LMHealth",
@@ -101,33 +102,46 @@ def describe_error(exc: BaseException, limit: int = 300) -> str:
     return f"{type(exc).__name__}: {first}".rstrip(": ")
 
 
+class FailureStreak:
+    """The rule that says an LM is down, shared by one question (:class:`LMHealth`) and a whole batch
+    (:class:`LMWatch`): a fatal error, or ``CONSECUTIVE_LM_FAILURES`` failed calls in a row (each already
+    retried by DSPy). A response resets the streak, an unusable answer included: the LM answered."""
+
+    def __init__(self) -> None:
+        self.in_a_row = 0
+
+    def record(self, exc: BaseException | None) -> str | None:
+        """Count one call (``exc``: how it failed, None when it got a response); why the LM is down now,
+        or None."""
+        kind = classify_lm_error(exc) if exc is not None else None
+        if kind is None or kind == "output":
+            self.in_a_row = 0
+            return None
+        self.in_a_row += 1
+        if kind == "fatal":
+            return "refuses the requests"
+        if self.in_a_row >= CONSECUTIVE_LM_FAILURES:
+            return f"failed {self.in_a_row} calls in a row, each after retries with backoff"
+        return None
+
+
 class LMHealth:
-    """Decides, for one question, when the LM is down: a fatal error, or ``CONSECUTIVE_LM_FAILURES``
-    failed calls in a row (each already retried by DSPy). An unusable answer is not a failed call: the
-    LM answered. Never shared between threads, like the question's trace it writes to."""
+    """Decides, for one question, when the LM is down (:class:`FailureStreak`). Never shared between
+    threads, like the question's trace it writes to."""
 
     def __init__(self, trace: CRAGTrace):
         self.trace = trace
-        self.failures_in_a_row = 0
+        self.streak = FailureStreak()
 
     def succeeded(self) -> None:
-        self.failures_in_a_row = 0
+        self.streak.record(None)
 
     def failed(self, stage: str, exc: BaseException) -> None:
         """Count an LM call that failed after DSPy's retries; raise :class:`LMUnavailableError` (the
         message also goes into the trace's errors) once the LM is down."""
-        kind = classify_lm_error(exc)
-        if kind == "output":
-            self.succeeded()
+        why = self.streak.record(exc)
+        if why is None:
             return
-        self.failures_in_a_row += 1
-        if kind != "fatal" and self.failures_in_a_row < CONSECUTIVE_LM_FAILURES:
-            return
-        why = (
-            "refuses the requests"
-            if kind == "fatal"
-            else f"failed {self.failures_in_a_row} calls in a row, each after retries with backoff"
-        )
         message = f"the LM {self.trace.lm_model} {why}; stopped at stage {stage!r}: {describe_error(exc)}"
         self.trace.errors.append(message)
         raise LMUnavailableError(message, self.trace, stage) from exc
@@ -151,7 +165,7 @@ class LMWatch(BaseCallback):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._models: dict[str, str] = {}
-        self.failures_in_a_row = 0
+        self.streak = FailureStreak()
         self.down: str | None = None
         """Why the LM counts as down now (None while it answers)."""
 
@@ -162,18 +176,8 @@ class LMWatch(BaseCallback):
     def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
         with self._lock:
             model = self._models.pop(call_id, "?")
-            kind = classify_lm_error(exception) if exception is not None else None
-            if kind is None or kind == "output":  # the LM responded
-                self.failures_in_a_row, self.down = 0, None
-                return
-            self.failures_in_a_row += 1
-            if kind == "fatal" or self.failures_in_a_row >= CONSECUTIVE_LM_FAILURES:
-                why = (
-                    "refuses the requests"
-                    if kind == "fatal"
-                    else f"failed {self.failures_in_a_row} calls in a row, each after retries with backoff"
-                )
-                self.down = f"the LM {model} {why} ({describe_error(exception)})"
+            why = self.streak.record(exception)
+            self.down = None if why is None else f"the LM {model} {why} ({describe_error(exception)})"
 
     def check(self) -> None:
         """Raise :class:`LMDownError` when the LM counts as down."""
