@@ -76,14 +76,11 @@ class ClientTrace(BaseModel):
     lm_usage: dict[str, StageUsage] = {}
 
 
-# Fields of CRAGTrace that hold no raw knowledge-base text (``context`` is the kept strips again).
-_KEPT_AS_IS = {
-    "question", "answer", "lm_answer", "action", "lower", "upper", "question_type", "retriever",
-    "web_backend", "lm_model", "internal_retries", "first_action", "internal_rounds", "web_query",
-    "defused", "grounding", "fallbacks", "errors", "timings", "lm_usage",
-}  # fmt: skip
-# ``grounding`` names the answer's own words and the sources (ids, URLs) that instruct the model: no
-# passage text.
+# What ``client_trace`` trims; every other field of ClientTrace is CRAGTrace's as it is, none of which
+# holds raw knowledge-base text (``context``, the kept strips again, is withheld; ``grounding`` names the
+# answer's own words and the sources, ids and URLs, that instruct the model).
+_TRIMMED = {"documents", "internal_strips", "external_strips", "web_results"}
+_KEPT_AS_IS = set(ClientTrace.model_fields) - _TRIMMED
 
 
 def _document(d: DocumentGrade) -> ClientDocument:
