@@ -86,10 +86,7 @@ def shortfalls(
         have = sum(q.split == split for q in domain.qa)
         if users and have < MIN_QA_QUESTIONS:
             found.append(Shortfall(f"qa.jsonl {split} questions", tuple(users), have, MIN_QA_QUESTIONS))
-    merged: dict[str, Shortfall] = {}
-    for s in filter(None, found):
-        merged[s.what] = s
-    return list(merged.values())
+    return [s for s in found if s is not None]
 
 
 def guidance(root: Path, missing: Sequence[Shortfall]) -> str:
