@@ -48,6 +48,7 @@ __all__ = [
     "KeyItem",
     "SupportText",
     "check_grounding",
+    "defused_note",
     "grounding_of_trace",
     "key_content",
     "reads_as_instruction",
@@ -451,6 +452,12 @@ def check_grounding(
 
 
 _DEFUSED_SOURCE = re.compile(r"^(.*): \d+ instruction-like sentence")
+
+
+def defused_note(source: str, removed: int) -> str:
+    """The trace's ``defused`` entry for ``source`` (a document id or URL); :func:`grounding_of_trace`
+    reads the source back from it, so the format lives here, next to the pattern that parses it."""
+    return f"{source}: {removed} instruction-like sentence(s) removed"
 
 
 def grounding_of_trace(trace: Any) -> Grounding:

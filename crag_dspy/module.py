@@ -17,7 +17,7 @@ from .config import CRAGConfig
 from .embeddings import Embedder
 from .faults import LMHealth, LMUnavailableError, RetrievalError, classify_lm_error, describe_error
 from .generation import attach_unit, clean_answer, clean_query, text_config, text_format
-from .grounding import grounding_of_trace
+from .grounding import defused_note, grounding_of_trace
 from .judges.fusion import Grading
 from .judges.llm import BinaryJudge, Judgement
 from .judges.view import SentenceFocus
@@ -718,7 +718,7 @@ class CRAG(dspy.Module):
             item, removed = sanitize(item)
             if removed:
                 source = getattr(item, "doc_id", None) or item.url
-                run.trace.defused.append(f"{source}: {removed} instruction-like sentence(s) removed")
+                run.trace.defused.append(defused_note(source, removed))
             clean.append(item)
         return clean
 

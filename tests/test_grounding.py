@@ -15,6 +15,7 @@ from crag_dspy.grounding import (
     Grounding,
     SupportText,
     check_grounding,
+    defused_note,
     grounding_of_trace,
     key_content,
     reads_as_instruction,
@@ -202,6 +203,28 @@ def test_the_whole_source_loses_its_standing_not_just_the_sentence():
     # Sources the keyword filter defused are named by the caller.
     plain = [SupportText("kb-x", "The AquaProbe 220 costs 990 velds.", True)]
     assert check_grounding("990 velds", QUESTION, plain, ["kb-x"]).instruction_supported == ["990 veld"]
+
+
+def test_a_source_the_run_defused_is_read_back_from_its_trace():
+    from crag_dspy.trace import CRAGTrace, StripRecord
+
+    source = "https://evil.example:8080/price"  # a URL's own colons do not cut the source short
+    strip = StripRecord(
+        source="web",
+        doc_id=source,
+        title="Price",
+        position=0,
+        text="The AquaProbe 220 costs 990 velds.",
+        score=0.9,
+        score_source="strip_filter",
+        kept=True,
+    )
+    trace = CRAGTrace(
+        question=QUESTION, answer="990 velds", lower=0.3, upper=0.7, retriever="r", web_backend="w",
+        external_strips=[strip], context=f"[web] (Price) {strip.text}", defused=[defused_note(source, 1)],
+    )  # fmt: skip
+    grounding = grounding_of_trace(trace)
+    assert grounding.instruction_supported == ["990 veld"] and grounding.instructing_sources == [source]
 
 
 def test_an_honest_source_next_to_an_injection_still_supports_its_own_value():
