@@ -5,6 +5,7 @@ time goes (by stage and by action), and a check that no identical LM request rep
     python benchmarks/crag_vs_rag.py --program runs/default/program.json --limit 24
     python benchmarks/crag_vs_rag.py --program runs/popqa/program.json --domain-dir ../shared/data/popqa-dev
     python benchmarks/crag_vs_rag.py --hosted-latency 0.2 --threads 8 --limit 100 --out /tmp/hosted.json
+    python benchmarks/crag_vs_rag.py --hosted-latency 0.2 --concurrency 8 --limit 24
 
 The questions are the split's (``--split``, default test), ``--limit`` of them taken evenly across kinds;
 without ``--program`` the uncompiled default program runs. Plain RAG retrieves the program's k passages
@@ -19,11 +20,17 @@ the LM is then the project's OpenAI-compatible server on a free loopback port ov
 waits S seconds per request, as a hosted API's round trip does, and replies deterministically from the
 prompt, shaped as the adapters parse it (never a quality claim; no result file unless ``--out``).
 
+``--concurrency N`` then answers every question twice in a row: sequentially, and with
+``await crag.acall(...)`` and ``LMCalls(concurrency=N)`` (a question's gradings, then its strip
+judgements, N at a time); it reports their wall times per question, their ratio, and whether every
+answer, action and LM call count is the same.
+
 Writes benchmarks/results/crag_vs_rag_<domain>.json.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import re
 import statistics
@@ -156,6 +163,38 @@ def run_questions(
     return {name: [r[name] for r in rows] for name in ("rag", "crag")}, time.perf_counter() - started
 
 
+def run_concurrent(
+    questions: Sequence[QAPair], crag: dspy.Module, concurrency: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Every question answered twice in a row, sequentially (``forward``) and through
+    ``await crag.acall(...)`` with ``concurrency`` LM calls in flight: ``{"sequential": rows,
+    "concurrent": rows}``. Alternating per question puts both on the same warm caches and machine load."""
+    fast = crag.deepcopy()
+    calls = fast.config.lm_calls.model_dump() | {"concurrency": concurrency}
+    fast.config = fast.config.replace(lm_calls=calls)
+    runs = {
+        "sequential": lambda q: crag(question=q),
+        "concurrent": lambda q: asyncio.run(fast.acall(question=q)),
+    }
+    rows: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
+    for q in questions:
+        for name, answer in runs.items():
+            started = time.perf_counter()
+            with dspy.track_usage() as tracker:
+                pred = answer(q.question)
+            rows[name].append(
+                {
+                    "id": q.id,
+                    "seconds": time.perf_counter() - started,
+                    "calls": usage_from_tracker(tracker).calls,
+                    "answer": pred.answer,
+                    "correct": answer_matches(pred.answer, q.answers),
+                    "action": pred.action,
+                }
+            )
+    return rows
+
+
 def stage_seconds(crag_rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     total: dict[str, float] = defaultdict(float)
     for r in crag_rows:
@@ -238,6 +277,12 @@ def report(results: dict[str, Any]) -> None:
     for threads, t in results.get("threads", {}).items():
         extra = f", {t['speedup']:.2f}x, same outcomes: {t['same_outcomes']}" if "speedup" in t else ""
         print(f"{threads} thread(s): {t['seconds']:.1f} s wall{extra}")
+    if "concurrency" in results:
+        c = results["concurrency"]
+        print(
+            f"CRAG per question, sequential {c['sequential_seconds']:.2f} s vs aforward with {c['n']} LM calls "
+            f"in flight {c['seconds']:.2f} s: {c['ratio']:.2f}x; same outcomes: {c['same_outcomes']}"
+        )
 
 
 def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int:
@@ -250,9 +295,17 @@ def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int
     p.add_argument(
         "--hosted-latency", type=float, metavar="S", help="a simulated hosted LM, S seconds per request"
     )
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        metavar="N",
+        help="also answer with aforward and N LM calls of a question in flight, and compare",
+    )
     args = harness.parse(p, argv)
     if args.threads < 1:
         p.error("--threads must be at least 1")
+    if args.concurrency is not None and args.concurrency < 2:
+        p.error("--concurrency must be at least 2 (1 is the sequential run every benchmark makes)")
     if args.limit is not None and args.limit < 1:
         p.error("--limit must be at least 1")
     document = harness.read_document(args.program)
@@ -303,6 +356,18 @@ def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int
                     "same_outcomes": same_outcomes(rows, parallel),
                 },
             }
+        if args.concurrency:
+            both = run_concurrent(questions, crag, args.concurrency)
+            sequential, concurrent = (statistics.fmean(r["seconds"] for r in both[n]) for n in both)
+            results["concurrency"] = {
+                "n": args.concurrency,
+                "sequential_seconds": sequential,
+                "seconds": concurrent,
+                "ratio": concurrent / sequential,
+                "same_outcomes": same_outcomes(
+                    {"rag": [], "crag": both["sequential"]}, {"rag": [], "crag": both["concurrent"]}
+                ),
+            }
     finally:
         if server is not None:
             server.close()
@@ -310,6 +375,7 @@ def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int
     if args.hosted_latency is None or args.out is not None:
         harness.write_result(harness.result_path(args, SCRIPT, domain.name), SCRIPT, argv, results, lm=lm)
     same = results.get("threads", {}).get(str(args.threads), {}).get("same_outcomes", True)
+    same = same and results.get("concurrency", {}).get("same_outcomes", True)
     return 0 if same else 1
 
 

@@ -53,6 +53,14 @@ class LMCalls(BaseModel):
     use_logprobs: bool = Field(
         True, description="Read grades from token probabilities when the LM returns them."
     )
+    concurrency: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="LM calls of one question in flight at once: the k gradings, then the strip "
+        "judgements. 1 for the embedded model (one slot); a hosted LLM or a multi-slot server answers "
+        "many at once (e.g. 8). Answers and traces are the same at any value.",
+    )
 
 
 class CRAGConfig(BaseModel):

@@ -2,30 +2,36 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import copy
-from collections.abc import Callable, Hashable, Sequence
-from contextlib import nullcontext
+import threading
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import dspy
 from dspy.predict.parameter import Parameter
 
 from signatures import AnswerFromContext, FilterStrip, GradeDocument, ReviseQuery, RewriteQuery
 
+from . import stages
 from .config import CRAGConfig
 from .embeddings import Embedder
 from .faults import LMHealth, LMUnavailableError, RetrievalError, classify_lm_error, describe_error
 from .generation import attach_unit, clean_answer, clean_query, text_config, text_format
-from .grounding import defused_note, grounding_of_trace
+from .grounding import defused_note
 from .judges.fusion import Grading
 from .judges.llm import BinaryJudge, Judgement
 from .judges.view import SentenceFocus
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
 from .retry import is_new_query
 from .routing import QUESTION_TYPES, Action, decide_action, question_type, validate_thresholds
+from .stages import Answered, PassageGraded, Refined, WebSearched
 from .strips import Strip, decompose, format_context, recompose, select_strips
-from .trace import CRAGTrace, DocumentGrade, InternalRound, StripRecord, TraceRecorder, WebRecord
+from .trace import CRAGTrace, DocumentGrade, InternalRound, StripRecord, TraceRecorder
 from .untrusted import sanitize_passage, sanitize_web_result
 from .validation import normalize_question
 
@@ -47,19 +53,25 @@ UNKNOWN_ANSWER = "I don't know"
 WEB_RESERVE_STRIPS = 1
 """Web strips below the strip threshold kept in reserve for a route left with no other knowledge."""
 _SHARED = frozenset({"retriever", "web_search", "lm", "embedder"})
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
 class RetryRound:
     """What one internal retry round found (:meth:`CRAG.retry_round`): the ``passages`` no earlier
-    retrieval had, with their ``scores``; ``repeated`` passages were found again and not graded twice.
+    retrieval had, with their ``grades``; ``repeated`` passages were found again and not graded twice.
     ``error`` says what ended the rounds with nothing new graded (a store fault, no new query)."""
 
     query: str
     passages: list[Passage] = field(default_factory=list)
-    scores: list[float | None] = field(default_factory=list)
+    grades: list[DocumentGrade] = field(default_factory=list)
     repeated: int = 0
     error: str | None = None
+
+    @property
+    def scores(self) -> list[float | None]:
+        return [grade.score for grade in self.grades]
 
     def record(self, number: int, action: Action) -> InternalRound:
         """This round as the trace shows it, with the action decided after it."""
@@ -101,13 +113,13 @@ class RouteStages(Protocol):
         ...
 
 
-def follow_route(action: Action, stages: RouteStages) -> str:
+def follow_route(action: Action, route: RouteStages) -> str:
     """The answer ``action`` leads to, computing only the stages it needs: web knowledge for the
     actions that use the web, internal knowledge for those that use it and whenever web search
     produced nothing; then the context :func:`knowledge_for` assembles."""
-    external = stages.external() if action.uses_web else None
-    internal = stages.internal() if action.uses_internal or external is None else []
-    return stages.answer(*knowledge_for(action, internal, external))
+    external = route.external() if action.uses_web else None
+    internal = route.internal() if action.uses_internal or external is None else []
+    return route.answer(*knowledge_for(action, internal, external))
 
 
 def knowledge_for(
@@ -143,15 +155,26 @@ class JudgementMemo(Protocol):
 
 
 class QuestionMemo:
-    """The :class:`JudgementMemo` of one run: a dictionary."""
+    """The :class:`JudgementMemo` of one run. Its judgements may be asked for from several threads at
+    once (``lm_calls.concurrency``): the first asks the LM, the others wait for its answer."""
 
     def __init__(self) -> None:
-        self._kept: dict[Hashable, Judgement] = {}
+        self._lock = threading.Lock()
+        self._kept: dict[Hashable, Future[Judgement]] = {}
 
     def get(self, key: Hashable, judge: Callable[[], Judgement]) -> Judgement:
-        if key not in self._kept:
-            self._kept[key] = judge()
-        return self._kept[key]
+        with self._lock:
+            kept = self._kept.get(key)
+            mine = kept is None
+            if mine:
+                kept = self._kept[key] = Future()
+        if mine:
+            try:
+                kept.set_result(judge())
+            except BaseException as exc:
+                kept.set_exception(exc)
+                raise
+        return kept.result()
 
 
 class QuestionRun(TraceRecorder):
@@ -311,6 +334,15 @@ class CRAG(dspy.Module):
             follow_route(action, _RunStages(self, question, passages, scores, query, run))
         return run.prediction()
 
+    async def aforward(
+        self, question: str, *, on_start: Callable[[CRAGTrace], None] | None = None
+    ) -> dspy.Prediction:
+        """:meth:`forward` for an event loop (``await crag.acall(question)``): the question runs in a
+        worker thread with this task's context (DSPy settings, callbacks), so the loop serves other
+        requests meanwhile, and its LM calls go out ``lm_calls.concurrency`` at a time as in ``forward``."""
+        # type(self).forward: DSPy warns when an instance's forward is called other than by __call__.
+        return await asyncio.to_thread(type(self).forward, self, question, on_start=on_start)
+
     # -- stages (public so that threshold tuning can run each once and re-route offline) ------------
     def new_run(self, question: str, *, judgements: JudgementMemo | None = None) -> QuestionRun:
         """A run of ``question`` with its thresholds; ``judgements`` keeps its judgements (default: its own)."""
@@ -337,26 +369,53 @@ class CRAG(dspy.Module):
 
     def grade_documents(self, question: str, run: QuestionRun) -> tuple[list[Passage], list[float | None]]:
         """Retrieve top-k and grade each passage; a failed grade is None (unknown) and an error in the trace."""
-        with run.stage("retrieve"):
-            try:
-                passages = self._untrusted(
-                    self.retriever.retrieve(question, self.config.k), sanitize_passage, run
-                )
-            except Exception as exc:
-                message = f"retriever {run.trace.retriever} failed: {describe_error(exc)}"
-                run.error(message)
-                raise RetrievalError(run.trace.errors[-1], run.trace) from exc
-        with run.stage("grade"):
-            scores = self._grade_passages(question, passages, run)
-        return passages, scores
+        passages = stages.Retrieve(self._retrieve, run)(question=question)
+        grades = stages.Grade(self._grade_passages, run)(question=question, passages=passages)
+        return passages, [grade.score for grade in grades]
 
-    def _grade_passages(self, question: str, passages: list[Passage], run: QuestionRun) -> list[float | None]:
+    def _retrieve(self, question: str, run: QuestionRun) -> list[Passage]:
+        try:
+            return self._untrusted(self.retriever.retrieve(question, self.config.k), sanitize_passage, run)
+        except Exception as exc:
+            run.error(f"retriever {run.trace.retriever} failed: {describe_error(exc)}")
+            raise RetrievalError(run.trace.errors[-1], run.trace) from exc
+
+    def _grade_passages(
+        self, question: str, passages: list[Passage], run: QuestionRun
+    ) -> list[DocumentGrade]:
         # The trained evaluator scores all the passages in one batched pass, before any LLM call.
         logits = self.grading.evaluator_logits(question, [p.display for p in passages]) if passages else None
-        return [
-            self._grade(question, passage, None if logits is None else logits[i], run)
-            for i, passage in enumerate(passages)
-        ]
+        grade, grades = stages.GradePassage(self._grade, run), []
+
+        def one(i: int) -> PassageGraded:
+            return grade(question=question, passage=passages[i], logit=None if logits is None else logits[i])
+
+        with closing(self._each_call(one, range(len(passages)))) as graded_passages:
+            for graded in graded_passages:
+                run.trace.documents.append(graded.grade)  # in rank order, whichever call ended first
+                grades.append(graded.grade)
+                # Counted once the grade is in the trace: a run stopped here keeps the work done.
+                if graded.asked is not None:
+                    self._count_lm_outcome(graded.asked, "grade", run)
+        return grades
+
+    def _each_call(self, call: Callable[[T], R], items: Sequence[T]) -> Iterator[R]:
+        """``call`` over ``items``, yielding the results in order, with up to ``lm_calls.concurrency``
+        calls in flight. Each call runs in a copy of this thread's context, so that DSPy's settings
+        (``dspy.context(lm=...)``), usage tracking and callbacks' parent spans carry over. The caller
+        closes the iterator when it stops early (the LM is down): calls not yet started are cancelled."""
+        limit = min(self.config.lm_calls.concurrency, len(items))
+        if limit <= 1:
+            yield from map(call, items)
+            return
+        with ThreadPoolExecutor(limit, thread_name_prefix="crag-call") as pool:
+            futures = [pool.submit(contextvars.copy_context().run, call, item) for item in items]
+            try:
+                for future in futures:
+                    yield future.result()
+            finally:
+                for future in futures:
+                    future.cancel()
 
     def judge_once(
         self, judge: BinaryJudge, stage: str, run: QuestionRun, **inputs: str
@@ -379,8 +438,8 @@ class CRAG(dspy.Module):
             return first, True
         return replace(first, score=judge.rescore(first, inputs), evidence=judge.evidence(inputs)), False
 
-    def _grade(self, question: str, passage: Passage, logit: float | None, run: QuestionRun) -> float | None:
-        """One passage's grade from the grade source's signals, recorded in the trace."""
+    def _grade(self, question: str, passage: Passage, logit: float | None, run: QuestionRun) -> PassageGraded:
+        """One passage's grade from the grade source's signals."""
         judgement, asked = (
             self.judge_once(self.grader, "grade", run, question=question, document=passage.display)
             if self.grading.uses_llm
@@ -392,21 +451,19 @@ class CRAG(dspy.Module):
             logit,
             passage.similarity,
         )
-        run.trace.documents.append(
-            DocumentGrade(
-                id=passage.id,
-                doc_id=passage.doc_id,
-                title=passage.title,
-                rank=passage.rank,
-                similarity=round(passage.similarity, 4),
-                score=graded.score,
-                score_source=graded.source,
-                signals=graded.signals,
-                attempts=judgement.attempts if judgement else 0,
-                error=("; ".join(judgement.errors) or None) if judgement else None,
-                graded_text=(judgement.shown or {}).get("document") if judgement else None,
-                evidence=judgement.evidence if judgement else None,
-            )
+        record = DocumentGrade(
+            id=passage.id,
+            doc_id=passage.doc_id,
+            title=passage.title,
+            rank=passage.rank,
+            similarity=round(passage.similarity, 4),
+            score=graded.score,
+            score_source=graded.source,
+            signals=graded.signals,
+            attempts=judgement.attempts if judgement else 0,
+            error=("; ".join(judgement.errors) or None) if judgement else None,
+            graded_text=(judgement.shown or {}).get("document") if judgement else None,
+            evidence=judgement.evidence if judgement else None,
         )
         if graded.note:
             run.fallback(f"{passage.doc_id}: {graded.note}")
@@ -418,9 +475,7 @@ class CRAG(dspy.Module):
                 )
             if judgement.score is None:
                 run.error(f"grader failed on {passage.doc_id} (treated as unknown): {judgement.errors[-1]}")
-            if asked:
-                self._count_lm_outcome(judgement, "grade", run)
-        return graded.score
+        return PassageGraded(record, judgement if asked else None)
 
     def retry_internal(
         self, question: str, passages: list[Passage], scores: list[float | None], run: QuestionRun
@@ -437,8 +492,7 @@ class CRAG(dspy.Module):
         lower, upper = run.trace.lower, run.trace.upper  # the thresholds this run routes with
         passages, scores, tried = list(passages), list(scores), [question]
         run.trace.first_action = decide_action(scores, lower, upper).value
-        with run.stage("rewrite"):
-            web_query = self._rewrite(question, run)
+        web_query = stages.Rewrite(self._rewrite, run)(question=question)
         for number in range(1, self.config.internal_retries + 1):
             query = web_query if number == 1 else self.revise_query(question, tried, run)
             found = self.retry_round(question, query, tried, passages, run)
@@ -455,10 +509,12 @@ class CRAG(dspy.Module):
         """A search query for a later internal retry round, written knowing the queries ``tried`` (the
         question first): its input differs from every earlier request, so it is never the same LM call
         again. None when the reviser failed; the fallback says so."""
-        with run.stage("internal_retry"):
-            pred = self._predict_with_retries(
-                self.reviser, "query revision", run, question=question, tried_queries="\n".join(tried)
-            )
+        return stages.ReviseQuery(self._revise, run)(question=question, tried=tried)
+
+    def _revise(self, question: str, tried: Sequence[str], run: QuestionRun) -> str | None:
+        pred = self._predict_with_retries(
+            self.reviser, "query revision", run, question=question, tried_queries="\n".join(tried)
+        )
         query = clean_query(pred)
         if not query:
             run.fallback("query revision failed; the internal retries ended")
@@ -485,24 +541,29 @@ class CRAG(dspy.Module):
             return RetryRound("", error="no query: the query revision failed")
         if not is_new_query(query, tried):
             return RetryRound(query, error="no new query: it repeats one already searched")
-        with run.stage("internal_retry"):
-            try:
-                found = self.retriever.retrieve(query, self.config.k)
-            except Exception as exc:  # noqa: BLE001 - any store failure degrades this round only
-                run.error(
-                    f"retriever {run.trace.retriever} failed in an internal retry: {describe_error(exc)}"
-                )
-                run.fallback("an internal retry round failed; went on with the passages graded before it")
-                return RetryRound(query, error=run.trace.errors[-1])
-            seen = {p.id for p in graded}
-            new = []
-            for passage in found:
-                if passage.id not in seen:
-                    seen.add(passage.id)
-                    new.append(replace(passage, rank=len(graded) + len(new)))
-            new = self._untrusted(new, sanitize_passage, run)  # the others were made inert when first found
-            scores = self._grade_passages(question, new, run)
-        return RetryRound(query, new, scores, repeated=len(found) - len(new))
+        return stages.RetryRetrieval(self._retry_retrieval, run)(
+            question=question, query=query, graded=graded
+        )
+
+    def _retry_retrieval(
+        self, question: str, query: str, graded: Sequence[Passage], run: QuestionRun
+    ) -> RetryRound:
+        try:
+            found = self.retriever.retrieve(query, self.config.k)
+        except Exception as exc:  # noqa: BLE001 - any store failure degrades this round only
+            run.error(f"retriever {run.trace.retriever} failed in an internal retry: {describe_error(exc)}")
+            run.fallback("an internal retry round failed; went on with the passages graded before it")
+            return RetryRound(query, error=run.trace.errors[-1])
+        seen = {p.id for p in graded}
+        new = []
+        for passage in found:
+            if passage.id not in seen:
+                seen.add(passage.id)
+                new.append(replace(passage, rank=len(graded) + len(new)))
+        new = self._untrusted(new, sanitize_passage, run)  # the others were made inert when first found
+        return RetryRound(
+            query, new, self._grade_passages(question, new, run), repeated=len(found) - len(new)
+        )
 
     def internal_knowledge(
         self, question: str, passages: list[Passage], scores: list[float | None], run: QuestionRun
@@ -516,30 +577,33 @@ class CRAG(dspy.Module):
         strips itself. The result depends on the grades but not on the action thresholds, so one
         refinement per question serves every (lower, upper) during tuning.
         """
+        refine = stages.RefineInternal(self._refine_internal, run)
+        return refine(question=question, passages=passages, scores=scores).kept
+
+    def _refine_internal(
+        self, question: str, passages: list[Passage], scores: list[float | None], run: QuestionRun
+    ) -> Refined:
         strips: list[Strip] = []
         reuse: dict[Strip, float | None] = {}
         graded = [i for i, score in enumerate(scores) if score is not None]
         best = max(graded, key=lambda i: scores[i], default=None)  # ties: the higher-ranked passage
-        with run.stage("refine_internal"):
-            for i, (passage, score) in enumerate(zip(passages, scores)):
-                below = score is not None and score < self.config.strip_threshold
-                if below and i != best:
-                    continue
-                pieces = decompose(passage.text, self.config.sentences_per_strip)
-                for j, text in enumerate(pieces):
-                    strips.append(
-                        Strip(text, "internal", passage.doc_id, passage.title, passage.rank, j, passage.url)
-                    )
-                    if len(pieces) == 1 and not below:
-                        # The grader already judged this passage whole: asking again would be the same question.
-                        reuse[strips[-1]] = score
-            kept, _, run.trace.internal_strips = self._filter(question, strips, reuse, run)
-        return kept
+        for i, (passage, score) in enumerate(zip(passages, scores)):
+            below = score is not None and score < self.config.strip_threshold
+            if below and i != best:
+                continue
+            pieces = decompose(passage.text, self.config.sentences_per_strip)
+            for j, text in enumerate(pieces):
+                strips.append(
+                    Strip(text, "internal", passage.doc_id, passage.title, passage.rank, j, passage.url)
+                )
+                if len(pieces) == 1 and not below:
+                    # The grader already judged this passage whole: asking again would be the same question.
+                    reuse[strips[-1]] = score
+        return self._filter(question, strips, reuse, run)
 
     def rewrite_query(self, question: str, run: QuestionRun) -> str:
         """The web search query for ``question`` (the question itself when rewriting fails)."""
-        with run.stage("rewrite"):
-            run.trace.web_query = self._rewrite(question, run)
+        run.trace.web_query = stages.Rewrite(self._rewrite, run)(question=question)
         return run.trace.web_query
 
     def external_knowledge(
@@ -550,41 +614,42 @@ class CRAG(dspy.Module):
         ``query`` searches with that query instead of rewriting the question, and ``select=False`` keeps
         every web strip unjudged: the paper's "w/o rewriting" and "w/o external-knowledge selection".
         """
-        trace = run.trace
-        trace.web_query = self.rewrite_query(question, run) if query is None else query
-        with run.stage("web_search"):
-            try:
-                found = self.web_search.search(trace.web_query, self.config.web_results)
-                results: list[WebResult] = self._untrusted(found, sanitize_web_result, run)
-            except WebSearchError as exc:
-                run.fallback(f"web search failed ({exc}); internal knowledge only")
-                return None
-            except Exception as exc:  # noqa: BLE001 - a broken backend must not take the answer down
-                run.fallback(f"web search crashed ({type(exc).__name__}: {exc}); internal knowledge only")
-                return None
-        trace.web_results = [WebRecord(title=r.title, url=r.url, content=r.content) for r in results]
-        if not results:
-            run.fallback(f"web search returned no results for {trace.web_query!r}; internal knowledge only")
+        query = self.rewrite_query(question, run) if query is None else query
+        searched = stages.SearchWeb(self._search_web, run)(query=query)
+        if not searched.results:
             return None
-        with run.stage("refine_external"):
-            strips = [
-                Strip(text, "web", r.url, r.title, rank, i, r.url)
-                for rank, r in enumerate(results)
-                for i, text in enumerate(decompose(r.content, self.config.sentences_per_strip))
-            ]
-            kept, reserve, trace.external_strips = self._filter(
-                question, strips, {}, run, select=select, reserve=WEB_RESERVE_STRIPS
-            )
-        return WebKnowledge(kept, reserve)
+        refine = stages.RefineExternal(self._refine_external, run)
+        refined = refine(question=question, results=searched.results, select=select)
+        return WebKnowledge(refined.kept, refined.reserve)
+
+    def _search_web(self, query: str, run: QuestionRun) -> WebSearched:
+        try:
+            found = self.web_search.search(query, self.config.web_results)
+            results: list[WebResult] = self._untrusted(found, sanitize_web_result, run)
+        except WebSearchError as exc:
+            run.fallback(f"web search failed ({exc}); internal knowledge only")
+            return WebSearched(query)
+        except Exception as exc:  # noqa: BLE001 - a broken backend must not take the answer down
+            run.fallback(f"web search crashed ({type(exc).__name__}: {exc}); internal knowledge only")
+            return WebSearched(query)
+        if not results:
+            run.fallback(f"web search returned no results for {query!r}; internal knowledge only")
+        return WebSearched(query, results)
+
+    def _refine_external(
+        self, question: str, results: list[WebResult], select: bool, run: QuestionRun
+    ) -> Refined:
+        strips = [
+            Strip(text, "web", r.url, r.title, rank, i, r.url)
+            for rank, r in enumerate(results)
+            for i, text in enumerate(decompose(r.content, self.config.sentences_per_strip))
+        ]
+        return self._filter(question, strips, {}, run, select=select, reserve=WEB_RESERVE_STRIPS)
 
     def generate(self, question: str, internal: list[Strip], external: list[Strip], run: QuestionRun) -> str:
         """Answer from the refined, source-tagged knowledge only."""
-        with run.stage("answer"):
-            run.trace.context = format_context(internal, external)
-            run.trace.answer = self._answer(question, run.trace.context, run)
-        # No LM call: a string check of the answer against its context, so every answer carries it.
-        run.trace.grounding = grounding_of_trace(run.trace)
-        return run.trace.answer
+        answer = stages.Answer(self._answer, run)
+        return answer(question=question, context=format_context(internal, external)).answer
 
     def _filter(
         self,
@@ -595,29 +660,35 @@ class CRAG(dspy.Module):
         *,
         select: bool = True,
         reserve: int = 0,
-    ) -> tuple[list[Strip], list[Strip], list[StripRecord]]:
-        """(kept strips, the best-scored strips below the threshold that make up ``reserve`` strips in
-        all, trace records)."""
+    ) -> Refined:
+        """The kept strips, the best-scored strips below the threshold that make up ``reserve`` strips in
+        all, and the trace's records of every strip."""
         # (strip, score, where the score came from, lexical evidence the strip filter weighed)
         scored: list[tuple[Strip, float | None, str, dict[str, float] | None]] = []
-        for strip in strips:
-            if not select:
-                scored.append((strip, None, "unfiltered", None))
-                continue
-            if strip in reuse:
-                scored.append((strip, reuse[strip], "document_grade", None))
-                continue
-            judgement, asked = self.judge_once(
+        to_judge = [strip for strip in strips if select and strip not in reuse]
+
+        def judge(strip: Strip) -> tuple[Judgement, bool]:
+            return self.judge_once(
                 self.strip_filter, "strip_filter", run, question=question, strip=strip.text
             )
-            if judgement.score is None:
-                run.error(
-                    f"strip filter failed on a strip of {strip.doc_id} (dropped): {judgement.errors[-1]}"
-                )
-            if asked:
-                self._count_lm_outcome(judgement, "strip_filter", run)
-            origin = "strip_filter" if judgement.score is not None else "error"
-            scored.append((strip, judgement.score, origin, judgement.evidence))
+
+        with closing(self._each_call(judge, to_judge)) as judged:
+            for strip in strips:
+                if not select:
+                    scored.append((strip, None, "unfiltered", None))
+                    continue
+                if strip in reuse:
+                    scored.append((strip, reuse[strip], "document_grade", None))
+                    continue
+                judgement, asked = next(judged)
+                if judgement.score is None:
+                    run.error(
+                        f"strip filter failed on a strip of {strip.doc_id} (dropped): {judgement.errors[-1]}"
+                    )
+                if asked:
+                    self._count_lm_outcome(judgement, "strip_filter", run)
+                origin = "strip_filter" if judgement.score is not None else "error"
+                scored.append((strip, judgement.score, origin, judgement.evidence))
         pairs = [(s, score) for s, score, _, _ in scored]
         kept = recompose(
             select_strips(pairs, self.config.strip_threshold, self.config.max_strips) if select else strips
@@ -641,7 +712,7 @@ class CRAG(dspy.Module):
             )
             for s, score, origin, evidence in scored
         ]
-        return kept, spare, records
+        return Refined(kept, spare, records)
 
     def note_reserve_used(self, reserve: list[Strip], run: QuestionRun) -> None:
         """Mark the web's reserve strips kept in the trace and say why the answer reads them."""
@@ -664,14 +735,14 @@ class CRAG(dspy.Module):
             return question
         return query
 
-    def _answer(self, question: str, context: str, run: QuestionRun) -> str:
+    def _answer(self, question: str, context: str, run: QuestionRun) -> Answered:
         if not context:
             unjudged = sum(s.score is None for s in [*run.trace.internal_strips, *run.trace.external_strips])
             detail = (
                 f" ({unjudged} strips the LM failed to judge were dropped, not trusted)" if unjudged else ""
             )
             run.fallback(f"no knowledge survived refinement{detail}; answered without calling the LM")
-            return UNKNOWN_ANSWER
+            return Answered(UNKNOWN_ANSWER, context)
         pred = self._predict_with_retries(self.answerer, "answer", run, question=question, context=context)
         answer = clean_answer(pred)
         if not answer:
@@ -682,12 +753,8 @@ class CRAG(dspy.Module):
                 run.trace,
                 "answer",
             )
-        if self.config.answer_units:
-            with_unit = attach_unit(answer, context)
-            if with_unit != answer:
-                run.trace.lm_answer = answer
-                answer = with_unit
-        return answer
+        with_unit = attach_unit(answer, context) if self.config.answer_units else answer
+        return Answered(with_unit, context, lm_answer=answer if with_unit != answer else None)
 
     def _predict_with_retries(
         self,
