@@ -12,7 +12,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "true")
 from .app import build_crag, load_program  # noqa: E402
 from .config import CRAGConfig, GraderView, LMCalls
 from .domain import Domain, DomainDataError, load_domain
-from .faults import CRAGRunError, LMUnavailableError, RetrievalError
+from .faults import CRAGRunError, LMUnavailableError, RetrievalError, RunCancelled
 from .module import CRAG, Thresholds
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
 from .retry import route_with_retries
@@ -35,6 +35,7 @@ __all__ = [
     "QuestionError",
     "RetrievalError",
     "Retriever",
+    "RunCancelled",
     "Settings",
     "Thresholds",
     "WebResult",

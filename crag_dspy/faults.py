@@ -40,6 +40,7 @@ __all__ = [
     "LMUnavailableError",
     "LMWatch",
     "RetrievalError",
+    "RunCancelled",
     "classify_lm_error",
     "describe_error",
     "raise_if_lm_down",
@@ -58,6 +59,11 @@ class CRAGRunError(RuntimeError):
     def __init__(self, message: str, trace: CRAGTrace):
         super().__init__(message)
         self.trace = trace
+
+
+class RunCancelled(CRAGRunError):
+    """The run's caller stopped waiting (a deadline passed, an async task was cancelled): the run ended
+    before its next stage instead of spending the LM on an answer nobody reads."""
 
 
 class RetrievalError(CRAGRunError):

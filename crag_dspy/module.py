@@ -20,7 +20,14 @@ from signatures import AnswerFromContext, FilterStrip, GradeDocument, ReviseQuer
 from . import stages
 from .config import CRAGConfig
 from .embeddings import Embedder
-from .faults import LMHealth, LMUnavailableError, RetrievalError, classify_lm_error, describe_error
+from .faults import (
+    LMHealth,
+    LMUnavailableError,
+    RetrievalError,
+    RunCancelled,
+    classify_lm_error,
+    describe_error,
+)
 from .generation import attach_unit, clean_answer, clean_query, text_config, text_format
 from .grounding import defused_note
 from .judges.fusion import Grading
@@ -178,13 +185,25 @@ class QuestionMemo:
 
 
 class QuestionRun(TraceRecorder):
-    """One question's trace recorder, the health of its LM calls (:class:`~crag_dspy.faults.LMHealth`)
-    and its judgements (:class:`JudgementMemo`, its own unless one is given)."""
+    """One question's trace recorder, the health of its LM calls (:class:`~crag_dspy.faults.LMHealth`),
+    its judgements (:class:`JudgementMemo`, its own unless one is given) and ``cancel``: once that event
+    is set, the run raises :class:`~crag_dspy.faults.RunCancelled` as its next stage starts."""
 
-    def __init__(self, trace: CRAGTrace, judgements: JudgementMemo | None = None):
+    def __init__(
+        self,
+        trace: CRAGTrace,
+        judgements: JudgementMemo | None = None,
+        cancel: threading.Event | None = None,
+    ):
         super().__init__(trace)
         self.lm = LMHealth(trace)
         self.judgements = judgements if judgements is not None else QuestionMemo()
+        self.cancel = cancel if cancel is not None else threading.Event()
+
+    def before_stage(self, name: str) -> None:
+        if self.cancel.is_set():
+            self.error(f"cancelled before stage {name!r}: the caller stopped waiting")
+            raise RunCancelled(self.trace.errors[-1], self.trace)
 
 
 class Thresholds(Parameter):
@@ -313,13 +332,18 @@ class CRAG(dspy.Module):
 
     # -- the algorithm --------------------------------------------------------------------------
     def forward(
-        self, question: str, *, on_start: Callable[[CRAGTrace], None] | None = None
+        self,
+        question: str,
+        *,
+        on_start: Callable[[CRAGTrace], None] | None = None,
+        cancel: threading.Event | None = None,
     ) -> dspy.Prediction:
         """``on_start`` gets the trace as the run begins: a caller with a deadline (the server) can
-        answer with what was done so far while the run goes on in its thread."""
+        answer with what was done so far. Setting ``cancel`` stops the run as its next stage starts
+        (:class:`~crag_dspy.faults.RunCancelled`); an LM call under way is not interrupted."""
         # Any length: the length limit is the app's (CLI, server), which knows its users and budget.
         question = normalize_question(question, max_chars=None)
-        run = self.new_run(question)
+        run = self.new_run(question, cancel=cancel)
         if on_start is not None:
             on_start(run.trace)
         with self.lm_scope(run.trace):
@@ -339,13 +363,28 @@ class CRAG(dspy.Module):
     ) -> dspy.Prediction:
         """:meth:`forward` for an event loop (``await crag.acall(question)``): the question runs in a
         worker thread with this task's context (DSPy settings, callbacks), so the loop serves other
-        requests meanwhile, and its LM calls go out ``lm_calls.concurrency`` at a time as in ``forward``."""
-        # type(self).forward: DSPy warns when an instance's forward is called other than by __call__.
-        return await asyncio.to_thread(type(self).forward, self, question, on_start=on_start)
+        requests meanwhile, and its LM calls go out ``lm_calls.concurrency`` at a time as in ``forward``.
+        Cancelling the task stops the run as its next stage starts."""
+        cancel = threading.Event()
+        try:
+            # type(self).forward: DSPy warns when an instance's forward is called other than by __call__.
+            return await asyncio.to_thread(
+                type(self).forward, self, question, on_start=on_start, cancel=cancel
+            )
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
 
     # -- stages (public so that threshold tuning can run each once and re-route offline) ------------
-    def new_run(self, question: str, *, judgements: JudgementMemo | None = None) -> QuestionRun:
-        """A run of ``question`` with its thresholds; ``judgements`` keeps its judgements (default: its own)."""
+    def new_run(
+        self,
+        question: str,
+        *,
+        judgements: JudgementMemo | None = None,
+        cancel: threading.Event | None = None,
+    ) -> QuestionRun:
+        """A run of ``question`` with its thresholds; ``judgements`` keeps its judgements (default: its
+        own); setting ``cancel`` stops it as its next stage starts."""
         lower, upper, kind = self.thresholds.for_question(question)
         return QuestionRun(
             CRAGTrace(
@@ -358,6 +397,7 @@ class CRAG(dspy.Module):
                 internal_retries=self.config.internal_retries,
             ),
             judgements,
+            cancel,
         )
 
     def lm_scope(self, trace: CRAGTrace):

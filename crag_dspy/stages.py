@@ -97,6 +97,7 @@ class Stage(dspy.Module, Generic[T]):
         self.run = run
 
     def forward(self, **inputs: Any) -> T:
+        self.run.before_stage(self.name or type(self).__name__)
         with self.run.stage(self.name) if self.name else nullcontext():
             value = self.compute(**inputs, run=self.run)
         self.record(value, self.run.trace)

@@ -202,6 +202,9 @@ class TraceRecorder:
                 previous = self.trace.lm_usage.get(name, StageUsage())
                 self.trace.lm_usage[name] = previous.add(usage)
 
+    def before_stage(self, name: str) -> None:
+        """Called as each stage starts; a run that can be stopped raises here."""
+
     def prediction(self) -> dspy.Prediction:
         t = self.trace
         return dspy.Prediction(answer=t.answer, action=t.action, context=t.context, trace=t)

@@ -135,3 +135,28 @@ def test_batch_answers_every_example_with_its_own_trace():
 def test_concurrency_is_validated():
     with pytest.raises(ValueError, match="concurrency"):
         LMCalls(concurrency=0)
+
+
+def test_cancelling_an_aforward_task_stops_the_run_at_its_next_stage():
+    entered, release = threading.Event(), threading.Event()
+    script = InFlight(pause=0)
+
+    def blocking(system, user):
+        if "You judge search results" in system:
+            entered.set()
+            release.wait(10)
+        return script(system, user)
+
+    lm = ScriptedLM(blocking)
+    crag = CRAG(ListRetriever(DOCS[:1]), ListWebSearch(WEB), CRAGConfig(k=1), lm=lm)
+
+    async def cancel_midway():
+        task = asyncio.create_task(crag.acall(question=QUESTION))
+        await asyncio.to_thread(entered.wait, 10)
+        task.cancel()
+        release.set()  # the grading call under way ends; the run must stop before the next stage
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_midway())  # returns once the worker thread has ended
+    assert len(lm.calls) == 1 and "You judge search results" in lm.calls[0][0]

@@ -371,6 +371,28 @@ def test_a_request_over_the_deadline_is_504_in_time_with_the_trace_so_far():
         release.set()
 
 
+def test_a_question_past_its_deadline_stops_at_its_next_stage_instead_of_answering_for_nobody():
+    release = threading.Event()
+    lm = blocking_lm(release)
+    app = create_app(service(lm=lm), ServePolicy(request_timeout_s=0.5, workers=1, queue=1))
+    try:
+        with serving(app) as url:
+            assert httpx.post(f"{url}/ask", json={"question": "range?"}, timeout=10).status_code == 504
+            release.set()  # the grading call under way ends; the run must not go on to refine and answer
+            wait_until(lambda: httpx.get(f"{url}/health", timeout=10).status_code == 200)
+            ok = httpx.post(f"{url}/ask", json={"question": "range?"}, timeout=10)
+            deadline = time.monotonic() + 10
+            while ok.status_code == 503:  # the abandoned run holds its place until it has stopped
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+                ok = httpx.post(f"{url}/ask", json={"question": "range?"}, timeout=10)
+            assert ok.status_code == 200
+    finally:
+        release.set()
+    answers = [user for system, user in lm.calls if "Answer the question" in system]
+    assert len(answers) == 1  # the second request's: the abandoned one never reached its answer
+
+
 def test_a_full_queue_is_503_with_retry_after_and_nothing_is_lost():
     release, entered = threading.Event(), threading.Event()
     policy = ServePolicy(workers=1, queue=2, request_timeout_s=30)

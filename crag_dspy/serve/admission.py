@@ -1,9 +1,10 @@
 """A bounded queue in front of the model, and the per-request deadline.
 
 At most ``size`` questions are admitted (running or waiting), ``workers`` of them run at once on
-threads. A request over the deadline is answered at once; its question cannot be stopped mid-call, so
-it runs on with its result discarded, and keeps its place until it ends: questions abandoned by their
-clients can never pile up beyond the bound.
+threads. A request over the deadline is answered at once and its question is told to stop
+(``on_timeout``): CRAG ends it as its next stage starts, since an LM call under way cannot be
+interrupted. It keeps its place until it ends: questions abandoned by their clients can never pile up
+beyond the bound.
 """
 
 from __future__ import annotations
@@ -88,13 +89,18 @@ class ModelQueue:
         future.add_done_callback(self._release)  # also on cancel: a question that never ran
         return future, started
 
-    async def run(self, fn: Callable[[], T], timeout_s: float) -> T:
-        """``fn``'s result, or :class:`DeadlineExceeded` after ``timeout_s`` (queueing included)."""
+    async def run(
+        self, fn: Callable[[], T], timeout_s: float, *, on_timeout: Callable[[], None] | None = None
+    ) -> T:
+        """``fn``'s result, or :class:`DeadlineExceeded` after ``timeout_s`` (queueing included), when
+        ``on_timeout`` is called to stop ``fn`` if it has started."""
         future, started = self.submit(fn)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         except TimeoutError:
             future.cancel()  # succeeds only while it waits: then it never runs
+            if on_timeout is not None:
+                on_timeout()
             raise DeadlineExceeded(timeout_s, started.is_set()) from None
 
     def _record(self, seconds: float) -> None:

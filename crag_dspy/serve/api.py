@@ -9,6 +9,7 @@ sets them all.
 # No `from __future__ import annotations`: FastAPI reads the dependencies in the signatures at
 # runtime, and `authenticate` is local to create_app.
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.resources import files
@@ -215,11 +216,14 @@ def create_app(service: ProgramService, policy: ServePolicy | None = None) -> Fa
             raise HTTPException(403, "the full trace (?debug=1) needs a debug key (CRAG_DEBUG_API_KEYS)")
         http.state.question_hash = question_hash(request.question)
         started: list[CRAGTrace] = []
+        cancel = threading.Event()
         try:
             # CRAG runs on the queue's threads; this coroutine only waits, so the deadline is kept
-            # even when a run cannot be interrupted.
+            # while an LM call is under way. Past it the run stops as its next stage starts.
             answer = await queue.run(
-                lambda: service.ask(request.question, on_start=started.append), policy.request_timeout_s
+                lambda: service.ask(request.question, on_start=started.append, cancel=cancel),
+                policy.request_timeout_s,
+                on_timeout=cancel.set,
             )
         except QueueFull as exc:
             log.warning("503 (queue): %s", exc)

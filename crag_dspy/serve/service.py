@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Callable
 from pathlib import PurePath
@@ -49,11 +50,18 @@ class ProgramService:
         self.loaded = loaded
         self.crag = loaded.crag
 
-    def ask(self, question: str, *, on_start: Callable[[CRAGTrace], None] | None = None) -> AskResponse:
-        """Answer ``question`` with the full trace; ``on_start`` gets the trace as the run begins."""
+    def ask(
+        self,
+        question: str,
+        *,
+        on_start: Callable[[CRAGTrace], None] | None = None,
+        cancel: threading.Event | None = None,
+    ) -> AskResponse:
+        """Answer ``question`` with the full trace; ``on_start`` gets the trace as the run begins, and
+        setting ``cancel`` stops the run as its next stage starts (a deadline passed)."""
         started = time.perf_counter()
         try:
-            prediction = self.crag(question=question, on_start=on_start)
+            prediction = self.crag(question=question, on_start=on_start, cancel=cancel)
         except RetrievalError as exc:
             raise DependencyError("store", str(exc), exc.trace) from exc
         except LMUnavailableError as exc:
