@@ -1,4 +1,4 @@
-"""Documents -> :class:`~crag_dspy.domain.CorpusDoc`: PDF, HTML, DOCX, Markdown and plain text.
+"""Documents -> :class:`~crag_dspy.records.CorpusDoc`: PDF, HTML, DOCX, Markdown and plain text.
 
 One reader per format behind :func:`load_document`, chosen by the file's suffix. PDF, HTML and DOCX need
 the ``documents`` extra (pypdf, trafilatura, python-docx; docs/ingestion.md says why these and not

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
-def wheel_files(tmp_path_factory) -> set[str]:
+def wheel(tmp_path_factory) -> zipfile.ZipFile:
     # Built from a copy: setuptools builds in the source tree (build/, *.egg-info), which must stay clean.
     source, out = tmp_path_factory.mktemp("source") / "crag-dspy", tmp_path_factory.mktemp("wheel")
     # Only what the build reads (a checkout may hold .venv/ and runs/).
@@ -26,8 +26,13 @@ def wheel_files(tmp_path_factory) -> set[str]:
         check=True,
         capture_output=True,
     )
-    (wheel,) = out.glob("crag_dspy-*.whl")
-    return set(zipfile.ZipFile(wheel).namelist())
+    (path,) = out.glob("crag_dspy-*.whl")
+    return zipfile.ZipFile(path)
+
+
+@pytest.fixture(scope="module")
+def wheel_files(wheel) -> set[str]:
+    return set(wheel.namelist())
 
 
 def test_the_wheel_holds_every_bundled_domain_file(wheel_files):
@@ -53,3 +58,9 @@ def test_the_wheel_holds_every_package(wheel_files):
             f"{package}: add it to pyproject's packages"
         )
     assert "crag_dspy/serve/static/index.html" in wheel_files
+
+
+def test_the_console_script_is_the_one_command_over_every_subcommand(wheel):
+    (name,) = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
+    entry_points = wheel.read(name).decode()
+    assert "crag-dspy = crag_dspy.console:main" in entry_points
