@@ -1,10 +1,14 @@
-"""Command line: ``python -m crag_dspy ingest <domain dir>`` and ``python -m crag_dspy ask "question"``."""
+"""``crag-dspy ingest | ask | engine``, and the flags every command shares (domain, store, LM, program).
+
+The ``crag-dspy`` command itself is :mod:`crag_dspy.console`, which also runs compile, evaluate and serve.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,20 +97,25 @@ def add_program_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m crag_dspy", description="Corrective RAG as a DSPy program."
-    )
+def build_parser(delegated: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
+    """The parser of ``ingest``, ``ask`` and ``engine``; ``delegated`` (name -> one-line help) lists the
+    subcommands :mod:`crag_dspy.console` hands to other modules' parsers, for the overview only."""
+    parser = argparse.ArgumentParser(prog="crag-dspy", description="Corrective RAG as a DSPy program.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     ingest = sub.add_parser(
         "ingest",
         help="chunk, embed and upsert a domain into Chroma (idempotent)",
-        description="Chunk, embed and upsert a domain's corpus.jsonl and web.jsonl into Chroma. "
-        "Reruns add only new chunks and remove stale ones.",
+        description="Chunk, embed and upsert a domain's corpus (corpus.jsonl, or a corpus/ folder of PDF, "
+        "HTML, DOCX, Markdown and text files) and web.jsonl into Chroma. Reruns add only new chunks and "
+        "remove stale ones; an unreadable document is skipped and named at the end.",
     )
     ingest.add_argument(
-        "domain_path", type=Path, help="domain directory (corpus.jsonl, web.jsonl, domain.toml)"
+        "domain_path",
+        type=Path,
+        nargs="?",
+        help="domain directory (corpus.jsonl or corpus/, web.jsonl, domain.toml); default: the domain "
+        "--domain or --domain-dir names (the bundled default domain)",
     )
     add_storage_arguments(ingest)
 
@@ -129,6 +138,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     engine.add_argument("--embedded-engine", choices=ENGINE_CHOICES, help="which engine to describe")
     engine.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+
+    for name, summary in (delegated or {}).items():
+        # Listed for the overview; crag_dspy.console hands their arguments over before this parser runs.
+        sub.add_parser(name, help=summary, add_help=False).add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -261,13 +274,17 @@ def _ingest(args: argparse.Namespace) -> int:
     from .store import ingest_domain, open_client
 
     settings = settings_from_args(args)
-    domain = load_domain(args.domain_path)
+    domain = load_domain(args.domain_path or settings.resolved_domain_dir)
     reports = ingest_domain(open_client(settings), domain, Embedder(settings.embedding_model))
     for r in reports:
         print(
             f"{r.collection}: {r.documents} documents, {r.chunks} chunks "
             f"({r.added} added, {r.unchanged} unchanged, {r.removed} removed)"
         )
+    if domain.skipped:  # last, where it is seen: the ingest went on without these files
+        print(f"skipped {len(domain.skipped)} unreadable file(s):")
+        for message in domain.skipped:
+            print(f"  {message}")
     return 0
 
 
@@ -308,9 +325,11 @@ def _engine(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Exit codes: 0 answered, 2 bad input or setup (one line on stderr), 1 a backend failed mid-question."""
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
+    """``ingest``, ``ask`` and ``engine`` (the ``crag-dspy`` command is :func:`crag_dspy.console.main`).
+
+    Exit codes: 0 answered, 2 bad input or setup (one line on stderr), 1 a backend failed mid-question."""
+    args = (parser or build_parser()).parse_args(argv)
     configure_logging(args.verbose)
     try:
         return {"ingest": _ingest, "ask": _ask, "engine": _engine}[args.command](args)

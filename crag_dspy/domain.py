@@ -2,8 +2,9 @@
 
 A domain is a directory holding ``corpus.jsonl`` (internal knowledge), ``web.jsonl`` (the offline web
 stand-in), ``qa.jsonl``, ``relevance.jsonl`` and ``domain.toml``. Only ``corpus.jsonl`` (or a folder
-``corpus/`` of .md/.txt files) is required to ask questions; the rest feed compilation and evaluation.
-Every malformed line is reported with its file and line number.
+``corpus/`` of PDF, HTML, DOCX, Markdown and text files, read by :mod:`crag_dspy.loaders`) is required to
+ask questions; the rest feed compilation and evaluation. Every malformed line is reported with its file
+and line number; an unreadable file of a corpus folder is skipped and named in ``Domain.skipped``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .config import CRAGConfig
+from .loaders import load_folder
+from .records import CorpusDoc, DomainDataError, Record
 
 __all__ = [
     "CorpusDoc",
@@ -39,10 +42,6 @@ _NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{1,40}[a-zA-Z0-9]$")
 _DOMAIN_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_-]{0,63}$")
 
 
-class DomainDataError(ValueError):
-    """A domain file is missing or malformed; the message names the file and line."""
-
-
 def check_domain_name(name: object, what: str = "--domain") -> str:
     """``name`` when it is a domain name (letters, digits, '-' and '_'), else a DomainDataError that
     points to --domain-dir for folders."""
@@ -54,30 +53,11 @@ def check_domain_name(name: object, what: str = "--domain") -> str:
     )
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="allow", str_strip_whitespace=True)
-
-
-def _not_blank(value: str) -> str:
-    if not value.strip():
-        raise ValueError("must not be empty")
-    return value
-
-
-class CorpusDoc(_Record):
-    id: str = Field(min_length=1)
-    title: str = Field(min_length=1)
-    text: str = Field(min_length=1)
-    source: str | None = None
-
-    _blank = field_validator("id", "title", "text")(_not_blank)
-
-
 class WebDoc(CorpusDoc):
     url: str = Field(min_length=1)
 
 
-class QAPair(_Record):
+class QAPair(Record):
     id: str = Field(min_length=1)
     question: str = Field(min_length=1)
     answers: list[str] = Field(min_length=1, description="gold aliases; ['I don't know'] marks unanswerable")
@@ -85,7 +65,7 @@ class QAPair(_Record):
     kind: Literal["kb", "web", "both", "none"] | None = None
 
 
-class RelevancePair(_Record):
+class RelevancePair(Record):
     question: str = Field(min_length=1)
     passage: str = Field(min_length=1)
     label: Literal[0, 1]
@@ -156,19 +136,6 @@ def load_jsonl(path: Path, model: type[R]) -> list[R]:
     return records
 
 
-def _load_text_folder(folder: Path) -> list[CorpusDoc]:
-    docs = []
-    for path in sorted([*folder.rglob("*.md"), *folder.rglob("*.txt")]):
-        text = _read_text(path).strip()
-        if not text:
-            continue
-        first = text.splitlines()[0].lstrip("# ").strip()
-        docs.append(
-            CorpusDoc(id=str(path.relative_to(folder)), title=first or path.stem, text=text, source=str(path))
-        )
-    return docs
-
-
 def _unique_ids(path: Path, docs: list[CorpusDoc]) -> None:
     seen: set[str] = set()
     for doc in docs:
@@ -187,6 +154,8 @@ class Domain:
     web: list[WebDoc] = field(default_factory=list)
     qa: list[QAPair] = field(default_factory=list)
     relevance: list[RelevancePair] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    """Corpus-folder files that could not be read, each message naming its file (empty for corpus.jsonl)."""
 
     @property
     def name(self) -> str:
@@ -218,14 +187,21 @@ def load_domain(root: Path | str) -> Domain:
         config = DomainConfig(name=re.sub(r"[^a-zA-Z0-9_-]", "-", root.name).strip("-_")[:42] or "domain")
 
     corpus_path, corpus_dir = root / "corpus.jsonl", root / "corpus"
+    skipped: list[str] = []
     if corpus_path.is_file():
         corpus = load_jsonl(corpus_path, CorpusDoc)
     elif corpus_dir.is_dir():
-        corpus = _load_text_folder(corpus_dir)
+        folder = load_folder(corpus_dir)
+        corpus, skipped = folder.docs, folder.skipped
     else:
-        raise DomainDataError(f"{root}: no corpus.jsonl (or corpus/ folder of .md/.txt files)")
+        raise DomainDataError(
+            f"{root}: no corpus.jsonl (or corpus/ folder of .pdf, .html, .docx, .md or .txt files)"
+        )
     if not corpus:
-        raise DomainDataError(f"{corpus_path if corpus_path.is_file() else corpus_dir}: the corpus is empty")
+        unreadable = f"; every file was unreadable: {'; '.join(skipped)}" if skipped else ""
+        raise DomainDataError(
+            f"{corpus_path if corpus_path.is_file() else corpus_dir}: the corpus is empty{unreadable}"
+        )
     _unique_ids(corpus_path, corpus)
 
     def optional(name: str, model: type[R]) -> list[R]:
@@ -235,5 +211,11 @@ def load_domain(root: Path | str) -> Domain:
     web = optional("web.jsonl", WebDoc)
     _unique_ids(root / "web.jsonl", web)
     return Domain(
-        root, config, corpus, web, optional("qa.jsonl", QAPair), optional("relevance.jsonl", RelevancePair)
+        root,
+        config,
+        corpus,
+        web,
+        optional("qa.jsonl", QAPair),
+        optional("relevance.jsonl", RelevancePair),
+        skipped,
     )

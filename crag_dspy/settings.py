@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+from importlib.resources import files
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -28,9 +29,16 @@ __all__ = ["DEFAULT_DATA_DIR", "LOOPBACK_HOSTS", "Settings", "default_cache_dir"
 log = logging.getLogger(__name__)
 _WARNED: set[tuple[str, ...]] = set()
 
-# Bundled domains live in the repository's data/ folder; an installed wheel has no such folder, so
-# users then point --domain-dir at their own copy.
-DEFAULT_DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+
+def _bundled_data_dir() -> Path:
+    """Where the bundled domains are: the package's ``bundled/`` in a wheel install (the build maps the
+    repository's data/ there, see pyproject.toml), else the repository's data/ (a checkout or an
+    editable install)."""
+    packaged = Path(str(files("crag_dspy").joinpath("bundled")))
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "data"
+
+
+DEFAULT_DATA_DIR = _bundled_data_dir()
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 """The Host names the service answers by default: a page on another site that rebinds its own name to

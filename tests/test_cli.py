@@ -3,6 +3,7 @@ import json
 import pytest
 
 from crag_dspy.cli import build_parser, main
+from crag_dspy.console import main as console_main
 
 
 def test_help_everywhere(capsys):
@@ -83,3 +84,73 @@ def test_ask_with_a_corrupt_program_is_a_clear_error(tmp_path, capsys):
     ]
     assert main(argv) == 2
     assert "corrupt or truncated program JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("command", "own_help"),
+    [
+        ("compile", ("usage: python -m optimize.compile", "--optimizer")),
+        ("evaluate", ("usage: python -m optimize.evaluate", "--split")),
+        ("serve", ("usage: python -m crag_dspy.serve", "--insecure")),
+    ],
+)
+def test_compile_evaluate_and_serve_print_their_modules_own_help(command, own_help, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        console_main([command, "--help"])
+    assert exit_info.value.code == 0
+    out = capsys.readouterr().out
+    assert all(text in out for text in own_help), out
+
+
+def test_every_subcommand_is_listed_in_the_overview(capsys):
+    with pytest.raises(SystemExit):
+        console_main(["--help"])
+    out = capsys.readouterr().out
+    for command in ("ingest", "ask", "compile", "evaluate", "serve", "engine"):
+        assert f"    {command} " in out, command
+
+
+def test_a_subcommand_passes_its_arguments_to_the_modules_main_untouched(monkeypatch):
+    seen = {}
+
+    def recorder(name, code):
+        def fake_main(argv):
+            seen[name] = argv
+            return code
+
+        return fake_main
+
+    monkeypatch.setattr("optimize.compile.main", recorder("compile", 7))
+    monkeypatch.setattr("optimize.evaluate.main", recorder("evaluate", 5))
+    assert console_main(["compile", "--domain", "transit", "--stages", "thresholds", "-v"]) == 7
+    assert console_main(["evaluate", "--help-me", "x"]) == 5  # not parsed here: the module's parser decides
+    assert seen == {
+        "compile": ["--domain", "transit", "--stages", "thresholds", "-v"],
+        "evaluate": ["--help-me", "x"],
+    }
+
+
+def test_the_compile_subcommand_reports_bad_flags_as_the_module_does(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        console_main(["compile", "--no-such-flag"])
+    assert exit_info.value.code == 2
+    assert (
+        "python -m optimize.compile: error: unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+    )
+
+
+def test_serve_without_its_extra_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr("crag_dspy.serve.MISSING_EXTRA", "crag_dspy.serve needs FastAPI (pip install x)")
+    assert console_main(["serve", "--port", "8081"]) == 2
+    assert capsys.readouterr().err == "error: crag_dspy.serve needs FastAPI (pip install x)\n"
+
+
+def test_ingest_without_a_path_ingests_the_domain_the_flags_name(tmp_path, capsys):
+    domain = tmp_path / "tiny"
+    domain.mkdir()
+    (domain / "corpus.jsonl").write_text(
+        json.dumps({"id": "a", "title": "Leave", "text": "Staff get 27 days of leave."}) + "\n",
+        encoding="utf-8",
+    )
+    assert main(["ingest", "--domain-dir", str(domain), "--chroma-path", str(tmp_path / "chroma")]) == 0
+    assert "tiny__kb: 1 documents, 1 chunks (1 added" in capsys.readouterr().out

@@ -1,0 +1,57 @@
+"""The ``crag-dspy`` command: ``ingest | ask | compile | evaluate | serve | engine`` (also ``python -m crag_dspy``).
+
+``ingest``, ``ask`` and ``engine`` are :mod:`crag_dspy.cli`'s. ``compile``, ``evaluate`` and ``serve`` hand
+their arguments, untouched, to the ``main`` of ``python -m optimize.compile``, ``python -m optimize.evaluate``
+and ``python -m crag_dspy.serve``: one parser each, so both spellings take the same flags, print the same
+help and exit with the same codes. This module sits above all four, so none of them imports another's CLI.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from . import cli
+
+__all__ = ["DELEGATED", "main"]
+
+
+def _compile(argv: list[str]) -> int:
+    from optimize.compile import main as compile_main
+
+    return compile_main(argv)
+
+
+def _evaluate(argv: list[str]) -> int:
+    from optimize.evaluate import main as evaluate_main
+
+    return evaluate_main(argv)
+
+
+def _serve(argv: list[str]) -> int:
+    from .serve import MISSING_EXTRA
+
+    if MISSING_EXTRA is not None:  # as python -m crag_dspy.serve says it: one line, no traceback
+        print(f"error: {MISSING_EXTRA}", file=sys.stderr)
+        return 2
+    from .serve.cli import main as serve_main
+
+    return serve_main(argv)
+
+
+DELEGATED: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "compile": (_compile, "compile a program for a domain (same as python -m optimize.compile)"),
+    "evaluate": (_evaluate, "evaluate a program against baselines (same as python -m optimize.evaluate)"),
+    "serve": (_serve, "serve a program over HTTP, needs the serve extra (same as python -m crag_dspy.serve)"),
+}
+"""Subcommands whose arguments go, untouched, to another module's ``main``: (run, one-line help)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; its exit code (0 done, 2 bad input or setup, 1 a backend failed)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATED:
+        return DELEGATED[argv[0]][0](argv[1:])
+    return cli.main(
+        argv, parser=cli.build_parser({name: summary for name, (_, summary) in DELEGATED.items()})
+    )

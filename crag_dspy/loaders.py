@@ -1,0 +1,168 @@
+"""Documents -> :class:`~crag_dspy.records.CorpusDoc`: PDF, HTML, DOCX, Markdown and plain text.
+
+One reader per format behind :func:`load_document`, chosen by the file's suffix. PDF, HTML and DOCX need
+the ``documents`` extra (pypdf, trafilatura, python-docx; docs/ingestion.md says why these and not
+markitdown, by measurement). Markdown and text are read as they always were, so their documents (and
+chunk ids) do not change.
+
+A file a reader cannot parse is a :class:`UnreadableDocumentError` naming it: a corpus folder skips it
+and goes on (:func:`load_folder`); a missing package is a :class:`MissingExtraError` naming the extra,
+which stops the load (every file of that format would fail the same way).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .records import CorpusDoc, DomainDataError
+
+__all__ = [
+    "SUFFIXES",
+    "EmptyDocumentError",
+    "LoadedFolder",
+    "MissingExtraError",
+    "UnreadableDocumentError",
+    "load_document",
+    "load_folder",
+]
+
+log = logging.getLogger(__name__)
+
+EXTRA_HINT = "pip install 'crag-dspy[documents]'"
+
+
+class MissingExtraError(DomainDataError):
+    """A reader's package is not installed; the message names the extra that installs it."""
+
+
+class UnreadableDocumentError(DomainDataError):
+    """A document is corrupt, encrypted, empty or has no extractable text; the message names the file."""
+
+
+class EmptyDocumentError(UnreadableDocumentError):
+    """A document that parsed but holds no text."""
+
+
+def _text_file(path: Path) -> tuple[str | None, str]:
+    # The first line is the title, as the corpus folder has always read .md/.txt (stable chunk ids).
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError as exc:
+        raise UnreadableDocumentError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    return (text.splitlines()[0].lstrip("# ").strip() if text else None), text
+
+
+def _pdf(path: Path) -> tuple[str | None, str]:
+    import pypdf
+
+    reader = pypdf.PdfReader(path)
+    if reader.is_encrypted:
+        reader.decrypt("")  # many PDFs are "encrypted" with an empty user password; others raise below
+    title = reader.metadata.title if reader.metadata else None
+    # Pages become paragraphs; inside a page pypdf breaks lines with single newlines, which the chunker
+    # joins, so a sentence wrapped across lines stays one sentence.
+    return title, "\n\n".join((page.extract_text() or "").strip() for page in reader.pages)
+
+
+def _html(path: Path) -> tuple[str | None, str]:
+    import trafilatura
+
+    raw = path.read_bytes()  # bytes: trafilatura detects the page's encoding itself
+    metadata = trafilatura.extract_metadata(raw)
+    # Markdown keeps paragraphs apart with blank lines (the chunker's paragraph boundary); the main-content
+    # extraction drops navigation, cookie banners, sidebars and footers.
+    text = trafilatura.extract(raw, output_format="markdown", include_tables=True, include_comments=False)
+    return (metadata.title if metadata else None), text or ""
+
+
+def _docx(path: Path) -> tuple[str | None, str]:
+    import docx
+
+    document = docx.Document(str(path))
+    title = document.core_properties.title or next(
+        (p.text for p in document.paragraphs if p.style.name in ("Title", "Heading 1") and p.text.strip()),
+        None,
+    )
+    blocks = []
+    for block in document.iter_inner_content():  # paragraphs and tables in document order
+        if hasattr(block, "rows"):
+            blocks.extend(" | ".join(cell.text.strip() for cell in row.cells) for row in block.rows)
+        else:
+            blocks.append(block.text)
+    return title, "\n\n".join(b.strip() for b in blocks if b.strip())
+
+
+Reader = Callable[[Path], tuple[str | None, str]]
+SUFFIXES: dict[str, Reader] = {
+    ".pdf": _pdf,
+    ".html": _html,
+    ".htm": _html,
+    ".docx": _docx,
+    ".md": _text_file,
+    ".markdown": _text_file,
+    ".txt": _text_file,
+}
+"""The suffixes a corpus folder reads, and the reader of each."""
+
+
+def load_document(path: Path | str, doc_id: str | None = None) -> CorpusDoc:
+    """``path`` as one corpus document: its text, its title (the document's metadata or first heading,
+    else the file name) and its path as ``source``. ``doc_id`` defaults to the file name.
+
+    Raises :class:`UnreadableDocumentError` for a file that cannot be parsed or holds no text,
+    :class:`MissingExtraError` when the format's package is not installed.
+    """
+    path = Path(path)
+    reader = SUFFIXES.get(path.suffix.lower())
+    if reader is None:
+        raise UnreadableDocumentError(f"{path}: unsupported file type (supported: {', '.join(SUFFIXES)})")
+    try:
+        title, text = reader(path)
+    except (MissingExtraError, UnreadableDocumentError):
+        raise
+    except ImportError as exc:  # the reader's package, or one of its own (justext needs lxml_html_clean)
+        raise MissingExtraError(
+            f"{path}: reading {path.suffix} files needs the 'documents' extra ({exc}): {EXTRA_HINT}"
+        ) from None
+    except Exception as exc:  # parsers raise many types; whichever it is, the file is what is wrong
+        raise UnreadableDocumentError(
+            f"{path}: cannot read {path.suffix} ({type(exc).__name__}: {exc})"[:400]
+        ) from exc
+    if not text.strip():
+        scanned = " (a scanned PDF needs OCR first)" if path.suffix.lower() == ".pdf" else ""
+        raise EmptyDocumentError(f"{path}: no text found{scanned}")
+    title = " ".join((title or "").split()) or path.stem
+    return CorpusDoc(id=doc_id or path.name, title=title, text=text.strip(), source=str(path))
+
+
+@dataclass
+class LoadedFolder:
+    """A corpus folder's documents, and the files skipped (each message names its file and why)."""
+
+    docs: list[CorpusDoc]
+    skipped: list[str]
+
+
+def load_folder(folder: Path) -> LoadedFolder:
+    """Every supported file under ``folder`` (recursively, in path order), ids = paths relative to it.
+
+    An unreadable file is logged, skipped and listed in :attr:`LoadedFolder.skipped`; an empty Markdown
+    or text file is skipped silently, as before.
+    """
+    docs, skipped = [], []
+    paths = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
+    for path in paths:
+        try:
+            docs.append(load_document(path, doc_id=str(path.relative_to(folder))))
+        except EmptyDocumentError as exc:
+            if SUFFIXES[path.suffix.lower()] is _text_file:
+                continue  # an empty note is nothing to report; an empty PDF is (scanned, needs OCR)
+            log.warning("skipped %s", exc)
+            skipped.append(str(exc))
+        except UnreadableDocumentError as exc:
+            log.warning("skipped %s", exc)
+            skipped.append(str(exc))
+    return LoadedFolder(docs, skipped)

@@ -1,0 +1,33 @@
+"""The corpus document record and the error of a bad domain file: shared by the domain loader
+(:mod:`crag_dspy.domain`) and the document readers (:mod:`crag_dspy.loaders`), which it imports."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+__all__ = ["CorpusDoc", "DomainDataError", "Record"]
+
+
+class DomainDataError(ValueError):
+    """A domain file is missing or malformed; the message names the file and line."""
+
+
+class Record(BaseModel):
+    """A line of a domain's data: surrounding whitespace stripped, extra fields kept."""
+
+    model_config = ConfigDict(extra="allow", str_strip_whitespace=True)
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be empty")
+    return value
+
+
+class CorpusDoc(Record):
+    id: str = Field(min_length=1)
+    title: str = Field(min_length=1)
+    text: str = Field(min_length=1)
+    source: str | None = None
+
+    _blank = field_validator("id", "title", "text")(_not_blank)

@@ -1,0 +1,187 @@
+"""Corpus folders of PDF, HTML, DOCX and Markdown: each format's reader, the skip of an unreadable file,
+and a question only the PDF answers, on the real embeddings and an embedded Chroma (scripted LM)."""
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from crag_dspy import loaders
+from crag_dspy.cli import main
+from crag_dspy.domain import DomainDataError, load_domain
+from crag_dspy.loaders import MissingExtraError, UnreadableDocumentError, load_document
+from tests.fakes import ScriptedLM, field
+
+PDF = Path(__file__).parent / "fixtures" / "ferry-handbook.pdf"  # tests/fixtures/make_pdf.py
+PDF_FACT = "23:40 from pier four"  # only the PDF says when the night crossing leaves
+
+HTML = """<!doctype html><html><head><title>Tickets | Harbour Ferry Authority</title></head><body>
+<header><nav><a href="/">Home</a> <a href="/routes">Routes</a> <a href="/contact">Contact us</a></nav></header>
+<div class="cookie-banner">We use cookies to improve your experience. Accept all cookies?</div>
+<main><article><h1>Tickets and fares</h1>
+<p>Season tickets cost 310 velds a year and are sold at every pier office and on board.</p>
+<p>Children under twelve travel free when an adult holding a season ticket accompanies them.</p>
+<p>A single crossing costs 4 velds; a day pass for every route costs 11 velds.</p>
+</article></main>
+<footer><p>Copyright 2026 Harbour Ferry Authority. All rights reserved.</p><a href="/privacy">Privacy policy</a></footer>
+</body></html>"""
+
+
+def write_docx(path: Path) -> None:
+    import docx
+
+    document = docx.Document()
+    document.core_properties.title = "Ferry Staff Rules"
+    document.add_heading("Ferry Staff Rules", level=1)
+    document.add_paragraph("Deck crews work shifts of eight hours and rest for twelve between shifts.")
+    table = document.add_table(rows=2, cols=2)
+    table.cell(0, 0).text, table.cell(0, 1).text = "Rank", "Annual leave"
+    table.cell(1, 0).text, table.cell(1, 1).text = "Deckhand", "27 days"
+    document.save(str(path))
+
+
+@pytest.fixture
+def domain(tmp_path) -> Path:
+    """A domain whose corpus/ folder holds one document of each format."""
+    corpus = tmp_path / "ferries" / "corpus"
+    corpus.mkdir(parents=True)
+    shutil.copy(PDF, corpus / "handbook.pdf")
+    (corpus / "pages").mkdir()
+    (corpus / "pages" / "tickets.html").write_text(HTML, encoding="utf-8")
+    write_docx(corpus / "staff-rules.docx")
+    (corpus / "piers.md").write_text(
+        "# Piers\n\nPier four has a waiting room and a kiosk.\n\nPier two is closed in winter.\n",
+        encoding="utf-8",
+    )
+    return tmp_path / "ferries"
+
+
+def test_each_format_keeps_its_title_its_paragraphs_and_its_source(domain):
+    docs = {d.id: d for d in load_domain(domain).corpus}
+    assert sorted(docs) == ["handbook.pdf", "pages/tickets.html", "piers.md", "staff-rules.docx"]
+
+    pdf = docs["handbook.pdf"]
+    assert pdf.title == "Harbour Ferry Handbook"  # the PDF's metadata
+    assert pdf.source == str(domain / "corpus" / "handbook.pdf")
+    assert "Velm Island leaves at\n23:40 from pier four" in pdf.text  # a wrapped line stays one paragraph
+    assert "Lost property" in pdf.text.split("\n\n")[1]  # the second page is its own paragraph
+
+    html = docs["pages/tickets.html"]
+    assert html.title == "Tickets and fares"
+    assert "Season tickets cost 310 velds" in html.text and "day pass" in html.text
+    for boilerplate in ("Contact us", "cookies", "Copyright", "Privacy policy"):
+        assert boilerplate not in html.text, boilerplate
+    assert len(html.text.split("\n\n")) >= 3  # paragraphs kept apart
+
+    docx = docs["staff-rules.docx"]
+    assert docx.title == "Ferry Staff Rules"
+    assert "Deck crews work shifts" in docx.text and "Deckhand | 27 days" in docx.text  # tables kept
+
+    md = docs["piers.md"]  # read as the corpus folder always read it: first line is the title
+    assert (md.title, md.text) == (
+        "Piers",
+        "# Piers\n\nPier four has a waiting room and a kiosk.\n\nPier two is closed in winter.",
+    )
+
+
+def test_a_title_falls_back_to_the_file_name(tmp_path):
+    import docx
+
+    path = tmp_path / "untitled-note.docx"
+    document = docx.Document()
+    document.add_paragraph("No heading and no title in the properties.")
+    document.save(str(path))
+    assert load_document(path).title == "untitled-note"
+
+
+def test_a_corrupt_pdf_is_named_and_skipped_and_the_ingest_goes_on_and_stays_idempotent(
+    domain, tmp_path, capsys
+):
+    broken = domain / "corpus" / "broken.pdf"
+    broken.write_bytes(b"%PDF-1.4\n1 0 obj <<garbage" + bytes(range(256)))
+    with pytest.raises(UnreadableDocumentError, match="broken.pdf: cannot read .pdf"):
+        load_document(broken)
+
+    argv = ["ingest", str(domain), "--chroma-path", str(tmp_path / "chroma")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "ferries__kb: 4 documents" in out and "0 unchanged" in out
+    assert out.rstrip().splitlines()[-2:] == [
+        "skipped 1 unreadable file(s):",
+        f"  {broken}: cannot read .pdf (PdfStreamError: Stream has ended unexpectedly)",
+    ]
+    assert main(argv) == 0  # the rerun changes nothing: chunk ids do not depend on the skipped file
+    assert "4 documents" in (out := capsys.readouterr().out) and "(0 added" in out and "0 removed" in out
+
+
+def test_a_pdf_with_no_text_is_skipped_as_probably_scanned(tmp_path):
+    from pypdf import PdfWriter
+
+    writer = PdfWriter()
+    writer.add_blank_page(width=200, height=200)
+    with open(tmp_path / "scan.pdf", "wb") as f:
+        writer.write(f)
+    with pytest.raises(UnreadableDocumentError, match=r"scan.pdf: no text found \(a scanned PDF needs OCR"):
+        load_document(tmp_path / "scan.pdf")
+
+
+def test_a_corpus_with_nothing_readable_says_why_for_each_file(tmp_path):
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "a.docx").write_bytes(b"not a zip file")
+    with pytest.raises(DomainDataError) as info:
+        load_domain(tmp_path)
+    message = str(info.value)
+    assert (
+        "the corpus is empty; every file was unreadable" in message and "a.docx: cannot read .docx" in message
+    )
+
+
+def test_a_missing_package_names_the_extra_and_stops_the_load(domain, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pypdf", None)  # import pypdf now raises ImportError
+    with pytest.raises(
+        MissingExtraError, match=r"needs the 'documents' extra \(.*pypdf.*\): pip install 'crag"
+    ):
+        load_domain(domain)  # not skipped: every PDF would fail the same way
+    assert main(["ingest", str(domain), "--chroma-path", str(domain / "chroma")]) == 2
+
+
+def _script(system: str, user: str):
+    if "You judge search results" in system:
+        return 0.9 if PDF_FACT in field(user, "document") else 0.05
+    if "You judge short knowledge strips" in system:
+        return 0.9 if PDF_FACT in field(user, "strip") else 0.05
+    if "web search query" in system:
+        return {"query": "night crossing Velm Island"}
+    return {"answer": "23:40" if PDF_FACT in field(user, "context") else "I don't know"}
+
+
+def test_a_question_only_the_pdf_answers_is_answered_from_the_pdf(domain, tmp_path):
+    from crag_dspy.app import build_crag
+    from crag_dspy.settings import Settings
+
+    settings = Settings(domain_dir=domain, chroma_path=tmp_path / "chroma", web_search="none")
+    lm = ScriptedLM(_script)
+    crag = build_crag(settings, lm=lm, progress=False)  # ingests the folder: real embeddings and Chroma
+    pred = crag(question="When does the night crossing to Velm Island leave?")
+
+    trace = pred.trace
+    assert pred.answer == "23:40" and pred.action == "CORRECT", trace.model_dump_json(indent=1)
+    top = trace.documents[0]
+    assert (top.doc_id, top.title) == ("handbook.pdf", "Harbour Ferry Handbook")  # retrieval found it
+    assert PDF_FACT in trace.context  # the PDF's passage reached the answerer
+    (context,) = [field(user, "context") for system, user in lm.calls if "Answer the question" in system]
+    assert PDF_FACT in context
+
+
+def test_a_dependency_a_reader_imports_late_is_a_missing_extra_not_a_bad_file(domain, monkeypatch):
+    def reader(path):  # as trafilatura fails when justext cannot import lxml.html.clean
+        raise ImportError("lxml.html.clean module is now a separate project lxml_html_clean")
+
+    monkeypatch.setitem(loaders.SUFFIXES, ".html", reader)
+    with pytest.raises(
+        MissingExtraError,
+        match=r"tickets.html: reading .html files needs the 'documents' "
+        r"extra \(lxml.html.clean module is now .*\): pip install 'crag-dspy\[documents\]'",
+    ):
+        load_domain(domain)
