@@ -2,12 +2,12 @@
 trafilatura + python-docx, on the same three test documents, each in its own throwaway venv.
 
     python -m venv /tmp/v-gen && /tmp/v-gen/bin/pip install fpdf2 python-docx
-    /tmp/v-gen/bin/python benchmarks/loader_choice.py make /tmp/loaders
+    /tmp/v-gen/bin/python docs/measurements/loader_choice.py make /tmp/loaders
     python -m venv /tmp/v-a && /tmp/v-a/bin/pip install 'markitdown[pdf,docx]'
     python -m venv /tmp/v-b && /tmp/v-b/bin/pip install pypdf trafilatura python-docx lxml_html_clean
-    /tmp/v-a/bin/python benchmarks/loader_choice.py markitdown /tmp/loaders
-    python benchmarks/loader_choice.py separate /tmp/loaders   # crag_dspy.loaders, pip install -e '.[documents]'
-    /tmp/v-b/bin/python benchmarks/loader_choice.py size pypdf trafilatura ...   # installed size of dists
+    /tmp/v-a/bin/python docs/measurements/loader_choice.py markitdown /tmp/loaders
+    python docs/measurements/loader_choice.py separate /tmp/loaders   # crag_dspy.loaders, pip install -e '.[documents]'
+    /tmp/v-b/bin/python docs/measurements/loader_choice.py size pypdf trafilatura ...   # installed size of dists
 
 Each converter prints, per file, the title it found and the text it extracted; the quality checks
 (title kept, boilerplate dropped, paragraphs and tables kept, corrupt file raises) are read off that.
