@@ -1,6 +1,18 @@
-"""Compiled program files: one JSON with every predictor's DSPy state, the thresholds and metadata.
+"""Compiled program files: DSPy's own JSON save format, with crag-dspy's metadata.
 
-No pickle, ever: the file is plain JSON that :func:`load_program` applies to a freshly built CRAG.
+A program file is what ``dspy.Module.save("program.json")`` writes for a :class:`~crag_dspy.module.CRAG`:
+every parameter's DSPy state at the top level (predictors, calibrations, ``thresholds``, ``grading``),
+the CRAG's ``config`` (:meth:`CRAG.dump_state <crag_dspy.module.CRAG.dump_state>` adds it) and
+``metadata``, where DSPy keeps ``dependency_versions`` and crag-dspy adds its format, version and
+what the compile recorded (:class:`ProgramMetadata`)::
+
+    {"grader.predict": {...}, ..., "thresholds": {...}, "grading": {...}, "config": {...},
+     "metadata": {"dependency_versions": {...}, "format": "crag-dspy-program", "format_version": 7,
+                  "crag_dspy_version": "...", "created": "...", "domain": "default", ...}}
+
+So ``crag.save(path)`` / ``crag.load(path)`` and :func:`save_program` / :func:`read_program` +
+:func:`apply_program` read and write the same file, and plain ``dspy.Module.load`` reads it too.
+No pickle, ever. A trained evaluator's weights live in a folder beside the file (:func:`evaluator_folder`).
 """
 
 from __future__ import annotations
@@ -12,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-import dspy
+from dspy.utils.saving import get_dependency_versions
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .config import CRAGConfig
@@ -24,12 +36,15 @@ from .version import __version__
 __all__ = [
     "PROGRAM_FORMAT",
     "PROGRAM_FORMAT_VERSION",
+    "FileMetadata",
     "ProgramError",
     "ProgramFile",
     "ProgramMetadata",
     "apply_program",
     "check_dataset",
     "check_domain",
+    "evaluator_folder",
+    "load_into",
     "program_config",
     "program_crag_config",
     "read_program",
@@ -37,9 +52,12 @@ __all__ = [
 ]
 
 PROGRAM_FORMAT = "crag-dspy-program"
-# 6: the config is a CRAGConfig as-is. Programs of earlier versions are refused: recompiling is one
-# command, and a program's numbers hold only for the code that measured them.
-PROGRAM_FORMAT_VERSION = 6
+# 7: DSPy's save format (state at the top level, config beside it, crag-dspy's fields in "metadata").
+# Programs of earlier versions are refused: recompiling is one command, and a program's numbers hold
+# only for the code that measured them (format 6 files convert: python -m optimize.convert_program).
+PROGRAM_FORMAT_VERSION = 7
+# What crag-dspy writes into "metadata" itself; a compile's metadata must not name them.
+_FILE_KEYS = ("dependency_versions", "format", "format_version", "crag_dspy_version", "created")
 
 log = logging.getLogger(__name__)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -50,8 +68,9 @@ class ProgramError(ValueError):
 
 
 class ProgramMetadata(BaseModel):
-    """What a program records about its compile. Descriptive only: the app names the domain (folder)
-    a program runs on, and nothing here is used to locate a file. Other keys are kept as written."""
+    """What a compile records about itself in a program's metadata. Descriptive only: the app names the
+    domain (folder) a program runs on, and nothing here is used to locate a file. Other keys are kept
+    as written."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -70,8 +89,8 @@ class ProgramMetadata(BaseModel):
 
     @field_validator("domain")
     @classmethod
-    def _domain_is_a_name(cls, value: str) -> str:
-        return check_domain_name(value, "domain")
+    def _domain_is_a_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_domain_name(value, "domain")
 
     @field_validator("dataset_hashes")
     @classmethod
@@ -84,32 +103,44 @@ class ProgramMetadata(BaseModel):
         return hashes
 
 
-class ProgramFile(BaseModel):
-    """The whole program file, checked before any of it is applied (and before a store or model is
-    opened): format fields, the :class:`~crag_dspy.config.CRAGConfig` with its ranges, the metadata,
-    and the state's shape (each predictor's DSPy state an object; thresholds in range and ordered)."""
+class FileMetadata(ProgramMetadata):
+    """A program file's ``metadata``: DSPy's ``dependency_versions``, crag-dspy's format fields and,
+    for a compiled program, the compile's :class:`ProgramMetadata` (a program saved with
+    ``crag.save`` names no domain)."""
 
-    model_config = ConfigDict(extra="forbid")
-
+    dependency_versions: dict[str, str] = Field(
+        default_factory=dict, description="What dspy.Module.save records: python, dspy, cloudpickle."
+    )
     format: Literal[PROGRAM_FORMAT]  # type: ignore[valid-type] - constants, one place to change them
     format_version: Literal[PROGRAM_FORMAT_VERSION]  # type: ignore[valid-type]
     crag_dspy_version: str
-    dspy_version: str
     created: str
-    config: CRAGConfig
-    metadata: ProgramMetadata
-    state: dict[str, dict[str, Any]]
+    domain: str | None = Field(None, description="Domain the program was compiled for, when recorded.")
 
-    @field_validator("state")
+
+class ProgramFile(BaseModel):
+    """The whole program file, checked before any of it is applied (and before a store or model is
+    opened): the :class:`~crag_dspy.config.CRAGConfig` with its ranges, the metadata, and the state's
+    shape (each parameter's DSPy state an object; thresholds in range and ordered)."""
+
+    model_config = ConfigDict(extra="allow")
+    # Every other key is a parameter's DSPy state, named as CRAG.named_parameters() names it.
+    __pydantic_extra__: dict[str, dict[str, Any]] = Field(init=False)
+
+    config: CRAGConfig
+    metadata: FileMetadata
+    thresholds: dict[str, Any] | None = None
+
+    @field_validator("thresholds")
     @classmethod
-    def _thresholds(cls, state: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        if "thresholds" in state:
+    def _thresholds(cls, state: dict[str, Any] | None) -> dict[str, Any] | None:
+        if state is not None:
             try:
-                Thresholds().load_state(state["thresholds"])  # the module's own check, on a throwaway
+                Thresholds().load_state(state)  # the module's own check, on a throwaway
             except KeyError as exc:
-                raise ValueError(f"thresholds: {exc} is missing") from None
+                raise ValueError(f"{exc} is missing") from None
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"thresholds: {exc}") from None
+                raise ValueError(str(exc)) from None
         return state
 
 
@@ -140,15 +171,27 @@ def evaluator_folder(path: Path) -> Path:
     return path.with_name(f"{path.stem}.evaluator")
 
 
-def save_program(crag: CRAG, path: Path | str, metadata: dict[str, Any]) -> Path:
-    """Write ``crag``'s state (demos, instructions, thresholds), its config and ``metadata`` as one JSON;
-    a trained evaluator's weights go to a safetensors folder beside it (:func:`evaluator_folder`),
-    recorded in the JSON with each file's size and sha256."""
+def save_program(crag: CRAG, path: Path | str, metadata: dict[str, Any] | None = None) -> Path:
+    """Write ``crag`` as DSPy's JSON save writes it (its state and config, :meth:`CRAG.dump_state`),
+    with crag-dspy's format fields and the compile's ``metadata`` (:class:`ProgramMetadata`; None for a
+    program that records no compile) in the file's ``metadata``. A trained evaluator's weights go to a
+    safetensors folder beside it (:func:`evaluator_folder`), recorded with each file's size and sha256.
+    """
     path = Path(path)
-    try:
-        ProgramMetadata.model_validate(metadata)  # never write a program that read_program refuses
-    except ValidationError as exc:
-        raise ProgramError(f"program metadata is invalid: {_problems(exc)}") from None
+    if path.suffix != ".json":
+        raise ProgramError(
+            f"{path}: crag-dspy programs are JSON files (a .json path); pickles are never written"
+        )
+    compile_facts: dict[str, Any] = {}
+    if metadata is not None:
+        reserved = sorted(set(metadata) & set(_FILE_KEYS))
+        if reserved:
+            raise ProgramError(f"program metadata is invalid: {reserved} are written by save_program itself")
+        try:
+            ProgramMetadata.model_validate(metadata)  # never write a program that read_program refuses
+        except ValidationError as exc:
+            raise ProgramError(f"program metadata is invalid: {_problems(exc)}") from None
+        compile_facts = metadata
     grading = crag.grading
     if grading.evaluator is not None:
         folder = evaluator_folder(path)
@@ -159,31 +202,29 @@ def save_program(crag: CRAG, path: Path | str, metadata: dict[str, Any]) -> Path
             "max_length": grading.evaluator.max_length,
             "files": files,
         }
-    state = crag.dump_state(json_mode=True)
-    for value in state.values():
+    document = crag.dump_state(json_mode=True)
+    for value in document.values():
         if isinstance(value, dict) and "lm" in value:
             # The app chooses the LM; a saved LM would carry its endpoint (and so where keys are sent).
             value["lm"] = None
-    document = {
+    document["metadata"] = {
+        "dependency_versions": get_dependency_versions(),  # what dspy.Module.save records
         "format": PROGRAM_FORMAT,
         "format_version": PROGRAM_FORMAT_VERSION,
         "crag_dspy_version": __version__,
-        "dspy_version": dspy.__version__,
         "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "config": program_config(crag),
-        "metadata": metadata,
-        "state": state,
+        **compile_facts,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(document, indent=2, ensure_ascii=False), encoding="utf-8")
+    tmp.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     tmp.replace(path)  # never leave a half-written program where an app would load it
     return path
 
 
 def read_program(path: Path | str, *, domain: str | None = None) -> dict[str, Any]:
     """Read and validate a program file (:class:`ProgramFile`); with ``domain``, also require that it
-    was compiled for it. Returns the validated document as JSON-able dicts."""
+    was compiled for it. Returns the validated document as JSON-able dicts, shaped as the file."""
     path = Path(path)
     if path.suffix.lower() in {".pkl", ".pickle"} or path.is_dir():
         raise ProgramError(f"{path}: crag-dspy programs are JSON files; pickled programs are never loaded")
@@ -201,31 +242,58 @@ def read_program(path: Path | str, *, domain: str | None = None) -> dict[str, An
         raise ProgramError(
             f"{path}: corrupt program JSON: nested too deeply to parse (past Python's recursion limit)"
         ) from None
-    if not isinstance(document, dict) or document.get("format") != PROGRAM_FORMAT:
-        raise ProgramError(f'{path}: not a crag-dspy program (missing "format": "{PROGRAM_FORMAT}")')
-    version = document.get("format_version")
-    if version != PROGRAM_FORMAT_VERSION:
-        domain_name = (document.get("metadata") or {}).get("domain") or "<domain>"
-        raise ProgramError(
-            f"{path}: program format version {version!r}; this crag-dspy reads version "
-            f"{PROGRAM_FORMAT_VERSION} only. Recompile it: python -m optimize.compile --domain {domain_name} "
-            f"--out {path}"
-        )
-    for key in ("state", "config", "metadata"):
-        if not isinstance(document.get(key), dict):
-            raise ProgramError(f"{path}: program is missing its {key!r} section")
+    _check_format(document, path)
+    if not isinstance(document.get("config"), dict):
+        raise ProgramError(f"{path}: program is missing its 'config' section")
     try:
         document = ProgramFile.model_validate(document).model_dump(mode="json", exclude_unset=True)
     except ValidationError as exc:
         raise ProgramError(f"{path}: invalid program: {_problems(exc)}") from None
+    _warn_on_other_dependencies(document["metadata"]["dependency_versions"], path)
     if domain is not None:
         check_domain(document, domain, path)
     return document
 
 
+def _check_format(document: Any, path: Path) -> None:
+    """Refuse a file that is no crag-dspy program, or one of another format version, with how to
+    recompile it. Formats up to 6 wrapped the state in an envelope with the format at the top."""
+    envelope = isinstance(document, dict) and document.get("format") == PROGRAM_FORMAT
+    metadata = document.get("metadata") if isinstance(document, dict) else None
+    if envelope:
+        version = document.get("format_version")
+    elif isinstance(metadata, dict) and metadata.get("format") == PROGRAM_FORMAT:
+        version = metadata.get("format_version")
+    else:
+        raise ProgramError(
+            f'{path}: not a crag-dspy program (its "metadata" lacks "format": "{PROGRAM_FORMAT}"; '
+            "a DSPy save of another module?)"
+        )
+    if version != PROGRAM_FORMAT_VERSION:
+        domain_name = (metadata if isinstance(metadata, dict) else {}).get("domain") or "<domain>"
+        raise ProgramError(
+            f"{path}: program format version {version!r}; this crag-dspy reads version "
+            f"{PROGRAM_FORMAT_VERSION} only. Recompile it: python -m optimize.compile --domain {domain_name} "
+            f"--out {path}"
+        )
+
+
+def _warn_on_other_dependencies(saved: dict[str, str], path: Path) -> None:
+    """Warn, as dspy.Module.load does, when the program was saved with other dependency versions."""
+    current = get_dependency_versions()
+    for key, version in saved.items():
+        if key in current and current[key] != version:
+            log.warning("%s: saved with %s %s, running %s %s", path, key, version, key, current[key])
+
+
 def check_domain(document: dict[str, Any], domain: str, path: Path | str) -> None:
-    """Refuse a program compiled for another domain than ``domain``."""
+    """Refuse a program compiled for another domain than ``domain`` (or saved without naming one)."""
     found = document["metadata"].get("domain")
+    if found is None:
+        raise ProgramError(
+            f"{path}: program names no domain (saved with crag.save); to run it on domain {domain!r}, "
+            f"save it with crag_dspy.program.save_program(crag, path, {{'domain': {domain!r}}})"
+        )
     if found != domain:
         raise ProgramError(
             f"{path}: program was compiled for domain {found!r}, not {domain!r}; "
@@ -271,15 +339,21 @@ def program_crag_config(document: dict[str, Any], lm_calls: Any = None) -> CRAGC
     return config if lm_calls is None else config.replace(lm_calls=lm_calls)
 
 
-def apply_program(crag: CRAG, document: dict[str, Any], program_dir: Path | str | None = None) -> CRAG:
+def apply_program(
+    crag: CRAG,
+    document: dict[str, Any],
+    program_dir: Path | str | None = None,
+    *,
+    keep_lm_calls: bool = True,
+) -> CRAG:
     """Apply a validated program's config and state to ``crag`` (raises ProgramError, leaves it untouched).
 
-    ``crag`` keeps its own ``lm_calls`` (they describe the app's LM). ``program_dir`` is the folder of
-    the program file: a program with a trained evaluator finds its weights there, and they are verified
-    against the program's sha256s before anything is applied.
+    With ``keep_lm_calls`` (the app's case) ``crag`` keeps its own ``lm_calls``: they describe the app's
+    LM. ``program_dir`` is the folder of the program file: a program with a trained evaluator finds its
+    weights there, and they are verified against the program's sha256s before anything is applied.
     """
-    config = program_crag_config(document, crag.config.lm_calls)
-    state = document["state"]
+    config = program_crag_config(document, crag.config.lm_calls if keep_lm_calls else None)
+    state = {name: value for name, value in document.items() if name != "metadata"}
     evaluator = _load_evaluator(state.get("grading"), program_dir)
     expected = {name for name, _ in crag.named_parameters()}
     missing = expected - state.keys()
@@ -293,19 +367,22 @@ def apply_program(crag: CRAG, document: dict[str, Any], program_dir: Path | str 
             f"program state of {with_lm} names its own LM: programs never choose the LM (it would decide "
             "where your API keys are sent); the app passes it to load_program"
         )
-    previous, thresholds = crag.config, crag.thresholds.dump_state()
-    crag.config = config
+    state["config"] = config.model_dump(mode="json")
     try:
-        # dspy's load_state does a trial run on a copy first, so a bad state leaves the state untouched.
-        crag.load_state({name: state[name] for name in expected})
-    except Exception as exc:  # noqa: BLE001 - any malformed state is one clear error
-        crag.config = previous
-        crag.thresholds.load_state(thresholds)
+        crag.load_state(state)  # CRAG.load_state leaves the module untouched when it raises
+    except Exception as exc:  # any malformed state is one clear error
         raise ProgramError(
             f"program state does not fit this CRAG module: {type(exc).__name__}: {exc}"
         ) from exc
     crag.grading.evaluator = evaluator
     return crag
+
+
+def load_into(crag: CRAG, path: Path | str) -> CRAG:
+    """What ``crag.load(path)`` does: read and validate the program file at ``path`` and apply all of it,
+    its ``lm_calls`` included, to ``crag``; a trained evaluator is loaded from beside the file."""
+    path = Path(path)
+    return apply_program(crag, read_program(path), path.parent, keep_lm_calls=False)
 
 
 def _load_evaluator(grading: Any, program_dir: Path | str | None) -> RelevanceEvaluator | None:
@@ -317,8 +394,8 @@ def _load_evaluator(grading: Any, program_dir: Path | str | None) -> RelevanceEv
         raise ProgramError("program state has a malformed evaluator manifest (needs 'path' and 'files')")
     if program_dir is None:
         raise ProgramError(
-            "this program grades with a trained evaluator: load it from its file (load_program) so that "
-            "its weights folder can be found"
+            "this program grades with a trained evaluator: load it from its file (crag.load(path) or "
+            "load_program) so that its weights folder can be found"
         )
     name = manifest["path"]
     if Path(name).name != name or name in ("", ".", ".."):
