@@ -761,7 +761,7 @@ class CRAG(dspy.Module):
         """Write the program file (:mod:`crag_dspy.program`): DSPy's JSON save format with the config and
         crag-dspy's metadata; a trained evaluator's weights go to a folder beside it. JSON only: a
         program is never pickled, so ``save_program=True`` is refused."""
-        from . import program
+        from . import program_file as program
 
         if save_program or modules_to_serialize:
             raise program.ProgramError(
@@ -773,7 +773,7 @@ class CRAG(dspy.Module):
         """Load a program file written by :meth:`save` or ``python -m optimize.compile``: validated
         (format version, config, state) before anything is applied, config included; a trained
         evaluator is loaded from beside the file. Raises :class:`~crag_dspy.program.ProgramError`."""
-        from . import program
+        from . import program_file as program
 
         if allow_pickle or allow_unsafe_lm_state:
             raise program.ProgramError(

@@ -283,8 +283,8 @@ def compile_tiny_grader(tmp_path, lm, demos=0, optimizer="none"):
 
     from crag_dspy import CRAG
     from crag_dspy.domain import load_domain
-    from optimize.optimizer import compile_judge as _compile_judge
     from optimize.datasets import relevance_examples
+    from optimize.optimizer import compile_judge as _compile_judge
 
     domain = load_domain(make_domain(tmp_path / "tiny"))
     crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm)
