@@ -5,6 +5,10 @@ teleprompter on the labelled relevance data (val accuracy before and after); opt
 rewriter and answerer end to end; tune (lower, upper) jointly with Optuna on cached QA-val routes;
 evaluate on the QA test split next to the uncompiled program and plain RAG; write the program JSON,
 a markdown + JSON report and a PNG of the accuracy landscape.
+
+The stages are :class:`optimize.optimizer.CRAGOptimizer`'s; this CLI loads the domain, checks its data
+(:mod:`optimize.data_needs`), turns its records into examples (:func:`domain_examples`), and adds the
+test comparison and the report files.
 """
 
 from __future__ import annotations
@@ -102,7 +106,7 @@ def compile_program(
     clock.lap("setup")  # the LM, the store, ingestion
 
     trainset, valset, relevance = domain_examples(domain)
-    optimizer_ = CRAGOptimizer(
+    compiler = CRAGOptimizer(
         optimizer=optimizer,
         demos=demos,
         calibration_pairs=calibration_pairs,
@@ -123,11 +127,11 @@ def compile_program(
     )
     # watch_lm: a question that fails is counted wrong, but an LM that is down stops the compile.
     with dspy.track_usage() as tracker, dspy.context(lm=lm), watch_lm():
-        compiled = optimizer_.compile(crag, trainset=trainset, valset=valset, relevance=relevance)
+        compiled = compiler.compile(crag, trainset=trainset, valset=valset, relevance=relevance)
         for key in ("stages", "thresholds", "internal_retry"):
-            if key in optimizer_.report:
-                report[key] = optimizer_.report[key]
-        clock.extend(optimizer_.report["stage_seconds"])
+            if key in compiler.report:
+                report[key] = compiler.report[key]
+        clock.extend(compiler.report["stage_seconds"])
         if evaluate_test:
             test = qa_examples(domain, "test", test_limit)
             results = [
