@@ -127,9 +127,11 @@ def graders(
     module's state: what the compile measured as "uncompiled" before it fitted anything."""
     if document is None:
         return {"uncompiled": harness.judges_only(lm, config, embedder=embedder)}
+    # A fresh module's parameter states under the program's config (the file keeps them side by side).
     fresh = harness.judges_only(lm, config).dump_state(json_mode=True)
+    fresh.pop("config")
     return {
-        "uncompiled": harness.judges_only(lm, config, {**document, "state": fresh}, embedder=embedder),
+        "uncompiled": harness.judges_only(lm, config, {**document, **fresh}, embedder=embedder),
         "compiled": harness.judges_only(lm, config, document, program_dir, embedder),
     }
 

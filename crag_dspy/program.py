@@ -1,329 +1,72 @@
-"""Compiled program files: one JSON with every predictor's DSPy state, the thresholds and metadata.
+"""Compiled program files (:mod:`crag_dspy.program_file`), read with the module's own checks.
 
-No pickle, ever: the file is plain JSON that :func:`load_program` applies to a freshly built CRAG.
+The file format lives in :mod:`crag_dspy.program_file`, which ``CRAG.save`` / ``CRAG.load`` use. Apps
+read a file here before they build a module, open a store or start a model: :func:`read_program` also
+checks the thresholds as :class:`~crag_dspy.module.Thresholds` does, so a bad file fails first.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import re
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-import dspy
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import field_validator
 
-from .config import CRAGConfig
-from .domain import check_domain_name
-from .judges.evaluator import EvaluatorError, RelevanceEvaluator
-from .module import CRAG, Thresholds
-from .version import __version__
+from . import program_file
+from .module import Thresholds
+from .program_file import (
+    PROGRAM_FORMAT,
+    PROGRAM_FORMAT_VERSION,
+    FileMetadata,
+    ProgramError,
+    ProgramMetadata,
+    apply_program,
+    check_dataset,
+    check_domain,
+    evaluator_folder,
+    load_into,
+    program_config,
+    program_crag_config,
+    save_program,
+)
 
 __all__ = [
     "PROGRAM_FORMAT",
     "PROGRAM_FORMAT_VERSION",
+    "FileMetadata",
     "ProgramError",
     "ProgramFile",
     "ProgramMetadata",
     "apply_program",
     "check_dataset",
     "check_domain",
+    "evaluator_folder",
+    "load_into",
     "program_config",
     "program_crag_config",
     "read_program",
     "save_program",
 ]
 
-PROGRAM_FORMAT = "crag-dspy-program"
-# 6: the config is a CRAGConfig as-is. Programs of earlier versions are refused: recompiling is one
-# command, and a program's numbers hold only for the code that measured them.
-PROGRAM_FORMAT_VERSION = 6
 
-log = logging.getLogger(__name__)
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+class ProgramFile(program_file.ProgramFile):
+    """:class:`crag_dspy.program_file.ProgramFile` with the thresholds in range and ordered, as the
+    module's :class:`~crag_dspy.module.Thresholds` requires them."""
 
-
-class ProgramError(ValueError):
-    """A program file is unreadable, corrupt, of another format or version, or for another domain."""
-
-
-class ProgramMetadata(BaseModel):
-    """What a program records about its compile. Descriptive only: the app names the domain (folder)
-    a program runs on, and nothing here is used to locate a file. Other keys are kept as written."""
-
-    model_config = ConfigDict(extra="allow")
-
-    domain: str = Field(description="Name of the domain the program was compiled for.")
-    domain_dir: str | None = Field(
-        None, description="Folder the compile read (written by earlier compiles; never used to find it)."
-    )
-    dataset_hashes: dict[str, str] = Field(
-        default_factory=dict, description="sha256 of each data file the compile saw (Domain.file_hashes)."
-    )
-    lm: str | None = None
-    optimizer: str | None = None
-    seed: int | None = None
-    stages: list[str] | None = None
-    scores: dict[str, Any] | None = None
-
-    @field_validator("domain")
+    @field_validator("thresholds")
     @classmethod
-    def _domain_is_a_name(cls, value: str) -> str:
-        return check_domain_name(value, "domain")
-
-    @field_validator("dataset_hashes")
-    @classmethod
-    def _hashes(cls, hashes: dict[str, str]) -> dict[str, str]:
-        for name, digest in hashes.items():
-            if Path(name).name != name or name in ("", ".", ".."):
-                raise ValueError(f"{name!r} is not a file name")
-            if not _SHA256.match(digest):
-                raise ValueError(f"{name}: {digest!r} is not a sha256 hex digest")
-        return hashes
-
-
-class ProgramFile(BaseModel):
-    """The whole program file, checked before any of it is applied (and before a store or model is
-    opened): format fields, the :class:`~crag_dspy.config.CRAGConfig` with its ranges, the metadata,
-    and the state's shape (each predictor's DSPy state an object; thresholds in range and ordered)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    format: Literal[PROGRAM_FORMAT]  # type: ignore[valid-type] - constants, one place to change them
-    format_version: Literal[PROGRAM_FORMAT_VERSION]  # type: ignore[valid-type]
-    crag_dspy_version: str
-    dspy_version: str
-    created: str
-    config: CRAGConfig
-    metadata: ProgramMetadata
-    state: dict[str, dict[str, Any]]
-
-    @field_validator("state")
-    @classmethod
-    def _thresholds(cls, state: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-        if "thresholds" in state:
+    def _thresholds(cls, state: dict[str, Any] | None) -> dict[str, Any] | None:
+        if state is not None:
             try:
-                Thresholds().load_state(state["thresholds"])  # the module's own check, on a throwaway
+                Thresholds().load_state(state)  # the module's own check, on a throwaway
             except KeyError as exc:
-                raise ValueError(f"thresholds: {exc} is missing") from None
+                raise ValueError(f"{exc} is missing") from None
             except (TypeError, ValueError) as exc:
-                raise ValueError(f"thresholds: {exc}") from None
+                raise ValueError(str(exc)) from None
         return state
-
-
-def _problems(exc: ValidationError) -> str:
-    """A pydantic error as one line: ``where: what (got value)`` per problem."""
-
-    def got(value: Any) -> str:
-        if isinstance(value, (dict, list)):  # the whole section: the message says what is wrong with it
-            return ""
-        text = repr(value)
-        return f" (got {text[:60]}{'...' if len(text) > 60 else ''})"
-
-    return "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or 'file'}: {e['msg'].removeprefix('Value error, ')}"
-        + (got(e.get("input")) if e["type"] != "missing" else "")
-        for e in exc.errors()
-    )
-
-
-def program_config(crag: CRAG) -> dict[str, Any]:
-    """``crag``'s config as a program stores it, with the (lower, upper) its thresholds route with."""
-    thresholds = crag.thresholds
-    return crag.config.replace(lower=thresholds.lower, upper=thresholds.upper).model_dump(mode="json")
-
-
-def evaluator_folder(path: Path) -> Path:
-    """Where the trained evaluator of the program at ``path`` keeps its weights: beside it."""
-    return path.with_name(f"{path.stem}.evaluator")
-
-
-def save_program(crag: CRAG, path: Path | str, metadata: dict[str, Any]) -> Path:
-    """Write ``crag``'s state (demos, instructions, thresholds), its config and ``metadata`` as one JSON;
-    a trained evaluator's weights go to a safetensors folder beside it (:func:`evaluator_folder`),
-    recorded in the JSON with each file's size and sha256."""
-    path = Path(path)
-    try:
-        ProgramMetadata.model_validate(metadata)  # never write a program that read_program refuses
-    except ValidationError as exc:
-        raise ProgramError(f"program metadata is invalid: {_problems(exc)}") from None
-    grading = crag.grading
-    if grading.evaluator is not None:
-        folder = evaluator_folder(path)
-        files = grading.evaluator.save(folder)
-        grading.manifest = {
-            "path": folder.name,
-            "base_model": grading.evaluator.base_model,
-            "max_length": grading.evaluator.max_length,
-            "files": files,
-        }
-    state = crag.dump_state(json_mode=True)
-    for value in state.values():
-        if isinstance(value, dict) and "lm" in value:
-            # The app chooses the LM; a saved LM would carry its endpoint (and so where keys are sent).
-            value["lm"] = None
-    document = {
-        "format": PROGRAM_FORMAT,
-        "format_version": PROGRAM_FORMAT_VERSION,
-        "crag_dspy_version": __version__,
-        "dspy_version": dspy.__version__,
-        "created": datetime.now(UTC).isoformat(timespec="seconds"),
-        "config": program_config(crag),
-        "metadata": metadata,
-        "state": state,
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(document, indent=2, ensure_ascii=False), encoding="utf-8")
-    tmp.replace(path)  # never leave a half-written program where an app would load it
-    return path
 
 
 def read_program(path: Path | str, *, domain: str | None = None) -> dict[str, Any]:
     """Read and validate a program file (:class:`ProgramFile`); with ``domain``, also require that it
-    was compiled for it. Returns the validated document as JSON-able dicts."""
-    path = Path(path)
-    if path.suffix.lower() in {".pkl", ".pickle"} or path.is_dir():
-        raise ProgramError(f"{path}: crag-dspy programs are JSON files; pickled programs are never loaded")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ProgramError(f"{path}: cannot read program ({exc.strerror})") from None
-    if raw[:2] == b"\x80\x04" or raw[:1] == b"\x80":
-        raise ProgramError(f"{path}: this is a pickle, not a program JSON; pickles are never loaded")
-    try:
-        document = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ProgramError(f"{path}: corrupt or truncated program JSON ({exc})") from None
-    except RecursionError:  # json parses nested arrays/objects recursively
-        raise ProgramError(
-            f"{path}: corrupt program JSON: nested too deeply to parse (past Python's recursion limit)"
-        ) from None
-    if not isinstance(document, dict) or document.get("format") != PROGRAM_FORMAT:
-        raise ProgramError(f'{path}: not a crag-dspy program (missing "format": "{PROGRAM_FORMAT}")')
-    version = document.get("format_version")
-    if version != PROGRAM_FORMAT_VERSION:
-        domain_name = (document.get("metadata") or {}).get("domain") or "<domain>"
-        raise ProgramError(
-            f"{path}: program format version {version!r}; this crag-dspy reads version "
-            f"{PROGRAM_FORMAT_VERSION} only. Recompile it: python -m optimize.compile --domain {domain_name} "
-            f"--out {path}"
-        )
-    for key in ("state", "config", "metadata"):
-        if not isinstance(document.get(key), dict):
-            raise ProgramError(f"{path}: program is missing its {key!r} section")
-    try:
-        document = ProgramFile.model_validate(document).model_dump(mode="json", exclude_unset=True)
-    except ValidationError as exc:
-        raise ProgramError(f"{path}: invalid program: {_problems(exc)}") from None
-    if domain is not None:
-        check_domain(document, domain, path)
-    return document
-
-
-def check_domain(document: dict[str, Any], domain: str, path: Path | str) -> None:
-    """Refuse a program compiled for another domain than ``domain``."""
-    found = document["metadata"].get("domain")
-    if found != domain:
-        raise ProgramError(
-            f"{path}: program was compiled for domain {found!r}, not {domain!r}; "
-            f"compile one for {domain!r} or pass --domain {found}"
-        )
-
-
-def check_dataset(
-    document: dict[str, Any], hashes: dict[str, str], path: Path | str, *, force: bool = False
-) -> None:
-    """Refuse a program compiled on other data than the domain holds now: ``hashes`` are the domain's
-    :meth:`~crag_dspy.domain.Domain.file_hashes`. With ``force`` the difference is only logged.
-    Programs that recorded no hashes are not checked."""
-    recorded = document["metadata"].get("dataset_hashes") or {}
-    if not recorded:
-        return
-    differ = [
-        f"{name}: program {_digest(recorded.get(name))}, domain {_digest(hashes.get(name))}"
-        for name in sorted(recorded.keys() | hashes.keys())
-        if recorded.get(name) != hashes.get(name)
-    ]
-    if not differ:
-        return
-    message = f"{path}: the domain's data differ from the data the program was compiled on (sha256 of " + (
-        "; ".join(differ) + ")"
-    )
-    if not force:
-        raise ProgramError(f"{message}; recompile the program, or pass --force to use it anyway")
-    log.warning("%s; using it anyway (--force)", message)
-
-
-def _digest(value: str | None) -> str:
-    return value[:12] if value else "absent"
-
-
-def program_crag_config(document: dict[str, Any], lm_calls: Any = None) -> CRAGConfig:
-    """The :class:`~crag_dspy.config.CRAGConfig` a validated program stores, with the app's
-    ``lm_calls`` (how the app's LM is called) instead of the compile's when given."""
-    try:
-        config = CRAGConfig.model_validate(document["config"])
-    except ValidationError as exc:
-        raise ProgramError(f"program config is invalid: {_problems(exc)}") from None
-    return config if lm_calls is None else config.replace(lm_calls=lm_calls)
-
-
-def apply_program(crag: CRAG, document: dict[str, Any], program_dir: Path | str | None = None) -> CRAG:
-    """Apply a validated program's config and state to ``crag`` (raises ProgramError, leaves it untouched).
-
-    ``crag`` keeps its own ``lm_calls`` (they describe the app's LM). ``program_dir`` is the folder of
-    the program file: a program with a trained evaluator finds its weights there, and they are verified
-    against the program's sha256s before anything is applied.
-    """
-    config = program_crag_config(document, crag.config.lm_calls)
-    state = document["state"]
-    evaluator = _load_evaluator(state.get("grading"), program_dir)
-    expected = {name for name, _ in crag.named_parameters()}
-    missing = expected - state.keys()
-    if missing:
-        raise ProgramError(
-            f"program state lacks {sorted(missing)}: it was saved from a different program structure"
-        )
-    with_lm = sorted(name for name in expected if isinstance(state[name], dict) and state[name].get("lm"))
-    if with_lm:
-        raise ProgramError(
-            f"program state of {with_lm} names its own LM: programs never choose the LM (it would decide "
-            "where your API keys are sent); the app passes it to load_program"
-        )
-    previous, thresholds = crag.config, crag.thresholds.dump_state()
-    crag.config = config
-    try:
-        # dspy's load_state does a trial run on a copy first, so a bad state leaves the state untouched.
-        crag.load_state({name: state[name] for name in expected})
-    except Exception as exc:  # noqa: BLE001 - any malformed state is one clear error
-        crag.config = previous
-        crag.thresholds.load_state(thresholds)
-        raise ProgramError(
-            f"program state does not fit this CRAG module: {type(exc).__name__}: {exc}"
-        ) from exc
-    crag.grading.evaluator = evaluator
-    return crag
-
-
-def _load_evaluator(grading: Any, program_dir: Path | str | None) -> RelevanceEvaluator | None:
-    """The program's trained evaluator, verified and loaded, or None when it grades with the LLM alone."""
-    manifest = grading.get("evaluator") if isinstance(grading, dict) else None
-    if manifest is None:
-        return None
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("path"), str):
-        raise ProgramError("program state has a malformed evaluator manifest (needs 'path' and 'files')")
-    if program_dir is None:
-        raise ProgramError(
-            "this program grades with a trained evaluator: load it from its file (load_program) so that "
-            "its weights folder can be found"
-        )
-    name = manifest["path"]
-    if Path(name).name != name or name in ("", ".", ".."):
-        raise ProgramError(f"program names an evaluator folder outside its own folder: {name!r}")
-    try:
-        return RelevanceEvaluator.load(Path(program_dir) / name, manifest.get("files") or {})
-    except EvaluatorError as exc:
-        raise ProgramError(f"program's trained evaluator is not usable: {exc}") from exc
+    was compiled for it. Returns the validated document as JSON-able dicts, shaped as the file."""
+    return program_file.read_program(path, domain=domain, schema=ProgramFile)

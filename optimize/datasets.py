@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import zip_longest
 from typing import TypeVar
 
@@ -25,6 +25,7 @@ __all__ = [
     "round_robin",
     "spread",
     "strip_examples",
+    "strip_examples_from",
 ]
 
 
@@ -63,22 +64,30 @@ def answers_by_question(domain: Domain) -> dict[str, list[str]]:
 
 
 def strip_examples(domain: Domain, split: str, sentences_per_strip: int) -> list[dspy.Example]:
-    """Strip-filter examples derived from the relevance pairs.
+    """Strip-filter examples derived from the domain's relevance pairs of ``split``
+    (:func:`strip_examples_from`, with the gold aliases of :func:`answers_by_question`)."""
+    pairs = [(p.question, p.passage, p.label) for p in domain.relevance if p.split == split]
+    return strip_examples_from(pairs, answers_by_question(domain), sentences_per_strip)
+
+
+def strip_examples_from(
+    pairs: Iterable[tuple[str, str, int | bool]],
+    aliases: Mapping[str, Sequence[str]],
+    sentences_per_strip: int,
+) -> list[dspy.Example]:
+    """Strip-filter examples from (question, passage, relevant) pairs: (question, strip) -> keep.
 
     Every strip of a negative passage is negative. In a positive passage, a strip holding a gold alias
-    of its question (from qa.jsonl / relevance_questions.jsonl) is positive and the others negative;
+    of its question (``aliases``: question -> gold answers) is positive and the others negative;
     positive passages of questions without known aliases are used only when they are a single strip.
     """
-    aliases = answers_by_question(domain)
     examples = []
-    for pair in domain.relevance:
-        if pair.split != split:
-            continue
-        title, _, text = pair.passage.partition("\n")
+    for question, passage, label in pairs:
+        title, _, text = passage.partition("\n")
         strips = decompose(text or title, sentences_per_strip)
-        gold = [normalize_answer(a) for a in aliases.get(pair.question, [])]
+        gold = [normalize_answer(a) for a in aliases.get(question, [])]
         for strip in strips:
-            if pair.label == 0:
+            if not label:
                 keep = False
             elif gold:
                 keep = any(f" {g} " in f" {normalize_answer(strip)} " for g in gold)
@@ -87,7 +96,7 @@ def strip_examples(domain: Domain, split: str, sentences_per_strip: int) -> list
             else:
                 continue
             examples.append(
-                dspy.Example(question=pair.question, strip=strip, keep=keep).with_inputs("question", "strip")
+                dspy.Example(question=question, strip=strip, keep=keep).with_inputs("question", "strip")
             )
     return examples
 

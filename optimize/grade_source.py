@@ -1,6 +1,6 @@
 """Choose where CRAG's document grades come from, by val: the LLM judge, a trained evaluator, or both.
 
-The compile has already compiled the LLM judge (:func:`optimize.compile._compile_judge`) and knows
+The compile has already compiled the LLM judge (:func:`optimize.optimizer.compile_judge`) and knows
 its scores on the val pairs and on the held-out train pairs its calibration was fitted on. This stage:
 
 1. trains the evaluator (:mod:`crag_dspy.judges.evaluator`) on the train pairs of the other questions, with

@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,6 +86,7 @@ def precompute_routes(
     progress: bool = True,
     work: SharedWork | None = None,
     num_threads: int = 1,
+    correct: Callable[[QAPair, str], bool] | None = None,
 ) -> tuple[list[QuestionRoutes], StageUsage]:
     """Grade each question once and answer it once per distinct action context; count the LM usage.
 
@@ -96,7 +97,10 @@ def precompute_routes(
     the count does not depend on what is cached). Pass ``work`` to share pieces with other
     computations; the usage returned is what this call added. ``num_threads`` questions are routed at
     a time (:func:`~optimize.parallel.map_questions`), with the same routes as one by one.
+    ``correct(question, answer)`` says whether an answer is right (default: it matches a gold alias,
+    :func:`~optimize.metrics.answer_matches`); questions need ``id``, ``question`` and ``answers``.
     """
+    correct = correct or (lambda q, answer: answer_matches(answer, q.answers))
     work = work if work is not None else SharedWork()
     pieces = CRAGPieces(crag, work)
     before = work.total()
@@ -122,7 +126,7 @@ def precompute_routes(
             q.id,
             scores,
             answers,
-            {a: answer_matches(ans, q.answers) for a, ans in answers.items()},
+            {a: correct(q, ans) for a, ans in answers.items()},
             requests,
             question_type(q.question),
             error,

@@ -155,8 +155,8 @@ def test_a_program_that_names_its_own_lm_is_refused(tmp_path):
     crag = CRAG(ListRetriever([]), ListWebSearch())
     path = save_program(crag, tmp_path / "p.json", {"domain": "default"})
     document = json.loads(path.read_text())
-    assert all(v.get("lm") is None for v in document["state"].values() if isinstance(v, dict) and "lm" in v)
-    document["state"]["answerer"]["lm"] = {"model": "openai/gpt-4o", "api_base": "https://attacker.example"}
+    assert all(v.get("lm") is None for v in document.values() if isinstance(v, dict) and "lm" in v)
+    document["answerer"]["lm"] = {"model": "openai/gpt-4o", "api_base": "https://attacker.example"}
     path.write_text(json.dumps(document))
     target = CRAG(ListRetriever([]), ListWebSearch())
     with pytest.raises(ProgramError, match=r"\['answerer'\] names its own LM"):
@@ -168,7 +168,7 @@ def test_saving_never_writes_an_lm_into_the_program(tmp_path):
     crag = CRAG(ListRetriever([]), ListWebSearch())
     crag.answerer.lm = ScriptedLM(script)  # e.g. set by an experiment before saving
     document = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "d"}).read_text())
-    assert document["state"]["answerer"]["lm"] is None
+    assert document["answerer"]["lm"] is None
 
 
 def test_a_dspy_whole_program_directory_is_refused_without_reading_its_pickle(tmp_path):

@@ -115,10 +115,10 @@ def compiled(tmp_path_factory):
 def test_compile_writes_program_report_and_plot(compiled):
     report, out, lm, _ = compiled
     program = json.loads(out.read_text())
-    assert program["format"] == "crag-dspy-program" and program["metadata"]["domain"] == "tiny"
+    assert program["metadata"]["format"] == "crag-dspy-program" and program["metadata"]["domain"] == "tiny"
     assert set(program["metadata"]["dataset_hashes"]) >= {"corpus.jsonl", "qa.jsonl", "relevance.jsonl"}
-    assert len(program["state"]["grader.predict"]["demos"]) == 4  # compiled demos survived saving
-    thresholds = program["state"]["thresholds"]
+    assert len(program["grader.predict"]["demos"]) == 4  # compiled demos survived saving
+    thresholds = program["thresholds"]
     assert 0.0 <= thresholds["lower"] <= thresholds["upper"] <= 1.0
     grader = report["stages"]["grader"]
     assert grader["kept"] == "few-shot" and grader["after"]["accuracy"] == 1.0
@@ -126,7 +126,7 @@ def test_compile_writes_program_report_and_plot(compiled):
     # The tiny domain has too few relevance pairs to train an evaluator: the LLM judge ships, and why.
     source = report["stages"]["grade_source"]
     assert source["shipped"] == "llm" and "too few labelled train pairs" in source["why"]
-    assert program["state"]["grading"]["mode"] == "llm"
+    assert program["grading"]["mode"] == "llm"
     assert "## grade source (shipped: llm)" in out.with_suffix(".report.md").read_text()
     for suffix in (".report.md", ".report.json", ".landscape.png", ".optuna.log"):
         assert out.with_suffix(suffix).is_file(), suffix
@@ -170,7 +170,8 @@ print(json.dumps({{"state": crag.dump_state(), "answer": pred.answer, "action": 
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     loaded = json.loads(result.stdout.strip().splitlines()[-1])
-    assert loaded["state"] == json.loads(out.read_text())["state"]
+    saved = json.loads(out.read_text())
+    assert loaded["state"] == {name: state for name, state in saved.items() if name != "metadata"}
     t = loaded["state"]["thresholds"]
     assert loaded["action"] == decide_action(loaded["scores"], t["lower"], t["upper"]).value
     assert loaded["answer"] == "W700"
@@ -282,8 +283,8 @@ def compile_tiny_grader(tmp_path, lm, demos=0, optimizer="none"):
 
     from crag_dspy import CRAG
     from crag_dspy.domain import load_domain
-    from optimize.compile import _compile_judge
     from optimize.datasets import relevance_examples
+    from optimize.optimizer import compile_judge as _compile_judge
 
     domain = load_domain(make_domain(tmp_path / "tiny"))
     crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm)
@@ -423,7 +424,7 @@ def test_rewriter_and_answerer_demos_ship_only_when_they_raise_val_accuracy(tmp_
     accuracy = generation["val_accuracy"]
     assert (accuracy["with demos"] > accuracy["without demos"]) is demos_help
     assert generation["kept"] == ("with demos" if demos_help else "without demos")
-    shipped = json.loads(out.read_text())["state"]["answerer"]["demos"]
+    shipped = json.loads(out.read_text())["answerer"]["demos"]
     assert bool(shipped) is demos_help
     assert f"shipped: {generation['kept']}" in out.with_suffix(".report.md").read_text()
     assert report["thresholds"]["lm_calls_during_trials"] == 0

@@ -281,7 +281,7 @@ def test_program_with_evaluator_round_trips_across_processes(tmp_path, trained):
     crag = _evaluator_crag(trained[0])
     path = save_program(crag, tmp_path / "program.json", {"domain": "default"})
     doc = json.loads(path.read_text())
-    manifest = doc["state"]["grading"]["evaluator"]
+    manifest = doc["grading"]["evaluator"]
     assert manifest["path"] == "program.evaluator" and "model.safetensors" in manifest["files"]
     assert (tmp_path / "program.evaluator" / "model.safetensors").is_file()
     here = [d.score for d in crag(question="what is the river").trace.documents]

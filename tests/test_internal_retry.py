@@ -317,7 +317,7 @@ def test_a_revised_query_that_repeats_one_tried_is_not_searched():
 def test_the_option_travels_with_the_program(tmp_path):
     crag = CRAG(None, None, CRAGConfig(internal_retries=2))
     doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
-    assert doc["config"]["internal_retries"] == 2 and "reviser" in doc["state"]
+    assert doc["config"]["internal_retries"] == 2 and "reviser" in doc
     assert apply_program(CRAG(None, None), doc).config.internal_retries == 2
     doc["config"]["internal_retries"] = 0
     assert apply_program(CRAG(None, None, CRAGConfig(internal_retries=3)), doc).config.internal_retries == 0

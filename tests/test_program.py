@@ -37,17 +37,20 @@ def compiled_crag() -> CRAG:
 def test_save_writes_one_json_with_state_thresholds_and_metadata(tmp_path):
     path = save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default", "seed": 3})
     doc = json.loads(path.read_text())
-    assert doc["format"] == "crag-dspy-program" and doc["metadata"] == {"domain": "default", "seed": 3}
-    assert doc["state"]["thresholds"] == {"lower": 0.12, "upper": 0.83}
-    assert len(doc["state"]["grader.predict"]["demos"]) == 2  # the compiled sub-module's demos did not vanish
-    assert doc["config"]["k"] == 4 and doc["dspy_version"] == dspy.__version__
+    metadata = doc["metadata"]
+    assert metadata["format"] == "crag-dspy-program" and metadata["format_version"] == PROGRAM_FORMAT_VERSION
+    assert (metadata["domain"], metadata["seed"]) == ("default", 3)
+    # DSPy's save format: each parameter's state at the top level, DSPy's dependency versions in metadata.
+    assert doc["thresholds"] == {"lower": 0.12, "upper": 0.83}
+    assert len(doc["grader.predict"]["demos"]) == 2  # the compiled sub-module's demos did not vanish
+    assert doc["config"]["k"] == 4 and metadata["dependency_versions"]["dspy"] == dspy.__version__
 
 
 def test_per_type_thresholds_round_trip_through_the_program_json(tmp_path):
     crag = compiled_crag()
     crag.thresholds.load_state({"lower": 0.3, "upper": 0.7, "by_type": {"person": [0.2, 0.45]}})
     path = save_program(crag, tmp_path / "p.json", {"domain": "default"})
-    assert json.loads(path.read_text())["state"]["thresholds"]["by_type"] == {"person": [0.2, 0.45]}
+    assert json.loads(path.read_text())["thresholds"]["by_type"] == {"person": [0.2, 0.45]}
     loaded = apply_program(CRAG(ListRetriever([]), ListWebSearch()), read_program(path), tmp_path)
     assert loaded.thresholds.by_type == {"person": (0.2, 0.45)}
     assert loaded.thresholds.for_question("Who founded it?") == (0.2, 0.45, "person")
@@ -112,6 +115,16 @@ def _write(tmp_path, name, content):
         ("p.json", "[1, 2]", "not a crag-dspy program"),
         (
             "p.json",
+            '{"answerer": {}, "metadata": {"dependency_versions": {}}}',
+            "a DSPy save of another module",
+        ),
+        (
+            "p.json",
+            '{"metadata": {"format": "crag-dspy-program", "format_version": 99, "domain": "hr"}}',
+            "format version 99; .* Recompile it: python -m optimize.compile --domain hr",
+        ),
+        (
+            "p.json",
             '{"format": "crag-dspy-program", "format_version": 99}',
             (
                 f"format version 99; this crag-dspy reads version {PROGRAM_FORMAT_VERSION} only. Recompile it: "
@@ -120,7 +133,7 @@ def _write(tmp_path, name, content):
         ),
         (
             "p.json",
-            f'{{"format": "crag-dspy-program", "format_version": {PROGRAM_FORMAT_VERSION}, "state": {{}}}}',
+            f'{{"metadata": {{"format": "crag-dspy-program", "format_version": {PROGRAM_FORMAT_VERSION}}}}}',
             "missing its 'config'",
         ),
         ("p.pkl", pickle.dumps({"a": 1}), "never loaded"),
@@ -139,12 +152,12 @@ def test_programs_of_earlier_formats_are_refused_with_how_to_recompile(tmp_path)
     crag.grader.calibration.load_state({"slope": 1.3, "intercept": -6.1, "weights": {"term_coverage": 6.9}})
     path = save_program(crag, tmp_path / "p.json", {"domain": "hr"})
     doc = read_program(path)
-    assert doc["format_version"] == PROGRAM_FORMAT_VERSION == 6
+    assert doc["metadata"]["format_version"] == PROGRAM_FORMAT_VERSION == 7
     assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).grader.calibration.weights == {
         "term_coverage": 6.9
     }
-    for old in (2, 3, 4, 5):
-        doc["format_version"] = old
+    for old in (2, 3, 4, 5, 6):
+        doc["metadata"]["format_version"] = old
         path.write_text(json.dumps(doc))
         with pytest.raises(
             ProgramError, match=f"format version {old};.*python -m optimize.compile --domain hr"
@@ -161,12 +174,12 @@ def test_other_domain_is_refused(tmp_path):
 def test_state_of_another_structure_is_refused_and_leaves_the_module_untouched(tmp_path):
     path = save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"})
     doc = read_program(path)
-    del doc["state"]["rewriter"]
+    del doc["rewriter"]
     target = CRAG(ListRetriever([]), ListWebSearch())
     with pytest.raises(ProgramError, match="lacks \\['rewriter'\\]"):
         apply_program(target, doc)
     doc = read_program(path)
-    doc["state"]["thresholds"] = {"lower": 0.9, "upper": 0.1}
+    doc["thresholds"] = {"lower": 0.9, "upper": 0.1}
     with pytest.raises(ProgramError, match="does not fit"):
         apply_program(target, doc)
     assert (target.thresholds.lower, target.thresholds.upper) == (0.3, 0.7)
@@ -241,18 +254,19 @@ SHA = "a" * 64
             "metadata.dataset_hashes: corpus.jsonl: 'abc' is not a sha256",
         ),
         (
-            "state",
+            None,
             {"thresholds": {"lower": "low", "upper": 0.7}},
-            "state: thresholds: could not convert string to float",
+            "thresholds: could not convert string to float",
         ),
         (
-            "state",
+            None,
             {"thresholds": {"lower": 0.2, "upper": 1.5}},
-            "state: thresholds: thresholds must satisfy 0 <= lower <= upper <= 1",
+            "thresholds: thresholds must satisfy 0 <= lower <= upper <= 1",
         ),
-        ("state", {"answerer": 5}, "state.answerer: Input should be a valid dictionary"),
-        (None, {"surprise": 1}, "surprise: Extra inputs are not permitted"),
-        (None, {"created": 20260101}, "created: Input should be a valid string"),
+        (None, {"answerer": 5}, "answerer: Input should be a valid dictionary"),
+        (None, {"surprise": 1}, "surprise: Input should be a valid dictionary"),  # every state is an object
+        ("metadata", {"created": 20260101}, "metadata.created: Input should be a valid string"),
+        ("metadata", {"dependency_versions": "3.4"}, "metadata.dependency_versions: Input should be a valid"),
     ],
 )
 def test_the_whole_program_file_is_checked_when_it_is_read(tmp_path, section, change, message):
@@ -268,8 +282,18 @@ def test_read_program_returns_the_validated_document(tmp_path):
     metadata = {"domain": "default", "seed": 3, "dataset_hashes": {"corpus.jsonl": SHA}, "note": "kept"}
     path = save_program(compiled_crag(), tmp_path / "p.json", metadata)
     doc = read_program(path)
-    assert doc["metadata"] == metadata  # other metadata keys are kept as written, none are added
-    assert doc["config"]["k"] == 4 and doc["state"]["thresholds"] == {"lower": 0.12, "upper": 0.83}
+    # Other metadata keys are kept as written; save_program adds only the file's own fields.
+    assert {key: doc["metadata"][key] for key in metadata} == metadata
+    assert set(doc["metadata"]) - set(metadata) == {
+        "dependency_versions",
+        "format",
+        "format_version",
+        "crag_dspy_version",
+        "created",
+    }
+    assert doc["config"]["k"] == 4 and doc["thresholds"] == {"lower": 0.12, "upper": 0.83}
+    with pytest.raises(ProgramError, match="\\['format_version'\\] are written by save_program itself"):
+        save_program(compiled_crag(), tmp_path / "q.json", {**metadata, "format_version": 1})
 
 
 def test_saving_refuses_metadata_that_reading_would_refuse(tmp_path):
@@ -316,7 +340,7 @@ def test_a_program_never_decides_which_folder_is_read(tmp_path, capsys):
     evil = make_domain(tmp_path / "evil")  # a valid domain the program points at by path
     for metadata in ({"domain": str(evil)}, {"domain": "../../evil"}):
         doc = json.loads(save_program(compiled_crag(), tmp_path / "p.json", {"domain": "x"}).read_text())
-        doc["metadata"] = metadata
+        doc["metadata"].update(metadata)
         path = _write(tmp_path, "p.json", json.dumps(doc))
         assert _ask(["--program", str(path)], tmp_path / "chroma") == 2
         assert "metadata.domain: " in capsys.readouterr().err
@@ -417,7 +441,7 @@ def test_the_default_domain_ships_a_program_of_this_format_compiled_on_its_curre
 
     path = DEFAULT_DATA_DIR / "default" / "program.json"
     document = read_program(path, domain="default")
-    assert document["format_version"] == PROGRAM_FORMAT_VERSION
+    assert document["metadata"]["format_version"] == PROGRAM_FORMAT_VERSION
     # Changing the domain's data without recompiling this program fails here, not at a user's ask.
     check_dataset(document, load_domain(path.parent).file_hashes(), path)
     assert "domain_dir" not in document["metadata"]  # no folder of the machine that compiled it
@@ -425,8 +449,8 @@ def test_the_default_domain_ships_a_program_of_this_format_compiled_on_its_curre
         path, lm=ScriptedLM(lambda s, u: {}), retriever=ListRetriever([]), web_search=ListWebSearch()
     )
     assert (crag.thresholds.lower, crag.thresholds.upper) == (
-        document["state"]["thresholds"]["lower"],
-        document["state"]["thresholds"]["upper"],
+        document["thresholds"]["lower"],
+        document["thresholds"]["upper"],
     )
 
 
@@ -455,3 +479,123 @@ def test_load_program_uses_the_lm_the_caller_configured_and_never_builds_one(tmp
     assert crag.lm is None  # dspy.settings.lm at call time, as every DSPy module
     with pytest.raises(AssertionError, match="built an LM"):
         load_program(path, retriever=ListRetriever([]), web_search=ListWebSearch())
+
+
+# --- DSPy's own save/load (issue 25, 1) -----------------------------------------------------------------
+
+
+def test_crag_save_and_load_round_trip_state_and_config_through_dspys_methods(tmp_path):
+    original = compiled_crag()
+    original.config = original.config.replace(
+        internal_retries=2, lm_calls={"retries": 0, "use_logprobs": False}
+    )
+    original.thresholds.load_state({"lower": 0.2, "upper": 0.6, "by_type": {"person": [0.1, 0.4]}})
+    path = tmp_path / "p.json"
+    original.save(path)
+    fresh = CRAG(ListRetriever([]), ListWebSearch())
+    assert fresh.load(path) is fresh
+    assert fresh.dump_state() == original.dump_state()
+    # The whole config, how the LM is called included: a save/load round trip, not an app's load.
+    assert fresh.config == original.config.replace(lower=0.2, upper=0.6)
+    assert fresh.config.lm_calls.retries == 0 and fresh.grader.use_logprobs is False
+    # The file is a program file like the compile's: the app's reader takes it (it names no domain).
+    document = read_program(path)
+    assert document["metadata"].get("domain") is None
+    with pytest.raises(ProgramError, match="names no domain .*save_program"):
+        read_program(path, domain="default")
+
+
+def test_dspys_plain_module_load_reads_a_program_file(tmp_path):
+    path = save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"})
+    fresh = CRAG(ListRetriever([]), ListWebSearch())
+    dspy.Module.load(fresh, path)  # dspy's own reader: dependency versions in metadata, then load_state
+    assert fresh.dump_state() == compiled_crag().dump_state()
+    assert (fresh.config.k, fresh.config.max_strips, fresh.thresholds.upper) == (4, 3, 0.83)
+
+
+def test_a_bad_state_leaves_the_module_as_it_was(tmp_path):
+    state = compiled_crag().dump_state()
+    target = CRAG(ListRetriever([]), ListWebSearch(), CRAGConfig(k=7))
+    with pytest.raises(ValueError, match="k"):
+        target.load_state({**state, "config": {**state["config"], "k": 0}})
+    with pytest.raises(Exception, match="signature"):
+        target.load_state({**state, "answerer": {"demos": []}})
+    assert target.config == CRAGConfig(k=7) and target.grader.predict.demos == []
+    with pytest.raises(ValueError, match="holds its 'config'"):
+        target.load_state({k: v for k, v in state.items() if k != "config"})
+
+
+# Options as data: test_secrets refuses a literal allow_pickle=... outside its own checks.
+REFUSED = [
+    ("save", "p.pkl", {}),
+    ("save", "dir", {"save_program": True}),
+    ("load", "p.json", {"allow_pickle": True}),
+    ("load", "p.json", {"allow_unsafe_lm_state": True}),
+]
+
+
+@pytest.mark.parametrize(("method", "name", "options"), REFUSED)
+def test_crag_save_and_load_never_pickle(tmp_path, method, name, options):
+    crag = compiled_crag()
+    crag.save(tmp_path / "p.json")
+    with pytest.raises(ProgramError):
+        getattr(crag, method)(tmp_path / name, **options)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
+
+
+def test_a_format_6_program_converts_to_the_same_state(tmp_path):
+    from optimize.convert_program import main as convert
+
+    crag = compiled_crag()
+    state = crag.dump_state()
+    config = state.pop("config")
+    old = {
+        "format": "crag-dspy-program",
+        "format_version": 6,
+        "crag_dspy_version": "0.1.0",
+        "dspy_version": "3.4.1",
+        "created": "2026-12-01T19:40:18+00:00",
+        "config": config,
+        "metadata": {"domain": "hr", "seed": 2},
+        "state": json.loads(json.dumps(state)),
+    }
+    path = _write(tmp_path, "p.json", json.dumps(old))
+    with pytest.raises(ProgramError, match="format version 6;.*--domain hr"):
+        read_program(path)
+    assert convert([str(path), str(tmp_path / "new.json")]) == 0
+    converted = CRAG(ListRetriever([]), ListWebSearch()).load(tmp_path / "new.json")
+    assert converted.dump_state() == crag.dump_state()
+    metadata = read_program(tmp_path / "new.json")["metadata"]
+    assert (metadata["created"], metadata["dependency_versions"]["dspy"], metadata["seed"]) == (
+        old["created"],
+        "3.4.1",
+        2,
+    )
+
+
+def test_crag_load_finds_a_trained_evaluator_beside_the_file(tmp_path, monkeypatch):
+    from crag_dspy.judges.fusion import LinearScore
+
+    class Weights:  # what save_program asks of a trained evaluator; the real one is in test_evaluator
+        base_model, max_length = "base", 64
+
+        def save(self, folder):
+            folder.mkdir()
+            return {"model.safetensors": {"size": 1, "sha256": SHA}}
+
+    crag = compiled_crag()
+    crag.grading.use("evaluator", Weights(), LinearScore({"evaluator": 1.0}, 0.0))
+    crag.save(tmp_path / "p.json")
+    assert json.loads((tmp_path / "p.json").read_text())["grading"]["evaluator"]["path"] == "p.evaluator"
+    opened = []
+    monkeypatch.setattr(
+        "crag_dspy.program_file.RelevanceEvaluator.load", lambda folder, files: opened.append(folder) or "w"
+    )
+    loaded = CRAG(ListRetriever([]), ListWebSearch()).load(tmp_path / "p.json")
+    assert opened == [tmp_path / "p.evaluator"] and loaded.grading.evaluator == "w"
+    assert loaded.grading.mode == "evaluator"
+    # Plain dspy.Module.load knows no folder: the grade source says how to load the weights.
+    fresh = CRAG(ListRetriever([]), ListWebSearch())
+    dspy.Module.load(fresh, tmp_path / "p.json")
+    with pytest.raises(Exception, match="weights are not loaded"):
+        fresh.grading.evaluator_logits("q", ["d"])

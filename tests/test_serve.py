@@ -126,7 +126,7 @@ def test_program_of_a_compiled_program_shows_its_thresholds_metadata_and_scores(
     service = ProgramService(LoadedProgram(apply_program(crag, document), "default", path, document))
     client = local_client(create_app(service))
     info = client.get("/program").json()
-    assert info["compiled"] and info["created"] == document["created"]
+    assert info["compiled"] and info["created"] == document["metadata"]["created"]
     # No folder of the server's disk reaches a client: paths become their last part.
     assert info["path"] == "program.json" and info["metadata"]["domain_dir"] == "kb"
     assert str(tmp_path) not in client.get("/program").text

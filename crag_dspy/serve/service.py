@@ -105,7 +105,7 @@ class ProgramService:
             config=without_paths(program_config(crag)),
             metadata=metadata,
             scores=metadata.get("scores"),
-            created=document.get("created") if document else None,
+            created=document["metadata"].get("created") if document else None,
             note=note,
         )
 

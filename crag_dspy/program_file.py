@@ -1,0 +1,402 @@
+"""The program file format: DSPy's own JSON save format, with crag-dspy's metadata.
+
+A program file is what ``dspy.Module.save("program.json")`` writes for a :class:`~crag_dspy.module.CRAG`:
+every parameter's DSPy state at the top level (predictors, calibrations, ``thresholds``, ``grading``),
+the CRAG's ``config`` (:meth:`CRAG.dump_state <crag_dspy.module.CRAG.dump_state>` adds it) and
+``metadata``, where DSPy keeps ``dependency_versions`` and crag-dspy adds its format, version and
+what the compile recorded (:class:`ProgramMetadata`)::
+
+    {"grader.predict": {...}, ..., "thresholds": {...}, "grading": {...}, "config": {...},
+     "metadata": {"dependency_versions": {...}, "format": "crag-dspy-program", "format_version": 7,
+                  "crag_dspy_version": "...", "created": "...", "domain": "default", ...}}
+
+So ``crag.save(path)`` / ``crag.load(path)`` and :func:`save_program` / :func:`read_program` +
+:func:`apply_program` read and write the same file, and plain ``dspy.Module.load`` reads it too.
+No pickle, ever. A trained evaluator's weights live in a folder beside the file (:func:`evaluator_folder`).
+
+This module reads and writes the file for ``CRAG.save`` / ``CRAG.load`` and so does not import the
+module (``crag`` is any :class:`~crag_dspy.module.CRAG`); :mod:`crag_dspy.program` adds the module's
+own thresholds check to reading, for apps that validate a file before they build the module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import dspy
+from dspy.utils.saving import get_dependency_versions
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .config import CRAGConfig
+from .domain import check_domain_name
+from .judges.evaluator import EvaluatorError, RelevanceEvaluator
+from .version import __version__
+
+__all__ = [
+    "PROGRAM_FORMAT",
+    "PROGRAM_FORMAT_VERSION",
+    "FileMetadata",
+    "ProgramError",
+    "ProgramFile",
+    "ProgramMetadata",
+    "apply_program",
+    "check_dataset",
+    "check_domain",
+    "evaluator_folder",
+    "load_into",
+    "program_config",
+    "program_crag_config",
+    "read_program",
+    "save_program",
+]
+
+PROGRAM_FORMAT = "crag-dspy-program"
+# 7: DSPy's save format (state at the top level, config beside it, crag-dspy's fields in "metadata").
+# Programs of earlier versions are refused: recompiling is one command, and a program's numbers hold
+# only for the code that measured them (format 6 files convert: python -m optimize.convert_program).
+PROGRAM_FORMAT_VERSION = 7
+# What crag-dspy writes into "metadata" itself; a compile's metadata must not name them.
+_FILE_KEYS = ("dependency_versions", "format", "format_version", "crag_dspy_version", "created")
+
+log = logging.getLogger(__name__)
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class ProgramError(ValueError):
+    """A program file is unreadable, corrupt, of another format or version, or for another domain."""
+
+
+class ProgramMetadata(BaseModel):
+    """What a compile records about itself in a program's metadata. Descriptive only: the app names the
+    domain (folder) a program runs on, and nothing here is used to locate a file. Other keys are kept
+    as written."""
+
+    model_config = ConfigDict(extra="allow")
+
+    domain: str = Field(description="Name of the domain the program was compiled for.")
+    domain_dir: str | None = Field(
+        None, description="Folder the compile read (written by earlier compiles; never used to find it)."
+    )
+    dataset_hashes: dict[str, str] = Field(
+        default_factory=dict, description="sha256 of each data file the compile saw (Domain.file_hashes)."
+    )
+    lm: str | None = None
+    optimizer: str | None = None
+    seed: int | None = None
+    stages: list[str] | None = None
+    scores: dict[str, Any] | None = None
+
+    @field_validator("domain")
+    @classmethod
+    def _domain_is_a_name(cls, value: str | None) -> str | None:
+        return None if value is None else check_domain_name(value, "domain")
+
+    @field_validator("dataset_hashes")
+    @classmethod
+    def _hashes(cls, hashes: dict[str, str]) -> dict[str, str]:
+        for name, digest in hashes.items():
+            if Path(name).name != name or name in ("", ".", ".."):
+                raise ValueError(f"{name!r} is not a file name")
+            if not _SHA256.match(digest):
+                raise ValueError(f"{name}: {digest!r} is not a sha256 hex digest")
+        return hashes
+
+
+class FileMetadata(ProgramMetadata):
+    """A program file's ``metadata``: DSPy's ``dependency_versions``, crag-dspy's format fields and,
+    for a compiled program, the compile's :class:`ProgramMetadata` (a program saved with
+    ``crag.save`` names no domain)."""
+
+    dependency_versions: dict[str, str] = Field(
+        default_factory=dict, description="What dspy.Module.save records: python, dspy, cloudpickle."
+    )
+    format: Literal[PROGRAM_FORMAT]  # type: ignore[valid-type] - constants, one place to change them
+    format_version: Literal[PROGRAM_FORMAT_VERSION]  # type: ignore[valid-type]
+    crag_dspy_version: str
+    created: str
+    domain: str | None = Field(None, description="Domain the program was compiled for, when recorded.")
+
+
+class ProgramFile(BaseModel):
+    """The whole program file, checked before any of it is applied (and before a store or model is
+    opened): the :class:`~crag_dspy.config.CRAGConfig` with its ranges, the metadata, and the state's
+    shape (each parameter's DSPy state an object; thresholds in range and ordered)."""
+
+    model_config = ConfigDict(extra="allow")
+    # Every other key is a parameter's DSPy state, named as CRAG.named_parameters() names it.
+    __pydantic_extra__: dict[str, dict[str, Any]] = Field(init=False)
+
+    config: CRAGConfig
+    metadata: FileMetadata
+    thresholds: dict[str, Any] | None = None
+
+
+def _problems(exc: ValidationError) -> str:
+    """A pydantic error as one line: ``where: what (got value)`` per problem."""
+
+    def got(value: Any) -> str:
+        if isinstance(value, (dict, list)):  # the whole section: the message says what is wrong with it
+            return ""
+        text = repr(value)
+        return f" (got {text[:60]}{'...' if len(text) > 60 else ''})"
+
+    return "; ".join(
+        f"{'.'.join(map(str, e['loc'])) or 'file'}: {e['msg'].removeprefix('Value error, ')}"
+        + (got(e.get("input")) if e["type"] != "missing" else "")
+        for e in exc.errors()
+    )
+
+
+def program_config(crag: dspy.Module) -> dict[str, Any]:
+    """``crag``'s config as a program stores it, with the (lower, upper) its thresholds route with."""
+    thresholds = crag.thresholds
+    return crag.config.replace(lower=thresholds.lower, upper=thresholds.upper).model_dump(mode="json")
+
+
+def evaluator_folder(path: Path) -> Path:
+    """Where the trained evaluator of the program at ``path`` keeps its weights: beside it."""
+    return path.with_name(f"{path.stem}.evaluator")
+
+
+def save_program(crag: dspy.Module, path: Path | str, metadata: dict[str, Any] | None = None) -> Path:
+    """Write ``crag`` as DSPy's JSON save writes it (its state and config, :meth:`CRAG.dump_state`),
+    with crag-dspy's format fields and the compile's ``metadata`` (:class:`ProgramMetadata`; None for a
+    program that records no compile) in the file's ``metadata``. A trained evaluator's weights go to a
+    safetensors folder beside it (:func:`evaluator_folder`), recorded with each file's size and sha256.
+    """
+    path = Path(path)
+    if path.suffix != ".json":
+        raise ProgramError(
+            f"{path}: crag-dspy programs are JSON files (a .json path); pickles are never written"
+        )
+    compile_facts: dict[str, Any] = {}
+    if metadata is not None:
+        reserved = sorted(set(metadata) & set(_FILE_KEYS))
+        if reserved:
+            raise ProgramError(f"program metadata is invalid: {reserved} are written by save_program itself")
+        try:
+            ProgramMetadata.model_validate(metadata)  # never write a program that read_program refuses
+        except ValidationError as exc:
+            raise ProgramError(f"program metadata is invalid: {_problems(exc)}") from None
+        compile_facts = metadata
+    grading = crag.grading
+    if grading.evaluator is not None:
+        folder = evaluator_folder(path)
+        files = grading.evaluator.save(folder)
+        grading.manifest = {
+            "path": folder.name,
+            "base_model": grading.evaluator.base_model,
+            "max_length": grading.evaluator.max_length,
+            "files": files,
+        }
+    document = crag.dump_state(json_mode=True)
+    for value in document.values():
+        if isinstance(value, dict) and "lm" in value:
+            # The app chooses the LM; a saved LM would carry its endpoint (and so where keys are sent).
+            value["lm"] = None
+    document["metadata"] = {
+        "dependency_versions": get_dependency_versions(),  # what dspy.Module.save records
+        "format": PROGRAM_FORMAT,
+        "format_version": PROGRAM_FORMAT_VERSION,
+        "crag_dspy_version": __version__,
+        "created": datetime.now(UTC).isoformat(timespec="seconds"),
+        **compile_facts,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.replace(path)  # never leave a half-written program where an app would load it
+    return path
+
+
+def read_program(
+    path: Path | str, *, domain: str | None = None, schema: type[ProgramFile] = ProgramFile
+) -> dict[str, Any]:
+    """Read and validate a program file (``schema``: :class:`ProgramFile`, or
+    :class:`crag_dspy.program.ProgramFile`, which also checks the thresholds as the module does); with
+    ``domain``, also require that it was compiled for it. Returns the validated document as JSON-able
+    dicts, shaped as the file."""
+    path = Path(path)
+    if path.suffix.lower() in {".pkl", ".pickle"} or path.is_dir():
+        raise ProgramError(f"{path}: crag-dspy programs are JSON files; pickled programs are never loaded")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ProgramError(f"{path}: cannot read program ({exc.strerror})") from None
+    if raw[:2] == b"\x80\x04" or raw[:1] == b"\x80":
+        raise ProgramError(f"{path}: this is a pickle, not a program JSON; pickles are never loaded")
+    try:
+        document = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProgramError(f"{path}: corrupt or truncated program JSON ({exc})") from None
+    except RecursionError:  # json parses nested arrays/objects recursively
+        raise ProgramError(
+            f"{path}: corrupt program JSON: nested too deeply to parse (past Python's recursion limit)"
+        ) from None
+    _check_format(document, path)
+    if not isinstance(document.get("config"), dict):
+        raise ProgramError(f"{path}: program is missing its 'config' section")
+    try:
+        document = schema.model_validate(document).model_dump(mode="json", exclude_unset=True)
+    except ValidationError as exc:
+        raise ProgramError(f"{path}: invalid program: {_problems(exc)}") from None
+    _warn_on_other_dependencies(document["metadata"]["dependency_versions"], path)
+    if domain is not None:
+        check_domain(document, domain, path)
+    return document
+
+
+def _check_format(document: Any, path: Path) -> None:
+    """Refuse a file that is no crag-dspy program, or one of another format version, with how to
+    recompile it. Formats up to 6 wrapped the state in an envelope with the format at the top."""
+    envelope = isinstance(document, dict) and document.get("format") == PROGRAM_FORMAT
+    metadata = document.get("metadata") if isinstance(document, dict) else None
+    if envelope:
+        version = document.get("format_version")
+    elif isinstance(metadata, dict) and metadata.get("format") == PROGRAM_FORMAT:
+        version = metadata.get("format_version")
+    else:
+        raise ProgramError(
+            f'{path}: not a crag-dspy program (its "metadata" lacks "format": "{PROGRAM_FORMAT}"; '
+            "a DSPy save of another module?)"
+        )
+    if version != PROGRAM_FORMAT_VERSION:
+        domain_name = (metadata if isinstance(metadata, dict) else {}).get("domain") or "<domain>"
+        raise ProgramError(
+            f"{path}: program format version {version!r}; this crag-dspy reads version "
+            f"{PROGRAM_FORMAT_VERSION} only. Recompile it: python -m optimize.compile --domain {domain_name} "
+            f"--out {path}"
+        )
+
+
+def _warn_on_other_dependencies(saved: dict[str, str], path: Path) -> None:
+    """Warn, as dspy.Module.load does, when the program was saved with other dependency versions."""
+    current = get_dependency_versions()
+    for key, version in saved.items():
+        if key in current and current[key] != version:
+            log.warning("%s: saved with %s %s, running %s %s", path, key, version, key, current[key])
+
+
+def check_domain(document: dict[str, Any], domain: str, path: Path | str) -> None:
+    """Refuse a program compiled for another domain than ``domain`` (or saved without naming one)."""
+    found = document["metadata"].get("domain")
+    if found is None:
+        raise ProgramError(
+            f"{path}: program names no domain (saved with crag.save); to run it on domain {domain!r}, "
+            f"save it with crag_dspy.program.save_program(crag, path, {{'domain': {domain!r}}})"
+        )
+    if found != domain:
+        raise ProgramError(
+            f"{path}: program was compiled for domain {found!r}, not {domain!r}; "
+            f"compile one for {domain!r} or pass --domain {found}"
+        )
+
+
+def check_dataset(
+    document: dict[str, Any], hashes: dict[str, str], path: Path | str, *, force: bool = False
+) -> None:
+    """Refuse a program compiled on other data than the domain holds now: ``hashes`` are the domain's
+    :meth:`~crag_dspy.domain.Domain.file_hashes`. With ``force`` the difference is only logged.
+    Programs that recorded no hashes are not checked."""
+    recorded = document["metadata"].get("dataset_hashes") or {}
+    if not recorded:
+        return
+    differ = [
+        f"{name}: program {_digest(recorded.get(name))}, domain {_digest(hashes.get(name))}"
+        for name in sorted(recorded.keys() | hashes.keys())
+        if recorded.get(name) != hashes.get(name)
+    ]
+    if not differ:
+        return
+    message = f"{path}: the domain's data differ from the data the program was compiled on (sha256 of " + (
+        "; ".join(differ) + ")"
+    )
+    if not force:
+        raise ProgramError(f"{message}; recompile the program, or pass --force to use it anyway")
+    log.warning("%s; using it anyway (--force)", message)
+
+
+def _digest(value: str | None) -> str:
+    return value[:12] if value else "absent"
+
+
+def program_crag_config(document: dict[str, Any], lm_calls: Any = None) -> CRAGConfig:
+    """The :class:`~crag_dspy.config.CRAGConfig` a validated program stores, with the app's
+    ``lm_calls`` (how the app's LM is called) instead of the compile's when given."""
+    try:
+        config = CRAGConfig.model_validate(document["config"])
+    except ValidationError as exc:
+        raise ProgramError(f"program config is invalid: {_problems(exc)}") from None
+    return config if lm_calls is None else config.replace(lm_calls=lm_calls)
+
+
+def apply_program(
+    crag: dspy.Module,
+    document: dict[str, Any],
+    program_dir: Path | str | None = None,
+    *,
+    keep_lm_calls: bool = True,
+) -> dspy.Module:
+    """Apply a validated program's config and state to ``crag`` (raises ProgramError, leaves it untouched).
+
+    With ``keep_lm_calls`` (the app's case) ``crag`` keeps its own ``lm_calls``: they describe the app's
+    LM. ``program_dir`` is the folder of the program file: a program with a trained evaluator finds its
+    weights there, and they are verified against the program's sha256s before anything is applied.
+    """
+    config = program_crag_config(document, crag.config.lm_calls if keep_lm_calls else None)
+    state = {name: value for name, value in document.items() if name != "metadata"}
+    evaluator = _load_evaluator(state.get("grading"), program_dir)
+    expected = {name for name, _ in crag.named_parameters()}
+    missing = expected - state.keys()
+    if missing:
+        raise ProgramError(
+            f"program state lacks {sorted(missing)}: it was saved from a different program structure"
+        )
+    with_lm = sorted(name for name in expected if isinstance(state[name], dict) and state[name].get("lm"))
+    if with_lm:
+        raise ProgramError(
+            f"program state of {with_lm} names its own LM: programs never choose the LM (it would decide "
+            "where your API keys are sent); the app passes it to load_program"
+        )
+    state["config"] = config.model_dump(mode="json")
+    try:
+        crag.load_state(state)  # CRAG.load_state leaves the module untouched when it raises
+    except Exception as exc:  # any malformed state is one clear error
+        raise ProgramError(
+            f"program state does not fit this CRAG module: {type(exc).__name__}: {exc}"
+        ) from exc
+    crag.grading.evaluator = evaluator
+    return crag
+
+
+def load_into(crag: dspy.Module, path: Path | str) -> dspy.Module:
+    """What ``crag.load(path)`` does: read and validate the program file at ``path`` and apply all of it,
+    its ``lm_calls`` included, to ``crag``; a trained evaluator is loaded from beside the file."""
+    path = Path(path)
+    return apply_program(crag, read_program(path), path.parent, keep_lm_calls=False)
+
+
+def _load_evaluator(grading: Any, program_dir: Path | str | None) -> RelevanceEvaluator | None:
+    """The program's trained evaluator, verified and loaded, or None when it grades with the LLM alone."""
+    manifest = grading.get("evaluator") if isinstance(grading, dict) else None
+    if manifest is None:
+        return None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("path"), str):
+        raise ProgramError("program state has a malformed evaluator manifest (needs 'path' and 'files')")
+    if program_dir is None:
+        raise ProgramError(
+            "this program grades with a trained evaluator: load it from its file (crag.load(path) or "
+            "load_program) so that its weights folder can be found"
+        )
+    name = manifest["path"]
+    if Path(name).name != name or name in ("", ".", ".."):
+        raise ProgramError(f"program names an evaluator folder outside its own folder: {name!r}")
+    try:
+        return RelevanceEvaluator.load(Path(program_dir) / name, manifest.get("files") or {})
+    except EvaluatorError as exc:
+        raise ProgramError(f"program's trained evaluator is not usable: {exc}") from exc
