@@ -1,5 +1,5 @@
 """CRAG in a DSPy user's own code: their LM, their retriever, compiled from lists of Examples, saved,
-then loaded in a fresh process that answers.
+then loaded in a fresh process that answers asynchronously.
 
     python docs/examples/dspy_user.py [program.json]
 
@@ -10,6 +10,7 @@ tests/test_dspy_user.py, which checks that the embedded model is never started.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -115,18 +116,18 @@ def relevance() -> list[dspy.Example]:
     return pairs
 
 
-def answer(path: Path, question: str) -> None:
-    """In a fresh process: configure the LM, build CRAG over the same backends, load, answer."""
+async def answer(path: Path, question: str) -> None:
+    """In a fresh process: configure the LM, build CRAG over the same backends, load, answer async."""
     dspy.configure(lm=RuleLM())
     crag = build()
     crag.load(path)
-    prediction = crag(question=question)
+    prediction = await crag.acall(question=question)
     print(json.dumps({"answer": prediction.answer, "action": prediction.action, "k": crag.config.k}))
 
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["answer"]:
-        return answer(Path(argv[1]), argv[2])
+        return asyncio.run(answer(Path(argv[1]), argv[2]))
     path = Path(argv[0] if argv else "dspy_user_program.json")
     dspy.configure(lm=RuleLM())
     optimizer = CRAGOptimizer(stages=("grader", "strips"), grader="llm")
