@@ -14,9 +14,11 @@ import httpx
 import pytest
 from fake_servers import FakeOpenAI
 from serving import FESTIVAL_Q, LEAVE_Q, free_port, harbour_lm, write_domain
+from test_chroma_server import CHROMA, ChromaServer
 
 import crag_dspy.domain
 from crag_dspy.app import build_crag, open_backends
+from crag_dspy.cli import main
 from crag_dspy.domain import load_domain
 from crag_dspy.serve.cli import main as serve_main
 from crag_dspy.settings import Settings
@@ -131,6 +133,28 @@ def test_without_a_corpus_file_an_unfinished_or_missing_store_is_a_clear_error(t
     kb.modify(metadata={k: v for k, v in kb.metadata.items() if not k.startswith("ingest_")})
     with pytest.raises(StoreError, match="holds 3 chunks and no ingest manifest"):
         open_backends(settings, progress=False)
+
+
+@pytest.mark.skipif(not CHROMA.exists(), reason="the chroma CLI is not installed next to python")
+def test_crag_dspy_ask_runs_from_a_chroma_server_alone_once_the_corpus_is_gone(tmp_path, capsys, caplog):
+    domain = write_domain(tmp_path / "harbour")
+    chroma = ChromaServer(tmp_path / "server-data", tmp_path / "chroma.log")
+    try:
+        chroma.wait_ready()
+        flags = ["--domain-dir", str(domain), "--chroma-host", "127.0.0.1", "--chroma-port", str(chroma.port)]
+        assert main(["ingest", *flags]) == 0
+        (domain / "corpus.jsonl").unlink()  # a serving machine needs only domain.toml
+        (domain / "web.jsonl").unlink()
+        capsys.readouterr()
+        with FakeOpenAI(_script) as lm:
+            model = f"openai/fake-{uuid.uuid4().hex[:8]}"
+            ask = ["ask", FESTIVAL_Q, *flags, "--lm", model, "--lm-api-base", lm.api_base]
+            assert main([*ask, "--web-search", "offline"]) == 0
+        out = capsys.readouterr().out
+        assert "answer: 14 June 2025" in out and "web: offline" in out  # the stored web collection
+        assert any("no corpus in" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    finally:
+        chroma.stop()
 
 
 def test_serve_refuses_several_workers_on_the_embedded_lm_and_says_what_to_do(capsys):
