@@ -264,9 +264,6 @@ class Domain:
         path = Path(self.root) / "web.jsonl"
         return path.is_file() and path.stat().st_size > 0
 
-    def web_is_read(self) -> bool:
-        return not self._unread("web")
-
     def source(self, which: Literal["kb", "web"]) -> SourceFiles | None:
         """The files the ``kb`` (corpus) or ``web`` collection is ingested from, while the field is (or
         will be) read from them; None when its documents were given to the constructor or there is no
