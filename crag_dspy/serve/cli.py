@@ -1,4 +1,5 @@
-"""``python -m crag_dspy.serve``: load a program once, then serve the API and the page with uvicorn."""
+"""``python -m crag_dspy.serve``: load a program once, then serve the API and the page with uvicorn; with
+``--workers N``, N uvicorn worker processes each build the same app (:func:`worker_app`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import sys
 
 import uvicorn
+from fastapi import FastAPI
 
 from ..cli import (
     add_lm_arguments,
@@ -25,7 +27,7 @@ from .policy import policy_for
 from .service import ProgramService
 from .workers import ARGV_ENV, embedded_lm_refusal
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "worker_app"]
 
 log = logging.getLogger("crag_dspy.serve")
 
@@ -117,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     gc.collect()
     os.environ[ARGV_ENV] = json.dumps(argv)
     uvicorn.run(
-        "crag_dspy.serve.workers:worker_app",
+        "crag_dspy.serve.cli:worker_app",
         factory=True,
         workers=args.workers,
         host=args.host,
@@ -126,3 +128,21 @@ def main(argv: list[str] | None = None) -> int:
         access_log=False,
     )
     return 0
+
+
+def worker_app() -> FastAPI:
+    """The app of one worker process (uvicorn's factory): the parent's command line, loaded again."""
+    try:
+        argv = json.loads(os.environ[ARGV_ENV])
+    except (KeyError, ValueError) as exc:
+        raise RuntimeError(
+            f"{ARGV_ENV} does not hold the serve command line: start workers with serve --workers N"
+        ) from exc
+    args = build_parser().parse_args(argv)
+    configure_logging(args.verbose)
+    policy, _ = policy_for(settings_from_args(args), args.host, insecure=args.insecure)  # parent warned
+    # The parent opened the same program a moment ago: the store is complete, so nothing is ingested
+    # or parsed here (and N workers never ingest the same domain at once).
+    loaded = program_from_args(args, progress=False)
+    enable_access_log()
+    return create_app(ProgramService(loaded), policy)

@@ -1,21 +1,16 @@
-"""``serve --workers N``: N uvicorn worker processes, each loading the program and opening its backends.
+"""``serve --workers N``: which LMs several worker processes may run, and how they get their settings.
 
 uvicorn starts its workers as fresh interpreters that import an app factory by name, so a worker gets
 its settings the way the parent did: the parent puts its command line in :data:`ARGV_ENV` (flags carry
 no secrets; the service's keys and provider keys stay in the inherited environment, as in the parent),
-and :func:`worker_app` parses it with the same parser and builds the same app.
+and :func:`crag_dspy.serve.cli.worker_app` parses it with the same parser and builds the same app.
 """
 
 from __future__ import annotations
 
-import json
-import os
-
-from fastapi import FastAPI
-
 from ..settings import Settings
 
-__all__ = ["ARGV_ENV", "embedded_lm_refusal", "worker_app"]
+__all__ = ["ARGV_ENV", "embedded_lm_refusal"]
 
 # Not CRAG_*: Settings warns about CRAG_ variables that are no setting.
 ARGV_ENV = "_CRAG_SERVE_ARGV"
@@ -33,30 +28,3 @@ def embedded_lm_refusal(settings: Settings, workers: int) -> str | None:
         "--lm openai/<model> --lm-api-base http://<host>:<port>/v1. Or serve with one worker (the default); "
         "docs/scale-out.md"
     )
-
-
-def worker_app() -> FastAPI:
-    """The app of one worker process (uvicorn's factory): the parent's command line, loaded again."""
-    from ..cli import program_from_args, settings_from_args
-    from ..redaction import configure_logging
-    from .api import create_app
-    from .cli import build_parser, enable_access_log
-    from .policy import policy_for
-    from .service import ProgramService
-
-    try:
-        argv = json.loads(os.environ[ARGV_ENV])
-    except (KeyError, ValueError) as exc:
-        raise RuntimeError(
-            f"{ARGV_ENV} does not hold the serve command line: start workers with serve --workers N"
-        ) from exc
-    args = build_parser().parse_args(argv)
-    configure_logging(args.verbose)
-    policy, _ = policy_for(
-        settings_from_args(args), args.host, insecure=args.insecure
-    )  # warned by the parent
-    # The parent opened the same program a moment ago: the store is complete, so nothing is ingested
-    # or parsed here (and N workers never ingest the same domain at once).
-    loaded = program_from_args(args, progress=False)
-    enable_access_log()
-    return create_app(ProgramService(loaded), policy)
