@@ -18,7 +18,16 @@ from .module import CRAG
 from .program import ProgramError, apply_program, check_dataset, check_domain, read_program
 from .protocols import Retriever, WebSearch, WebSearchError
 from .settings import DEFAULT_DATA_DIR, Settings
-from .store import ChromaRetriever, StoreError, collection_names, ingest_domain, ingest_gaps, open_client
+from .store import (
+    ChromaRetriever,
+    StoreError,
+    collection_names,
+    ingest_domain,
+    ingest_gaps,
+    open_client,
+    store_errors,
+    stored_gap,
+)
 from .web import NoWebSearch, OfflineWebSearch, TavilyWebSearch
 
 __all__ = [
@@ -40,12 +49,18 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Backends:
-    """The storage side of a domain: Chroma client, embedder and the loaded domain."""
+    """The storage side of a domain: Chroma client, embedder and the domain (its files read on use)."""
 
     settings: Settings
     domain: Domain
     client: chromadb.ClientAPI
     embedder: Embedder
+    has_web: bool | None = None
+    """Whether the store holds the domain's offline web collection (None: the domain has web documents)."""
+
+    @property
+    def web_available(self) -> bool:
+        return self.domain.has_web if self.has_web is None else self.has_web
 
     def retriever(self, which: str = "kb") -> ChromaRetriever:
         kb, web = collection_names(self.domain.name)
@@ -59,13 +74,20 @@ def open_backends(
     progress: bool = True,
     domain: Domain | None = None,
 ) -> Backends:
-    """Load the domain (unless given, loaded from ``settings``) and open Chroma; ingest the domain first
+    """Open the domain (unless given, lazily from ``settings``) and Chroma; ingest the domain first
     unless its collections hold all its chunks by their ingest manifests (never ingested, an ingest that
-    did not finish, changed data), and say so in one log line."""
-    domain = domain or load_domain(settings.resolved_domain_dir)
+    did not finish, changed data), and say so in one log line.
+
+    The corpus is parsed only when the manifests do not settle it (:func:`~crag_dspy.store.ingest_gaps`).
+    A domain folder without a corpus is served from the store alone, as ingested, when its collection's
+    manifest says the ingest finished.
+    """
+    domain = domain or load_domain(settings.resolved_domain_dir, lazy=True)
     client = open_client(settings)
     embedder = Embedder(settings.embedding_model)
     gaps = ingest_gaps(client, domain)
+    if not domain.has_corpus:
+        return _store_only(settings, domain, client, embedder, gaps)
     if gaps:
         if not ingest_if_missing:
             raise StoreError(
@@ -78,11 +100,39 @@ def open_backends(
     return Backends(settings, domain, client, embedder)
 
 
+def _store_only(
+    settings: Settings, domain: Domain, client: chromadb.ClientAPI, embedder: Embedder, gaps: list[str]
+) -> Backends:
+    """Backends of a domain folder without a corpus: its collections as a finished ingest left them."""
+    if gaps:
+        raise StoreError(
+            f"Domain {domain.name!r} has no corpus in {domain.root} (corpus.jsonl or corpus/), and the store "
+            f"does not hold a finished ingest of it ({'; '.join(gaps)}): ingest it from a folder with the "
+            "corpus, or point --chroma-host/--chroma-path at the store that holds it"
+        )
+    kb, web = collection_names(domain.name)
+    with store_errors("listing the collections"):
+        present = {c if isinstance(c, str) else c.name for c in client.list_collections()}
+        has_web = domain.has_web or (
+            web in present and stored_gap(client.get_collection(web, embedding_function=None)) is None
+        )
+    log.warning(
+        "domain %r: no corpus in %s; answering from the store's collection %r as it was ingested%s",
+        domain.name,
+        domain.root,
+        kb,
+        f" (web: {web!r})" if has_web else "",
+    )
+    return Backends(settings, domain, client, embedder, has_web=has_web)
+
+
 def build_web_search(settings: Settings, backends: Backends) -> WebSearch:
     choice = settings.web_search
     if choice == "auto":
         choice = (
-            "tavily" if os.environ.get("TAVILY_API_KEY") else ("offline" if backends.domain.web else "none")
+            "tavily"
+            if os.environ.get("TAVILY_API_KEY")
+            else ("offline" if backends.web_available else "none")
         )
     if choice == "tavily":
         try:
@@ -92,7 +142,7 @@ def build_web_search(settings: Settings, backends: Backends) -> WebSearch:
             log.warning("web search unavailable: %s", exc)
             return NoWebSearch(reason=str(exc))
     if choice == "offline":
-        if not backends.domain.web:
+        if not backends.web_available:
             raise StoreError(f"Domain {backends.domain.name!r} has no web.jsonl for the offline web search")
         return OfflineWebSearch(backends.retriever("web"))
     return NoWebSearch()
@@ -138,9 +188,10 @@ def assemble(
 ) -> tuple[CRAG, Backends]:
     """Build CRAG and return it with its storage backends (compile and evaluation need both); pass
     ``domain`` when it is loaded already."""
-    # The domain first: reading and validating its files starts nothing, while the embedded LM takes
-    # seconds and 1.8 GB. Then the LM: a bad model string or a missing key fails before any indexing.
-    domain = domain or load_domain(settings.resolved_domain_dir)
+    # The domain first: opening it starts nothing (its data files are read when an ingest needs them),
+    # while the embedded LM takes seconds and 1.8 GB. Then the LM: a bad model string or a missing key
+    # fails before any indexing.
+    domain = domain or load_domain(settings.resolved_domain_dir, lazy=True)
     lm = app_lm(settings, lm)
     backends = open_backends(settings, progress=progress, domain=domain)
     crag = CRAG(
@@ -216,8 +267,8 @@ def open_program(
 
     With ``domain_from_program`` the program's recorded domain *name* replaces the domain in
     ``settings`` (:func:`program_settings`); every other setting (store, LM, web search) is kept. The
-    JSON is read and validated, and the domain loaded and checked against it (name, dataset hashes
-    unless ``force``), before any model or store is started.
+    JSON is read and validated, and the domain opened and checked against it (name, dataset hashes
+    unless ``force``: the files' sha256, not a parse), before any model or store is started.
     """
     settings = settings or Settings()
     if path is None:
@@ -227,7 +278,7 @@ def open_program(
     document = read_program(path)
     if domain_from_program:
         settings = program_settings(document, settings, path)
-    domain = load_domain(settings.resolved_domain_dir)
+    domain = load_domain(settings.resolved_domain_dir, lazy=True)
     check_domain(document, domain.name, path)
     check_dataset(document, domain.file_hashes(), path, force=force)
     crag, backends = assemble(settings, lm, progress, domain=domain)

@@ -5,22 +5,28 @@ stand-in), ``qa.jsonl``, ``relevance.jsonl`` and ``domain.toml``. Only ``corpus.
 ``corpus/`` of PDF, HTML, DOCX, Markdown and text files, read by :mod:`crag_dspy.loaders`) is required to
 ask questions; the rest feed compilation and evaluation. Every malformed line is reported with its file
 and line number; an unreadable file of a corpus folder is skipped and named in ``Domain.skipped``.
+
+``load_domain(root, lazy=True)`` reads only ``domain.toml``: each data file is read and validated when its
+field is first used, so an app whose store is up to date (by :meth:`Domain.source`, a fingerprint of the
+corpus files that needs no parse) starts without reading the corpus at all.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import tomllib
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .config import CRAGConfig
-from .loaders import load_folder
+from .loaders import SUFFIXES, load_folder
 from .records import CorpusDoc, DomainDataError, Record
 
 __all__ = [
@@ -30,6 +36,7 @@ __all__ = [
     "DomainDataError",
     "QAPair",
     "RelevancePair",
+    "SourceFiles",
     "WebDoc",
     "check_domain_name",
     "load_domain",
@@ -96,6 +103,8 @@ class DomainConfig(BaseModel):
         return value
 
 
+log = logging.getLogger(__name__)
+
 R = TypeVar("R", bound=BaseModel)
 
 # json and tomllib parse nested arrays/objects recursively: a line nested deeper than the interpreter's
@@ -144,48 +153,181 @@ def _unique_ids(path: Path, docs: list[CorpusDoc]) -> None:
         seen.add(doc.id)
 
 
-@dataclass
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:  # streamed: a large corpus is never held in memory for its hash
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class SourceFiles:
+    """The files one collection is ingested from (``corpus.jsonl``, the files of ``corpus/``, or
+    ``web.jsonl``), with two keys that tell whether they changed since an ingest, neither of which parses
+    them: ``stat_key`` (sizes and modification times, no read at all) and ``sha256`` (their content).
+
+    For a single file ``sha256`` is the file's own sha256, as in :meth:`Domain.file_hashes`.
+    """
+
+    name: str
+    """``corpus.jsonl``, ``corpus/`` or ``web.jsonl``"""
+    base: Path
+    paths: tuple[Path, ...]
+
+    @cached_property
+    def stat_key(self) -> str:
+        stats = [(p.relative_to(self.base).as_posix(), p.stat()) for p in self.paths]
+        return hashlib.sha256(
+            "\n".join(f"{name}\t{st.st_size}\t{st.st_mtime_ns}" for name, st in stats).encode()
+        ).hexdigest()
+
+    @cached_property
+    def sha256(self) -> str:
+        if len(self.paths) == 1 and not self.name.endswith("/"):
+            return _sha256(self.paths[0])
+        return hashlib.sha256(
+            "\n".join(f"{p.relative_to(self.base).as_posix()}\t{_sha256(p)}" for p in self.paths).encode()
+        ).hexdigest()
+
+
+_UNREAD = object()  # a lazily opened domain's field whose file is not read yet
+_EMPTY = object()  # the default of a list field (a dataclass default must be hashable)
+
+
+class _ReadOnUse:
+    """A :class:`Domain` list field that a lazily opened domain reads from its file on first use.
+
+    A value given to the constructor is kept as given (and then no :meth:`Domain.source` describes it).
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.slot = name, f"_{name}"
+
+    def __get__(self, domain: Domain | None, owner: type | None = None):
+        if domain is None:
+            return _EMPTY
+        value = domain.__dict__.get(self.slot, _UNREAD)
+        if value is _UNREAD:
+            domain._read(self.name)
+            value = domain.__dict__[self.slot]
+        return value
+
+    def __set__(self, domain: Domain, value) -> None:
+        domain.__dict__[self.slot] = [] if value is _EMPTY else value
+
+
+@dataclass(repr=False)
 class Domain:
-    """A loaded, validated domain. ``qa`` and ``relevance`` are empty when their files are absent."""
+    """A validated domain. ``qa`` and ``relevance`` are empty when their files are absent.
+
+    From ``load_domain(root, lazy=True)`` the list fields are read from their files on first use.
+    """
 
     root: Path
     config: DomainConfig
-    corpus: list[CorpusDoc]
-    web: list[WebDoc] = field(default_factory=list)
-    qa: list[QAPair] = field(default_factory=list)
-    relevance: list[RelevancePair] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
+    corpus: list[CorpusDoc] = _ReadOnUse()
+    web: list[WebDoc] = _ReadOnUse()
+    qa: list[QAPair] = _ReadOnUse()
+    relevance: list[RelevancePair] = _ReadOnUse()
+    skipped: list[str] = _ReadOnUse()
     """Corpus-folder files that could not be read, each message naming its file (empty for corpus.jsonl)."""
+    _read_from_files: set[str] = field(default_factory=set, init=False, compare=False)
+    _sources: dict[str, SourceFiles | None] = field(default_factory=dict, init=False, compare=False)
+
+    def __repr__(self) -> str:  # the dataclass repr would read every file of a lazy domain
+        return f"Domain(root={self.root!r}, name={self.name!r})"
 
     @property
     def name(self) -> str:
         return self.config.name
 
+    @property
+    def corpus_path(self) -> Path | None:
+        """``corpus.jsonl``, else the ``corpus/`` folder, else None (no corpus in the folder)."""
+        if self.root is None:
+            return None
+        file, folder = Path(self.root) / "corpus.jsonl", Path(self.root) / "corpus"
+        return file if file.is_file() else folder if folder.is_dir() else None
+
+    @property
+    def has_corpus(self) -> bool:
+        """Whether there is a corpus to ingest: given to the constructor, or a corpus file or folder."""
+        return not self._unread("corpus") or self.corpus_path is not None
+
+    @property
+    def has_web(self) -> bool:
+        """Whether the domain has web documents; an unread, non-empty web.jsonl is taken to hold some
+        (:func:`crag_dspy.store.ingest_gaps` parses it before it calls a missing collection a gap)."""
+        if not self._unread("web"):
+            return bool(self.web)
+        path = Path(self.root) / "web.jsonl"
+        return path.is_file() and path.stat().st_size > 0
+
+    def source(self, which: Literal["kb", "web"]) -> SourceFiles | None:
+        """The files the ``kb`` (corpus) or ``web`` collection is ingested from, while the field is (or
+        will be) read from them; None when its documents were given to the constructor or there is no
+        such file. Taken once, before the files are parsed, so a file that changes meanwhile makes the
+        next start re-check the content, never trust stale chunks."""
+        if which not in self._sources:
+            self._sources[which] = self._find_source(which)
+        return self._sources[which]
+
+    def _find_source(self, which: str) -> SourceFiles | None:
+        name = "corpus" if which == "kb" else "web"
+        if self.root is None or not (self._unread(name) or name in self._read_from_files):
+            return None
+        root = Path(self.root)
+        if which == "web":
+            path = root / "web.jsonl"
+            return SourceFiles("web.jsonl", root, (path,)) if path.is_file() else None
+        path = self.corpus_path
+        if path is None:
+            return None
+        if path.is_file():
+            return SourceFiles("corpus.jsonl", root, (path,))
+        files = tuple(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES))
+        return SourceFiles("corpus/", root, files)
+
+    def _unread(self, name: str) -> bool:
+        return self.__dict__.get(f"_{name}", _UNREAD) is _UNREAD
+
+    def _read(self, name: str) -> None:
+        """Read and validate the file behind field ``name`` (corpus and skipped come together)."""
+        root = Path(self.root)
+        if name in ("corpus", "skipped"):
+            source = self.source("kb")
+            if source is not None:
+                source.stat_key, source.sha256  # noqa: B018 - keyed before the parse (see source())
+            self._read_from_files.update(("corpus", "skipped"))
+            self.corpus, self.skipped = _read_corpus(root)
+            log.debug("domain %r: read %d corpus documents", self.name, len(self.corpus))
+        elif name == "web":
+            source = self.source("web")
+            if source is not None:
+                source.stat_key, source.sha256  # noqa: B018
+            self._read_from_files.add("web")
+            self.web = _optional(root / "web.jsonl", WebDoc)
+            _unique_ids(root / "web.jsonl", self.web)
+        else:
+            self._read_from_files.add(name)
+            model = QAPair if name == "qa" else RelevancePair
+            setattr(self, name, _optional(root / f"{name}.jsonl", model))
+
     def file_hashes(self) -> dict[str, str]:
         """sha256 of each data file present, so a compiled program can name the exact data it saw."""
         return {
-            p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(self.root.iterdir())
+            p.name: _sha256(p)
+            for p in sorted(Path(self.root).iterdir())
             if p.is_file() and p.suffix in {".jsonl", ".toml"}
         }
 
 
-def load_domain(root: Path | str) -> Domain:
-    """Load and validate a domain directory; raise :class:`DomainDataError` naming what is wrong."""
-    root = Path(root)
-    if not root.is_dir():
-        raise DomainDataError(f"{root}: domain directory not found")
-    toml_path = root / "domain.toml"
-    if toml_path.is_file():
-        try:
-            config = DomainConfig.model_validate(tomllib.loads(_read_text(toml_path)))
-        except (tomllib.TOMLDecodeError, ValidationError) as exc:
-            raise DomainDataError(f"{toml_path}: {exc}") from None
-        except RecursionError:
-            raise DomainDataError(f"{toml_path}: {_TOO_DEEP}") from None
-    else:
-        config = DomainConfig(name=re.sub(r"[^a-zA-Z0-9_-]", "-", root.name).strip("-_")[:42] or "domain")
+def _optional(path: Path, model: type[R]) -> list[R]:
+    return load_jsonl(path, model) if path.is_file() else []
 
+
+def _read_corpus(root: Path) -> tuple[list[CorpusDoc], list[str]]:
     corpus_path, corpus_dir = root / "corpus.jsonl", root / "corpus"
     skipped: list[str] = []
     if corpus_path.is_file():
@@ -203,19 +345,30 @@ def load_domain(root: Path | str) -> Domain:
             f"{corpus_path if corpus_path.is_file() else corpus_dir}: the corpus is empty{unreadable}"
         )
     _unique_ids(corpus_path, corpus)
+    return corpus, skipped
 
-    def optional(name: str, model: type[R]) -> list[R]:
-        path = root / name
-        return load_jsonl(path, model) if path.is_file() else []
 
-    web = optional("web.jsonl", WebDoc)
-    _unique_ids(root / "web.jsonl", web)
-    return Domain(
-        root,
-        config,
-        corpus,
-        web,
-        optional("qa.jsonl", QAPair),
-        optional("relevance.jsonl", RelevancePair),
-        skipped,
-    )
+def load_domain(root: Path | str, *, lazy: bool = False) -> Domain:
+    """Load and validate a domain directory; raise :class:`DomainDataError` naming what is wrong.
+
+    With ``lazy`` only ``domain.toml`` is read now; each data file is read and validated when its field
+    is first used (a missing corpus is then reported there), which is what an app on an up-to-date
+    store wants: it never needs the corpus.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise DomainDataError(f"{root}: domain directory not found")
+    toml_path = root / "domain.toml"
+    if toml_path.is_file():
+        try:
+            config = DomainConfig.model_validate(tomllib.loads(_read_text(toml_path)))
+        except (tomllib.TOMLDecodeError, ValidationError) as exc:
+            raise DomainDataError(f"{toml_path}: {exc}") from None
+        except RecursionError:
+            raise DomainDataError(f"{toml_path}: {_TOO_DEEP}") from None
+    else:
+        config = DomainConfig(name=re.sub(r"[^a-zA-Z0-9_-]", "-", root.name).strip("-_")[:42] or "domain")
+    domain = Domain(root, config, _UNREAD, _UNREAD, _UNREAD, _UNREAD, _UNREAD)
+    if not lazy:
+        domain.corpus, domain.web, domain.qa, domain.relevance  # noqa: B018 - read and validate all now
+    return domain

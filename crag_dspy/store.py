@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -13,10 +14,11 @@ from chromadb.config import Settings as ChromaSettings
 from tqdm.auto import tqdm
 
 from .chunking import chunk_document
-from .domain import CorpusDoc, Domain
+from .domain import CorpusDoc, Domain, SourceFiles
 from .embeddings import Embedder
 from .protocols import Passage
 from .settings import Settings
+from .version import __version__
 
 __all__ = [
     "ChromaRetriever",
@@ -30,7 +32,9 @@ __all__ = [
     "ingest_gaps",
     "open_client",
     "planned_chunks",
+    "source_record",
     "store_errors",
+    "stored_gap",
 ]
 
 log = logging.getLogger(__name__)
@@ -83,7 +87,10 @@ def collection_names(domain_name: str) -> tuple[str, str]:
 # a Chroma server): the hash of the chunks the collection must hold and their count, written last, after
 # every upsert and delete, and removed when an ingest starts changing the collection. A collection
 # without a matching manifest is an ingest that did not finish (or stale data), never a complete one.
-MANIFEST_HASH, MANIFEST_CHUNKS = "ingest_sha256", "ingest_chunks"
+# An ingest of a domain's files also records them (MANIFEST_SOURCE, see source_record), so that an app
+# can tell its store is up to date from the files' sizes and times or hashes, without parsing them.
+MANIFEST_HASH, MANIFEST_CHUNKS, MANIFEST_SOURCE = "ingest_sha256", "ingest_chunks", "ingest_source"
+_MANIFEST_KEYS = (MANIFEST_HASH, MANIFEST_CHUNKS, MANIFEST_SOURCE)
 
 Planned = dict[str, tuple[str, str, dict]]
 """chunk id -> (text embedded, text stored, chunk metadata)"""
@@ -107,14 +114,49 @@ def content_hash(chunk_ids: Iterable[str]) -> str:
     return hashlib.sha256("\n".join(sorted(chunk_ids)).encode()).hexdigest()
 
 
-def _manifest(planned: Planned) -> dict[str, str | int]:
-    return {MANIFEST_HASH: content_hash(planned), MANIFEST_CHUNKS: len(planned)}
+def source_record(source: SourceFiles, chunk_words: int) -> str:
+    """What the manifest records of the files a collection was ingested from (JSON: Chroma metadata
+    values are scalars). The package version is part of it: another version may chunk differently, so
+    its first start compares the chunks themselves once."""
+    return json.dumps(
+        {
+            "files": source.name,
+            "stat": source.stat_key,
+            "sha256": source.sha256,
+            "chunk_words": chunk_words,
+            "version": __version__,
+        },
+        sort_keys=True,
+    )
+
+
+def _manifest(planned: Planned, source: str | None = None) -> dict[str, str | int]:
+    manifest: dict[str, str | int] = {MANIFEST_HASH: content_hash(planned), MANIFEST_CHUNKS: len(planned)}
+    return {**manifest, MANIFEST_SOURCE: source} if source else manifest
 
 
 def _write_manifest(collection, manifest: dict[str, str | int] | None) -> None:
     """Set (or with None remove) the collection's manifest; Chroma replaces metadata as a whole."""
-    kept = {k: v for k, v in (collection.metadata or {}).items() if k not in (MANIFEST_HASH, MANIFEST_CHUNKS)}
+    kept = {k: v for k, v in (collection.metadata or {}).items() if k not in _MANIFEST_KEYS}
     collection.modify(metadata={**kept, **(manifest or {})})
+
+
+def _source_is_current(collection, source: SourceFiles | None, chunk_words: int) -> bool:
+    """Whether the collection's manifest records exactly ``source``'s files, and it holds the count it
+    records: sizes and times first (no read), else the files' hashes (a read, no parse)."""
+    found = collection.metadata or {}
+    if source is None or MANIFEST_SOURCE not in found or MANIFEST_HASH not in found:
+        return False
+    try:
+        recorded = json.loads(found[MANIFEST_SOURCE])
+    except (TypeError, ValueError):
+        return False  # not ours to trust: the chunks are compared instead
+    same_kind = recorded.get("files") == source.name and recorded.get("chunk_words") == chunk_words
+    if not same_kind or recorded.get("version") != __version__:
+        return False
+    if collection.count() != found.get(MANIFEST_CHUNKS):
+        return False
+    return recorded.get("stat") == source.stat_key or recorded.get("sha256") == source.sha256
 
 
 def ingest_gap(collection, planned: Planned) -> str | None:
@@ -174,15 +216,21 @@ def ingest_documents(
     *,
     chunk_words: int,
     progress: bool = True,
+    source: SourceFiles | None = None,
 ) -> IngestReport:
     """Make collection ``name`` hold exactly the chunks of ``docs``: add new, keep unchanged, drop stale.
 
     Ids hash the chunk content, so an interrupted run simply resumes (present chunks are skipped, not
     re-embedded), a changed document's old chunks are removed, and a rerun changes nothing. A store
     failure raises :class:`StoreError`; rerunning after it completes the job without duplicates.
+    ``source`` (the files ``docs`` were read from, keyed before they were read) goes into the manifest, so
+    that :func:`ingest_gaps` needs no parse while the files stay the same.
     """
+    record = source_record(source, chunk_words) if source is not None else None
     with store_errors(f"ingesting collection {name!r} (rerun ingest to resume; nothing is duplicated)"):
-        return _ingest(client, name, docs, embedder, chunk_words=chunk_words, progress=progress)
+        return _ingest(
+            client, name, docs, embedder, chunk_words=chunk_words, progress=progress, source=record
+        )
 
 
 def _ingest(
@@ -193,6 +241,7 @@ def _ingest(
     *,
     chunk_words: int,
     progress: bool,
+    source: str | None,
 ) -> IngestReport:
     collection = _get_collection(client, name, embedder, create=True)
     wanted = planned_chunks(docs, chunk_words)
@@ -218,8 +267,12 @@ def _ingest(
     # Stale chunks go only after the new ones are in, so an interruption never leaves a document absent.
     for start in range(0, len(stale), 500):
         collection.delete(ids=stale[start : start + 500])
-    if ingest_gap(collection, wanted) is not None:
-        _write_manifest(collection, _manifest(wanted))  # last: every chunk is in
+    manifest = _manifest(wanted, source)
+    if (
+        ingest_gap(collection, wanted) is not None
+        or (collection.metadata or {}).get(MANIFEST_SOURCE) != source
+    ):
+        _write_manifest(collection, manifest)  # last: every chunk is in
     return IngestReport(name, len(docs), len(wanted), len(new_ids), len(wanted) - len(new_ids), len(stale))
 
 
@@ -231,9 +284,16 @@ def ingest_domain(
     progress: bool = True,
 ) -> list[IngestReport]:
     kb_name, web_name = collection_names(domain.name)
+    words = domain.config.chunk_words
     reports = [
         ingest_documents(
-            client, kb_name, domain.corpus, embedder, chunk_words=domain.config.chunk_words, progress=progress
+            client,
+            kb_name,
+            domain.corpus,
+            embedder,
+            chunk_words=words,
+            progress=progress,
+            source=domain.source("kb"),
         )
     ]
     if domain.web:
@@ -243,32 +303,65 @@ def ingest_domain(
                 web_name,
                 domain.web,
                 embedder,
-                chunk_words=domain.config.chunk_words,
+                chunk_words=words,
                 progress=progress,
+                source=domain.source("web"),
             )
         )
     return reports
 
 
-def _planned_collections(domain: Domain) -> list[tuple[str, Sequence[CorpusDoc]]]:
-    kb_name, web_name = collection_names(domain.name)
-    return [(kb_name, domain.corpus)] + ([(web_name, domain.web)] if domain.web else [])
-
-
 def ingest_gaps(client: chromadb.ClientAPI, domain: Domain) -> list[str]:
-    """What is missing from the domain's collections by their ingest manifests (empty: complete)."""
+    """What is missing from the domain's collections by their ingest manifests (empty: complete).
+
+    A collection whose manifest records the domain's files as they are now (:func:`source_record`) is
+    complete without the files being parsed; otherwise its chunks are planned from the parsed documents
+    and compared, and when they match, the manifest learns the files' new keys (a file touched or
+    rewritten with the same content costs one parse, not one per start). A domain without a corpus
+    (:attr:`Domain.has_corpus`) is checked by the manifest alone: there is nothing to compare with.
+    """
+    kb_name, web_name = collection_names(domain.name)
+    words = domain.config.chunk_words
     with store_errors("checking the ingest manifests"):
         present = {c if isinstance(c, str) else c.name for c in client.list_collections()}
         gaps = []
-        for name, docs in _planned_collections(domain):
+        for name, which in ((kb_name, "kb"), (web_name, "web")):
+            if which == "web" and not domain.has_web:
+                continue
             if name not in present:
-                gaps.append(f"collection {name!r} does not exist")
+                # An unread web.jsonl of blank lines would be a gap no ingest can fill: read it to know.
+                if which == "kb" or domain.web:
+                    gaps.append(f"collection {name!r} does not exist")
                 continue
             collection = client.get_collection(name, embedding_function=None)
-            gap = ingest_gap(collection, planned_chunks(docs, domain.config.chunk_words))
+            if which == "kb" and not domain.has_corpus:
+                gap = stored_gap(collection)
+                if gap is not None:
+                    gaps.append(gap)
+                continue
+            source = domain.source(which)
+            if _source_is_current(collection, source, words):
+                continue
+            planned = planned_chunks(domain.corpus if which == "kb" else domain.web, words)
+            gap = ingest_gap(collection, planned)
             if gap is not None:
                 gaps.append(gap)
+            elif source is not None:
+                _write_manifest(collection, _manifest(planned, source_record(source, words)))
     return gaps
+
+
+def stored_gap(collection) -> str | None:
+    """Why ``collection`` is not complete by its manifest alone (no documents to compare with), or None."""
+    found, count = collection.metadata or {}, collection.count()
+    if MANIFEST_HASH not in found:
+        return (
+            f"collection {collection.name!r} holds {count} chunks and no ingest manifest "
+            "(an ingest that did not finish, or one made before ingest manifests)"
+        )
+    if count != found.get(MANIFEST_CHUNKS):
+        return f"collection {collection.name!r} holds {count} of {found.get(MANIFEST_CHUNKS)} chunks"
+    return None
 
 
 class ChromaRetriever:

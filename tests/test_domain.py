@@ -145,3 +145,41 @@ def test_deep_nesting_and_undecodable_files_are_errors_naming_the_file(tmp_path,
     with pytest.raises(DomainDataError, match=message) as info:
         load_domain(tmp_path)
     assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_lazy_domain_reads_each_file_on_first_use_and_reports_its_errors_there(tmp_path):
+    write(tmp_path, "corpus.jsonl", ['{"id": "a", "title": "A", "text": "x"}', "{not json"])
+    write(tmp_path, "qa.jsonl", ['{"id": "q", "question": "Q?", "answers": ["x"], "split": "test"}'])
+    domain = load_domain(tmp_path, lazy=True)  # only domain.toml (absent here) is read
+    assert domain.has_corpus and not domain.has_web and len(domain.qa) == 1
+    with pytest.raises(DomainDataError, match=r"corpus.jsonl:2: not valid JSON"):
+        domain.corpus  # noqa: B018
+    (tmp_path / "corpus.jsonl").unlink()
+    assert not load_domain(tmp_path, lazy=True).has_corpus
+    with pytest.raises(DomainDataError, match="no corpus.jsonl"):
+        load_domain(tmp_path, lazy=True).corpus  # noqa: B018
+
+
+def test_the_source_keys_name_the_files_read_never_documents_given_by_the_caller(tmp_path):
+    import dataclasses
+    import os
+
+    from crag_dspy.domain import CorpusDoc
+
+    corpus = write(tmp_path, "corpus.jsonl", ['{"id": "a", "title": "A", "text": "x"}'])
+    domain = load_domain(tmp_path, lazy=True)
+    source = domain.source("kb")
+    assert source.name == "corpus.jsonl" and source.sha256 == domain.file_hashes()["corpus.jsonl"]
+    assert domain.source("web") is None  # no web.jsonl
+    stat, sha = source.stat_key, source.sha256
+    os.utime(corpus, ns=(1, 1))
+    touched = load_domain(tmp_path, lazy=True).source("kb")
+    assert touched.stat_key != stat and touched.sha256 == sha  # times differ, content does not
+    # A corpus swapped in by the caller (benchmarks inject documents) is not the files': no key.
+    swapped = dataclasses.replace(domain, corpus=[CorpusDoc(id="b", title="B", text="y")])
+    assert swapped.source("kb") is None and swapped.web == []
+    (tmp_path / "corpus").mkdir()
+    corpus.unlink()
+    (tmp_path / "corpus" / "a.md").write_text("# A\n\nx\n", encoding="utf-8")
+    folder = load_domain(tmp_path, lazy=True).source("kb")
+    assert folder.name == "corpus/" and folder.paths == (tmp_path / "corpus" / "a.md",)

@@ -1,12 +1,17 @@
-"""``python -m crag_dspy.serve``: load a program once, then serve the API and the page with uvicorn."""
+"""``python -m crag_dspy.serve``: load a program once, then serve the API and the page with uvicorn; with
+``--workers N``, N uvicorn worker processes each build the same app (:func:`worker_app`)."""
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import logging
+import os
 import sys
 
 import uvicorn
+from fastapi import FastAPI
 
 from ..cli import (
     add_lm_arguments,
@@ -20,8 +25,9 @@ from ..redaction import configure_logging, redact
 from .api import create_app
 from .policy import policy_for
 from .service import ProgramService
+from .workers import ARGV_ENV, embedded_lm_refusal
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "worker_app"]
 
 log = logging.getLogger("crag_dspy.serve")
 
@@ -41,6 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
     g.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes, each with the program and its backends loaded (default: 1). Needs an LM "
+        "server (--lm with --lm-api-base, or a hosted API), not the embedded LM. Each worker runs "
+        "CRAG_SERVE_WORKERS questions at once and keeps its own rate limits (docs/scale-out.md)",
+    )
+    g.add_argument(
         "--insecure",
         action="store_true",
         help="listen beyond loopback without API keys (CRAG_API_KEYS); anyone who reaches the port can "
@@ -49,32 +64,85 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def enable_access_log() -> None:
+    """The access log is the service's record of use: it is written whatever the verbosity."""
+    logging.getLogger("crag_dspy.serve.access").setLevel(logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)  # every handler redacts credentials
     if not 1 <= args.port <= 65535:
         print(f"error: --port must be in 1..65535, got {args.port}", file=sys.stderr)
         return 2
+    if args.workers < 1:
+        print(f"error: --workers must be at least 1, got {args.workers}", file=sys.stderr)
+        return 2
     try:
+        settings = settings_from_args(args)
+        refusal = embedded_lm_refusal(settings, args.workers)
+        if refusal:
+            print(f"error: {refusal}", file=sys.stderr)
+            return 2
         # Exposure first: refusing to listen must not wait for a model to load.
-        policy, warnings = policy_for(settings_from_args(args), args.host, insecure=args.insecure)
+        policy, warnings = policy_for(settings, args.host, insecure=args.insecure)
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
         # Everything that can fail on bad input (program file, domain, LM settings, store) fails here,
-        # before the server listens.
+        # before the server listens; with workers, a store that needs an ingest gets it here, once.
         loaded = program_from_args(args)
     except user_error_types() as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)  # e.g. a --chroma-host with user:password@
         return 2
-    # The access log is the service's record of use: it is written whatever the verbosity.
-    logging.getLogger("crag_dspy.serve.access").setLevel(logging.INFO)
+    enable_access_log()
     what = f"program {loaded.path}" if loaded.compiled else "the uncompiled default program (no --program)"
+    processes = f" with {args.workers} worker processes" if args.workers > 1 else ""
     print(
-        f"serving {what} for domain {loaded.domain!r} on http://{args.host}:{args.port}/",
+        f"serving {what} for domain {loaded.domain!r} on http://{args.host}:{args.port}/{processes}",
         file=sys.stderr,
         flush=True,
     )
-    app = create_app(ProgramService(loaded), policy)
     # uvicorn's own access lines would repeat ours without the request id, key id and action.
-    uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
+    if args.workers == 1:
+        app = create_app(ProgramService(loaded), policy)
+        uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
+        return 0
+    if settings.rate_limit.strip().lower() not in ("", "none"):
+        print(
+            f"note: the rate limit ({settings.rate_limit}) and the queue are per worker process: a client "
+            f"may get up to {args.workers}x the rate in all",
+            file=sys.stderr,
+            flush=True,
+        )
+    del loaded  # the workers load their own; this process only supervises them
+    gc.collect()
+    os.environ[ARGV_ENV] = json.dumps(argv)
+    uvicorn.run(
+        "crag_dspy.serve.cli:worker_app",
+        factory=True,
+        workers=args.workers,
+        host=args.host,
+        port=args.port,
+        log_level="info",
+        access_log=False,
+    )
     return 0
+
+
+def worker_app() -> FastAPI:
+    """The app of one worker process (uvicorn's factory): the parent's command line, loaded again."""
+    try:
+        argv = json.loads(os.environ[ARGV_ENV])
+    except (KeyError, ValueError) as exc:
+        raise RuntimeError(
+            f"{ARGV_ENV} does not hold the serve command line: start workers with serve --workers N"
+        ) from exc
+    args = build_parser().parse_args(argv)
+    configure_logging(args.verbose)
+    policy, _ = policy_for(settings_from_args(args), args.host, insecure=args.insecure)  # parent warned
+    # The parent opened the same program a moment ago: the store is complete, so nothing is ingested
+    # or parsed here (and N workers never ingest the same domain at once).
+    loaded = program_from_args(args, progress=False)
+    enable_access_log()
+    return create_app(ProgramService(loaded), policy)
