@@ -83,6 +83,7 @@ class QAPair(_Record):
     answers: list[str] = Field(min_length=1, description="gold aliases; ['I don't know'] marks unanswerable")
     split: Literal["train", "val", "test"]
     kind: Literal["kb", "web", "both", "none"] | None = None
+    source: str | None = Field(None, description='"synthetic" when python -m optimize.synthesize wrote it')
 
 
 class RelevancePair(_Record):
@@ -90,6 +91,7 @@ class RelevancePair(_Record):
     passage: str = Field(min_length=1)
     label: Literal[0, 1]
     split: Literal["train", "val"]
+    source: str | None = Field(None, description='"synthetic" when python -m optimize.synthesize wrote it')
 
 
 class DomainConfig(BaseModel):
