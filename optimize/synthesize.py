@@ -208,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=at_least(1),
         default=50,
         metavar="N",
-        help=f"questions wanted in all, {UNANSWERABLE_SHARE:.0%} of them ones the knowledge base cannot "
+        help=f"questions wanted in all, {UNANSWERABLE_SHARE:.0%}% of them ones the knowledge base cannot "
         "answer (default 50); a rerun asks only for the ones still missing",
     )
     mode = parser.add_mutually_exclusive_group()

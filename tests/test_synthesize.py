@@ -363,3 +363,38 @@ def test_web_only_questions_come_from_web_jsonl_and_must_not_be_in_the_knowledge
     assert run(other, leaks, "--questions", "5", "--accept-all")[0] == 0
     web_rows = [r for r in review_rows(other) if r["kind"] == "web"]
     assert web_rows and {r["reason"] for r in web_rows} == {"answer_in_knowledge_base"}
+
+
+def test_an_lm_that_goes_down_stops_the_run_and_what_was_made_is_kept(tmp_path, run, capsys):
+    root = write_domain(tmp_path)
+    replies = iter(range(2))
+
+    def dies(system, user):
+        if next(replies, None) is None:
+            return ConnectionError("connection refused")
+        return good_script(system, user)
+
+    code, _ = run(root, dies, "--questions", "5", "--accept-all")
+    assert code == 1
+    assert "the run stopped" in capsys.readouterr().err  # LMDownError: one line, not a traceback
+    assert len(review_rows(root)) == 2 and not (root / "qa.jsonl").exists()
+    code, lm = run(root, good_script, "--questions", "5", "--accept-all")
+    assert code == 0 and len(lm.calls) == 3 and len(load_domain(root).qa) == 5
+
+
+def test_the_splits_example_runs():
+    import doctest
+
+    import optimize.synthesis.splits
+
+    result = doctest.testmod(optimize.synthesis.splits)
+    assert result.attempted and not result.failed
+
+
+def test_help_names_the_flags(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0
+    assert all(flag in out for flag in ("--questions", "--accept-all", "--apply-review", "--seed", "--lm"))
+    assert "20% of them" in out

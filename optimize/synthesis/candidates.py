@@ -40,6 +40,7 @@ __all__ = [
     "doc_key",
     "generate",
     "passage_order",
+    "question_writers",
     "source_passages",
 ]
 
@@ -149,6 +150,35 @@ class Generation:
     failed: list[str] = field(default_factory=list)
 
 
+_SHOWN = (
+    "Harbour Library\nThe Harbour Library opened in 1987 on Quay Street. It lends about 40,000 books a year "
+    "and is run by a board of six volunteers, chaired by Mira Holt. Members may borrow up to eight items "
+    "at a time, and a late return costs 20 cents a day."
+)
+DEMOS = {
+    "answerable": [
+        dspy.Example(
+            passage=_SHOWN, question="How many things can a member take home at once?", answer="eight"
+        ),
+        dspy.Example(
+            passage=_SHOWN, question="Who leads the volunteers that run the library?", answer="Mira Holt"
+        ),
+    ],
+    "none": [dspy.Example(passage=_SHOWN, question="How much does a year of library membership cost?")],
+}
+"""Worked examples shown before every passage: a small model copies the passage's sentences and answers
+in whole sentences without them (docs/synthesize.md). One invented passage, so no domain leaks into
+another's questions; they come first in the prompt, a prefix the LM's KV cache keeps."""
+
+
+def question_writers() -> dict[str, dspy.Predict]:
+    """The predictors that write answerable ("answerable") and unanswerable ("none") questions."""
+    writers = {"answerable": dspy.Predict(WriteQuestion), "none": dspy.Predict(WriteUnanswerableQuestion)}
+    for name, writer in writers.items():
+        writer.demos = list(DEMOS[name])
+    return writers
+
+
 def _ask(predictor: dspy.Predict, passage: str) -> tuple[str, str | None] | Reason:
     """The LM's (question, answer) for ``passage``, or :attr:`Reason.UNPARSED` when its reply has no
     usable fields (with DSPy's cache the same reply would come back: it is a verdict, not a failure)."""
@@ -225,7 +255,7 @@ def generate(
         return out
     stores = retrievers()
     seen = set(seen)
-    writers = {"answerable": dspy.Predict(WriteQuestion), "none": dspy.Predict(WriteUnanswerableQuestion)}
+    writers = question_writers()
     for kind, sources in plan.items():
         wanted = targets.get(kind, 0)
         if wanted <= 0 or not sources:
