@@ -154,7 +154,9 @@ def synthesize(
             plan[kind] = [p for p in order if (kind, p.id) not in tried][
                 : targets[kind] * ATTEMPTS_PER_QUESTION
             ]
-        seen = {question_key(q.question) for q in [*domain.qa, *domain.relevance]}
+        # Synthetic records in the files are candidates' (the merge writes them from candidates only).
+        hand_written = [r for r in [*domain.qa, *domain.relevance] if r.source != "synthetic"]
+        seen = {question_key(r.question) for r in hand_written}
         seen |= {question_key(c.question) for c in existing if c.passed}
 
         def open_store() -> Mapping[str, Retriever]:

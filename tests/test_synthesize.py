@@ -11,6 +11,7 @@ import pytest
 from fakes import NO_LM, ScriptedLM, field
 
 from crag_dspy.domain import load_domain
+from optimize.synthesis.candidates import MAX_TOKENS
 from optimize.synthesis.rules import (
     MAX_COPIED_SHARE,
     Reason,
@@ -228,6 +229,7 @@ def test_accept_all_writes_synthetic_questions_and_pairs_split_by_document(tmp_p
         assert {p.get("negative") for p in mine if p["label"] == 0} <= {"hard", "easy"}
     assert any(p.get("negative") == "hard" for p in pairs)
     assert len(review_rows(root)) == 5 and len(lm.calls) == 5
+    assert {r.get("max_tokens") for r in lm.requests} == {MAX_TOKENS}  # a rambling reply is cut short
 
 
 def test_a_rerun_adds_nothing_and_asks_nothing(tmp_path, run, capsys):
@@ -398,3 +400,18 @@ def test_help_names_the_flags(capsys):
     assert exit_info.value.code == 0
     assert all(flag in out for flag in ("--questions", "--accept-all", "--apply-review", "--seed", "--lm"))
     assert "20% of them" in out
+
+
+def test_a_question_a_person_wrote_already_is_a_duplicate(tmp_path, run):
+    hand = {
+        "id": "h1",
+        "question": "How much water does the Avon unit shift each minute?",
+        "answers": ["10 litres"],
+        "split": "val",
+    }
+    root = write_domain(tmp_path, qa=[hand])
+    assert run(root, good_script, "--questions", "10", "--accept-all")[0] == 0
+    avon = [r for r in review_rows(root) if r["doc_id"] == "pump-0" and r["kind"] == "kb"]
+    assert [r["reason"] for r in avon] == ["duplicate"]
+    questions = [q["question"] for q in jsonl(root / "qa.jsonl")]
+    assert questions.count(hand["question"]) == 1

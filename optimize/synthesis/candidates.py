@@ -23,15 +23,16 @@ from tqdm.auto import tqdm
 
 from crag_dspy.domain import CorpusDoc, Domain
 from crag_dspy.faults import describe_error, raise_if_lm_down
-from crag_dspy.protocols import Retriever
+from crag_dspy.protocols import Passage, Retriever
 from crag_dspy.store import planned_chunks
 from signatures import WriteQuestion, WriteUnanswerableQuestion
 
-from .rules import Reason, copied_share, question_key, reject_reason
+from .rules import Reason, answer_in, copied_share, question_key, reject_reason
 
 __all__ = [
     "HARD_NEGATIVE_POOL",
     "KB_CHECK_DEPTH",
+    "MAX_TOKENS",
     "Candidate",
     "Generation",
     "Kind",
@@ -171,9 +172,17 @@ in whole sentences without them (docs/synthesize.md). One invented passage, so n
 another's questions; they come first in the prompt, a prefix the LM's KV cache keeps."""
 
 
+MAX_TOKENS = 160
+"""Reply tokens per question: a question of at most 40 words, a short answer and the field markers fit;
+a model that rambles on is cut off instead of writing the LM's default 512 tokens (a rule rejects it)."""
+
+
 def question_writers() -> dict[str, dspy.Predict]:
     """The predictors that write answerable ("answerable") and unanswerable ("none") questions."""
-    writers = {"answerable": dspy.Predict(WriteQuestion), "none": dspy.Predict(WriteUnanswerableQuestion)}
+    writers = {
+        "answerable": dspy.Predict(WriteQuestion, max_tokens=MAX_TOKENS),
+        "none": dspy.Predict(WriteUnanswerableQuestion, max_tokens=MAX_TOKENS),
+    }
     for name, writer in writers.items():
         writer.demos = list(DEMOS[name])
     return writers
@@ -193,15 +202,13 @@ def _ask(predictor: dspy.Predict, passage: str) -> tuple[str, str | None] | Reas
 def _negatives(
     source: SourcePassage,
     answer: str,
-    retrieved: Iterable,
+    retrieved: Iterable[Passage],
     pool: Sequence[SourcePassage],
     split_of: Mapping[str, str],
     rng: random.Random,
 ) -> list[Negative]:
     """One hard negative (the top retrieved passage of the same split, not the source, without the
     answer) and, for a share of questions, one easy one (a random passage of another document)."""
-    from .rules import answer_in
-
     split = split_of[source.doc_key]
     hard = next(
         (
