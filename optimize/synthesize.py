@@ -19,7 +19,7 @@ import argparse
 import logging
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from .synthesis.candidates import (
     Candidate,
     Generation,
     Kind,
+    SourcePassage,
     doc_key,
     generate,
     passage_order,
@@ -54,6 +55,7 @@ __all__ = [
     "UNANSWERABLE_SHARE",
     "SynthesisReport",
     "main",
+    "plan_passages",
     "plan_targets",
     "synthesize",
 ]
@@ -104,6 +106,27 @@ def plan_targets(questions: int, has_web: bool) -> dict[Kind, int]:
     return {"kb": questions - unanswerable, ("web" if has_web else "none"): unanswerable}
 
 
+def plan_passages(
+    passages: Mapping[str, Sequence[SourcePassage]],
+    existing: Sequence[Candidate],
+    wanted: Mapping[Kind, int],
+    seed: int,
+) -> tuple[dict[Kind, int], dict[Kind, list[SourcePassage]]]:
+    """How many questions of each kind are still missing (``wanted`` minus the candidates that passed
+    the rules), and the passages to try for them, in order: never one tried already, at most
+    :data:`ATTEMPTS_PER_QUESTION` per missing question."""
+    tried = {(c.kind, c.passage_id) for c in existing}
+    targets: dict[Kind, int] = {}
+    plan: dict[Kind, list[SourcePassage]] = {}
+    for kind, n in wanted.items():
+        targets[kind] = max(n - sum(c.passed and c.kind == kind for c in existing), 0)
+        # Unanswerable questions take the knowledge-base passages in another order than answerable ones.
+        order = passage_order(passages["web" if kind == "web" else "kb"], seed + (kind == "none"))
+        untried = [p for p in order if (kind, p.id) not in tried]
+        plan[kind] = untried[: targets[kind] * ATTEMPTS_PER_QUESTION]
+    return targets, plan
+
+
 def _accepted(candidates: list[Candidate], decisions: Mapping[str, str]) -> list[Candidate]:
     """The candidates accepted by the review file, or (rows it does not have yet) by the rules."""
     return [c for c in candidates if decisions.get(c.id, "accept" if c.passed else "reject") == "accept"]
@@ -145,15 +168,7 @@ def synthesize(
     if not apply_review:
         passages = source_passages(domain)
         split_of = _splits(passages, existing, seed)
-        tried = {(c.kind, c.passage_id) for c in existing}
-        targets, plan = {}, {}
-        for kind, wanted in plan_targets(questions, bool(domain.web)).items():
-            missing = wanted - sum(c.passed and c.kind == kind for c in existing)
-            order = passage_order(passages["web" if kind == "web" else "kb"], seed + (kind == "none"))
-            targets[kind] = max(missing, 0)
-            plan[kind] = [p for p in order if (kind, p.id) not in tried][
-                : targets[kind] * ATTEMPTS_PER_QUESTION
-            ]
+        targets, plan = plan_passages(passages, existing, plan_targets(questions, bool(domain.web)), seed)
         # Synthetic records in the files are candidates' (the merge writes them from candidates only).
         hand_written = [r for r in [*domain.qa, *domain.relevance] if r.source != "synthetic"]
         seen = {question_key(r.question) for r in hand_written}

@@ -415,3 +415,28 @@ def test_a_question_a_person_wrote_already_is_a_duplicate(tmp_path, run):
     assert [r["reason"] for r in avon] == ["duplicate"]
     questions = [q["question"] for q in jsonl(root / "qa.jsonl")]
     assert questions.count(hand["question"]) == 1
+
+
+def test_the_plan_skips_tried_passages_and_caps_the_attempts():
+    from optimize.synthesis.candidates import Candidate, SourcePassage
+    from optimize.synthesize import ATTEMPTS_PER_QUESTION, plan_passages
+
+    kb = [SourcePassage(f"c{i}", "kb", f"d{i}", f"T\nText {i}.") for i in range(10)]
+    passages = {"kb": kb, "web": []}
+    targets, plan = plan_passages(passages, [], {"kb": 2, "none": 1}, seed=0)
+    assert targets == {"kb": 2, "none": 1}
+    assert len(plan["kb"]) == 2 * ATTEMPTS_PER_QUESTION and len(plan["none"]) == ATTEMPTS_PER_QUESTION
+    assert plan["kb"] != plan["none"][: len(plan["kb"])]  # another order for the unanswerable ones
+
+    def tried(p, reason):
+        return Candidate(
+            id=p.id, kind="kb", passage_id=p.id, doc_id=p.doc_id, split="train", passage=p.text,
+            question="q", answer="a", copied_share=0.0, reason=reason,
+        )  # fmt: skip
+
+    existing = [tried(plan["kb"][0], None), tried(plan["kb"][1], Reason.COPIED)]
+    targets, again = plan_passages(passages, existing, {"kb": 2, "none": 1}, seed=0)
+    assert targets["kb"] == 1 and len(again["kb"]) == ATTEMPTS_PER_QUESTION
+    assert not {p.id for p in again["kb"]} & {c.passage_id for c in existing}
+    targets, done = plan_passages(passages, existing, {"kb": 1}, seed=0)
+    assert targets == {"kb": 0} and done == {"kb": []}
