@@ -46,7 +46,14 @@ from .synthesis.candidates import (
     source_passages,
 )
 from .synthesis.merge import MergeReport, merge_accepted
-from .synthesis.review import load_candidates, read_decisions, state_dir, write_candidates, write_review
+from .synthesis.review import (
+    append_candidate,
+    load_candidates,
+    read_decisions,
+    state_dir,
+    write_candidates,
+    write_review,
+)
 from .synthesis.rules import question_key
 from .synthesis.splits import assign_splits
 
@@ -198,6 +205,7 @@ def synthesize(
                         seed=seed,
                         progress=progress,
                         out=generation,
+                        on_candidate=lambda candidate: append_candidate(root, candidate),
                     )
         finally:  # what was asked before an error is kept: a rerun does not ask it again
             existing = [*existing, *generation.candidates]

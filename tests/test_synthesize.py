@@ -440,3 +440,18 @@ def test_the_plan_skips_tried_passages_and_caps_the_attempts():
     assert not {p.id for p in again["kb"]} & {c.passage_id for c in existing}
     targets, done = plan_passages(passages, existing, {"kb": 1}, seed=0)
     assert targets == {"kb": 0} and done == {"kb": []}
+
+
+def test_each_candidate_is_saved_as_it_is_made(tmp_path, run, monkeypatch):
+    root = write_domain(tmp_path)
+    lines = []
+
+    def killed(system, user):  # the run is killed after its third question, before its final save
+        lines.append((root / "synthetic" / "candidates.jsonl").read_text().count("\n") if lines else 0)
+        if len(lines) == 3:
+            raise KeyboardInterrupt
+        return good_script(system, user)
+
+    with pytest.raises(KeyboardInterrupt):
+        run(root, killed, "--questions", "5", "--accept-all")
+    assert lines == [0, 1, 2]  # the file grew by one line per answered question while the run went on

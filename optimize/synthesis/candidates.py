@@ -247,6 +247,7 @@ def generate(
     seed: int,
     progress: bool = True,
     out: Generation | None = None,
+    on_candidate: Callable[[Candidate], None] | None = None,
 ) -> Generation:
     """Ask the LM (``dspy.settings.lm``) about the ``plan``'s passages of each kind, in order, until
     ``targets[kind]`` candidates of that kind passed the rules (or the passages run out).
@@ -255,7 +256,8 @@ def generate(
     ("web" when the domain has one) retrievers that find hard negatives and check web questions
     against the knowledge base. ``seen`` holds the :func:`~.rules.question_key` of questions that
     exist already (hand-written or earlier candidates). Candidates are added to ``out`` as they come,
-    so a caller can keep what was made before an error (an LM that went down) stopped the run.
+    so a caller can keep what was made before an error (an LM that went down) stopped the run, and
+    passed to ``on_candidate`` (which can save each one at once, for a run that is killed).
     """
     out = out if out is not None else Generation()
     if not any(targets.get(kind, 0) > 0 and plan.get(kind) for kind in plan):
@@ -285,6 +287,8 @@ def generate(
                 passed += 1
                 seen.add(question_key(candidate.question))
             out.candidates.append(candidate)
+            if on_candidate is not None:
+                on_candidate(candidate)
             bar.set_postfix(kept=passed)
         bar.close()
     raise_if_lm_down()

@@ -24,6 +24,7 @@ from .candidates import Candidate
 __all__ = [
     "DECISIONS",
     "REVIEW_COLUMNS",
+    "append_candidate",
     "load_candidates",
     "read_decisions",
     "state_dir",
@@ -78,6 +79,15 @@ def write_candidates(root: Path, candidates: Iterable[Candidate]) -> Path:
     path = state_dir(root) / "candidates.jsonl"
     write_atomically(path, "".join(c.model_dump_json() + "\n" for c in candidates))
     return path
+
+
+def append_candidate(root: Path, candidate: Candidate) -> None:
+    """Add one candidate to ``candidates.jsonl`` as soon as it is made: a run that is killed (not only
+    one that fails) keeps what it asked, and a rerun does not ask it again."""
+    path = state_dir(root) / "candidates.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as handle:
+        handle.write(candidate.model_dump_json() + "\n")
 
 
 def read_decisions(root: Path) -> dict[str, str]:
