@@ -70,6 +70,7 @@ class QAPair(Record):
     answers: list[str] = Field(min_length=1, description="gold aliases; ['I don't know'] marks unanswerable")
     split: Literal["train", "val", "test"]
     kind: Literal["kb", "web", "both", "none"] | None = None
+    source: str | None = Field(None, description='"synthetic" when python -m optimize.synthesize wrote it')
 
 
 class RelevancePair(Record):
@@ -77,6 +78,7 @@ class RelevancePair(Record):
     passage: str = Field(min_length=1)
     label: Literal[0, 1]
     split: Literal["train", "val"]
+    source: str | None = Field(None, description='"synthetic" when python -m optimize.synthesize wrote it')
 
 
 class DomainConfig(BaseModel):

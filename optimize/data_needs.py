@@ -94,7 +94,9 @@ def guidance(root: Path, missing: Sequence[Shortfall]) -> str:
     lines = "\n".join(f"  - {s}" for s in missing)
     return (
         f"{root}: not enough labelled data to compile:\n{lines}\n"
-        "Add it in the domain format (docs/configuration.md, Domain data format): qa.jsonl questions with gold answers and a "
+        f"Make it from the domain's documents: python -m optimize.synthesize --domain-dir {root} "
+        "--accept-all (or review the candidates first; docs/synthesize.md). Or write it in the domain "
+        "format (docs/configuration.md, Domain data format): qa.jsonl questions with gold answers and a "
         "split, relevance.jsonl (question, passage, label) pairs; questions with evidence quotes give "
         f"pairs with: python -m optimize.relevance_pairs --domain-dir {root}. Or compile only what the "
         "data supports, e.g. --stages grader --no-thresholds --no-test-eval."

@@ -1,9 +1,10 @@
-"""Typed DSPy Signatures of the CRAG program; each class docstring is the instruction the LM sees."""
+"""Typed DSPy Signatures of the CRAG program and of data synthesis; each class docstring is the instruction the LM sees."""
 
 from .answering import AnswerFromContext, AnswerWithoutContext
 from .grading import GradeDocument
 from .rewriting import ReviseQuery, RewriteQuery
 from .strips import FilterStrip
+from .synthesis import WriteQuestion, WriteUnanswerableQuestion
 
 __all__ = [
     "AnswerFromContext",
@@ -12,4 +13,6 @@ __all__ = [
     "GradeDocument",
     "ReviseQuery",
     "RewriteQuery",
+    "WriteQuestion",
+    "WriteUnanswerableQuestion",
 ]

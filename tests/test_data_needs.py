@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+from fakes import NO_LM
 
 from crag_dspy.domain import CorpusDoc, Domain, DomainConfig, QAPair, RelevancePair
 from optimize.data_needs import MIN_JUDGE_PAIRS, MIN_QA_QUESTIONS, guidance, shortfalls
@@ -42,6 +43,7 @@ def test_a_documents_only_domain_lacks_everything_the_default_compile_needs():
     ]
     message = guidance(Path("data/pump"), missing)
     assert "qa.jsonl val questions: 0 of at least 1, for thresholds" in message
+    assert "python -m optimize.synthesize --domain-dir data/pump" in message  # the command that makes it
     assert "--stages grader --no-thresholds --no-test-eval" in message
 
 
@@ -80,3 +82,23 @@ def test_the_module_example_runs():
 
     result = doctest.testmod(optimize.data_needs)
     assert result.attempted and not result.failed
+
+
+def test_compile_on_a_documents_only_domain_exits_2_before_any_lm_call_naming_synthesize(
+    tmp_path, capsys, monkeypatch
+):
+    from optimize.compile import main
+
+    domain = tmp_path / "pump"
+    (domain / "corpus").mkdir(parents=True)
+    (domain / "corpus" / "pump.md").write_text("# Pump\n\nThe pump moves 40 litres per minute.\n")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the compile built its LM")
+
+    monkeypatch.setattr("optimize.compile.build_lm", refuse)
+    argv = ["--domain-dir", str(domain), "--chroma-path", str(tmp_path / "chroma"), *NO_LM]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"python -m optimize.synthesize --domain-dir {domain}" in err and "Traceback" not in err
+    assert not (tmp_path / "chroma").exists()  # nothing opened, nothing asked
