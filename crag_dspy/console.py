@@ -1,8 +1,9 @@
-"""The ``crag-dspy`` command: ``ingest | ask | compile | evaluate | serve | engine`` (also ``python -m crag_dspy``).
+"""The ``crag-dspy`` command: ``ingest | ask | synthesize | compile | evaluate | serve | engine`` (also
+``python -m crag_dspy``).
 
-``ingest``, ``ask`` and ``engine`` are :mod:`crag_dspy.cli`'s. ``compile``, ``evaluate`` and ``serve`` hand
-their arguments, untouched, to the ``main`` of ``python -m optimize.compile``, ``python -m optimize.evaluate``
-and ``python -m crag_dspy.serve``: one parser each, so both spellings take the same flags, print the same
+``ingest``, ``ask`` and ``engine`` are :mod:`crag_dspy.cli`'s. ``synthesize``, ``compile``, ``evaluate`` and
+``serve`` hand their arguments, untouched, to the ``main`` of ``python -m optimize.synthesize``,
+``python -m optimize.compile``, ``python -m optimize.evaluate`` and ``python -m crag_dspy.serve``: one parser each, so both spellings take the same flags, print the same
 help and exit with the same codes. This module sits above all four, so none of them imports another's CLI.
 """
 
@@ -14,6 +15,12 @@ from collections.abc import Callable
 from . import cli
 
 __all__ = ["DELEGATED", "main"]
+
+
+def _synthesize(argv: list[str]) -> int:
+    from optimize.synthesize import main as synthesize_main
+
+    return synthesize_main(argv)
 
 
 def _compile(argv: list[str]) -> int:
@@ -40,6 +47,10 @@ def _serve(argv: list[str]) -> int:
 
 
 DELEGATED: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "synthesize": (
+        _synthesize,
+        "write labelled questions and relevance pairs from a domain's documents (python -m optimize.synthesize)",
+    ),
     "compile": (_compile, "compile a program for a domain (same as python -m optimize.compile)"),
     "evaluate": (_evaluate, "evaluate a program against baselines (same as python -m optimize.evaluate)"),
     "serve": (_serve, "serve a program over HTTP, needs the serve extra (same as python -m crag_dspy.serve)"),
