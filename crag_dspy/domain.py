@@ -350,6 +350,12 @@ def _read_corpus(root: Path) -> tuple[list[CorpusDoc], list[str]]:
     return corpus, skipped
 
 
+def _name_from_folder(folder: str) -> str:
+    """A domain name (3-42 letters, digits, '-' or '_') for a folder without a domain.toml."""
+    name = re.sub(r"[^a-zA-Z0-9_-]", "-", folder).strip("-_")[:42]
+    return name if len(name) >= 3 else f"domain-{name}".strip("-")
+
+
 def load_domain(root: Path | str, *, lazy: bool = False) -> Domain:
     """Load and validate a domain directory; raise :class:`DomainDataError` naming what is wrong.
 
@@ -369,7 +375,7 @@ def load_domain(root: Path | str, *, lazy: bool = False) -> Domain:
         except RecursionError:
             raise DomainDataError(f"{toml_path}: {_TOO_DEEP}") from None
     else:
-        config = DomainConfig(name=re.sub(r"[^a-zA-Z0-9_-]", "-", root.name).strip("-_")[:42] or "domain")
+        config = DomainConfig(name=_name_from_folder(root.name))
     domain = Domain(root, config, _UNREAD, _UNREAD, _UNREAD, _UNREAD, _UNREAD)
     if not lazy:
         domain.corpus, domain.web, domain.qa, domain.relevance  # noqa: B018 - read and validate all now

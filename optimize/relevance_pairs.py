@@ -101,12 +101,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="default: <domain-dir>/relevance.jsonl")
     args = parser.parse_args(argv)
     domain = load_domain(args.domain_dir)
-    questions = list(domain.qa)
+    # Synthetic questions already have their pairs (optimize.synthesize), which a rewrite must keep.
+    questions = [q for q in domain.qa if q.source != "synthetic"]
     for path in args.questions:
         questions.extend(load_jsonl(path, QAPair))
     pairs = build_relevance_pairs(domain, questions, Embedder())
     out = args.out or args.domain_dir / "relevance.jsonl"
-    out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs), encoding="utf-8")
+    kept = [p.model_dump(exclude_none=True) for p in domain.relevance if p.source == "synthetic"]
+    lines = [*pairs, *(kept if out == args.domain_dir / "relevance.jsonl" else [])]
+    out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in lines), encoding="utf-8")
+    if kept and out == args.domain_dir / "relevance.jsonl":
+        print(f"kept {len(kept)} synthetic pairs (optimize.synthesize) after the derived ones")
     counts = {
         (s, lab): sum(1 for p in pairs if p["split"] == s and p["label"] == lab)
         for s in ("train", "val")

@@ -183,3 +183,11 @@ def test_the_source_keys_name_the_files_read_never_documents_given_by_the_caller
     (tmp_path / "corpus" / "a.md").write_text("# A\n\nx\n", encoding="utf-8")
     folder = load_domain(tmp_path, lazy=True).source("kb")
     assert folder.name == "corpus/" and folder.paths == (tmp_path / "corpus" / "a.md",)
+
+
+def test_a_folder_with_a_short_name_and_no_domain_toml_gets_a_valid_domain_name(tmp_path):
+    for folder, name in (("d", "domain-d"), ("é", "domain"), ("ab", "domain-ab"), ("abc", "abc")):
+        root = tmp_path / folder
+        root.mkdir()
+        (root / "corpus.jsonl").write_text('{"id": "a", "title": "A", "text": "Some text."}\n')
+        assert load_domain(root).name == name

@@ -455,3 +455,46 @@ def test_each_candidate_is_saved_as_it_is_made(tmp_path, run, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         run(root, killed, "--questions", "5", "--accept-all")
     assert lines == [0, 1, 2]  # the file grew by one line per answered question while the run went on
+
+
+def test_deriving_relevance_pairs_keeps_the_synthetic_ones_and_leaves_synthetic_questions_to_them(tmp_path):
+    import json
+
+    from optimize import relevance_pairs
+
+    domain = tmp_path / "d"
+    domain.mkdir()
+    docs = [
+        {"id": "a", "title": "A", "text": "The pump moves 40 litres per minute. It weighs 3 kg."},
+        {"id": "b", "title": "B", "text": "The canteen opens at 08:00 on weekdays."},
+    ]
+    (domain / "corpus.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    hand = {
+        "id": "q1",
+        "question": "How much does the pump move?",
+        "answers": ["40 litres"],
+        "split": "train",
+        "evidence": [{"doc_id": "a", "quote": "40 litres per minute"}],
+    }
+    synthetic = {
+        "id": "s1",
+        "question": "When does the canteen open?",
+        "answers": ["08:00"],
+        "split": "train",
+        "evidence": [{"doc_id": "b", "quote": "opens at 08:00"}],
+        "source": "synthetic",
+    }
+    (domain / "qa.jsonl").write_text(json.dumps(hand) + "\n" + json.dumps(synthetic) + "\n")
+    pair = {
+        "question": "When does the canteen open?",
+        "passage": "The canteen opens at 08:00 on weekdays.",
+        "label": 1,
+        "split": "train",
+        "source": "synthetic",
+    }
+    (domain / "relevance.jsonl").write_text(json.dumps(pair) + "\n")
+    relevance_pairs.main(["--domain-dir", str(domain)])
+    written = [json.loads(line) for line in (domain / "relevance.jsonl").read_text().splitlines()]
+    assert [p for p in written if p.get("source") == "synthetic"] == [pair]  # kept as it was
+    derived = [p for p in written if p.get("source") != "synthetic"]
+    assert derived and {p["question"] for p in derived} == {hand["question"]}
