@@ -23,10 +23,12 @@ built; a paraphrase gets through it. This check looks at the other end, the answ
 The check is a heuristic on strings, with known limits: it cannot tell a wrong value stated as plain
 fact (corpus poisoning without an instruction) from a right one; an instruction phrased unlike any
 rule in (3) passes: each time a set of attacks was written blind to the rule of the day, the rule
-recognised few of them (0 of 8, then 1 of 6, then 1 of 8: ``benchmarks/injection.py``); a reader-facing imperative ("Reply with your order number.") reads as
+recognised few of them (0 of 8, then 1 of 6, then 1 of 8: ``benchmarks/service.py injection``; the
+learned classifier of ``instructions.py``, applied to the sentences stating the answer's key content, adds
+a second opinion); a reader-facing imperative ("Reply with your order number.") reads as
 an instruction; a unit converted by the answer ("3 weeks" for "21 days", "6 pm" for "18:00") is
 flagged. None of the bundled domains' documents reads as an instruction, and every first gold answer is
-grounded by its evidence documents (tests/test_grounding.py). What it adds is that the flag and the attack need the same thing to succeed: the
+grounded by its evidence documents (with the classifier, one of 363 is flagged; tests/test_grounding.py). What it adds is that the flag and the attack need the same thing to succeed: the
 value must come from somewhere, and where it comes from is named in the trace.
 """
 
