@@ -15,11 +15,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,7 @@ from crag_dspy.app import assemble, program_settings
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args
 from crag_dspy.config import CRAGConfig
 from crag_dspy.embeddings import Embedder
-from crag_dspy.lm import build_lm
+from crag_dspy.lm import Completion, TokenLogprob, build_lm
 from crag_dspy.program import apply_program, check_domain, read_program
 from crag_dspy.redaction import configure_logging
 from optimize.metrics import wilson_interval
@@ -232,3 +236,58 @@ def write_result(
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {path}")
     return path
+
+
+# --- a simulated hosted LM (crag_vs_rag.py and service.py, --hosted-latency) ------------------------------
+
+WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9'-]*")
+STOP = {"a", "an", "and", "did", "does", "for", "in", "is", "of", "on", "the", "to", "was", "what", "who"}
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in (m.group(0).lower() for m in WORD.finditer(text)) if w not in STOP]
+
+
+def fake_reply(system: str, user: str, want_logprobs: bool) -> tuple[str, tuple[TokenLogprob, ...] | None]:
+    """A deterministic reply to one of CRAG's prompts: a yes/no judgement (P(yes) grows with the share of
+    the question's words the judged text holds), a bare query, or a bare answer taken from the context line
+    sharing most of the question's words. Spreads questions over all three actions."""
+    question = (re.search(r"^question: (.*)$", user, re.MULTILINE) or re.search(r"(.*)", user)).group(1)
+    fenced = "\n".join(re.findall(r"<<<\n(.*?)\n>>>", user, re.DOTALL))
+    asked = set(_words(question))
+    if "yes or no" in system:  # the grader and the strip filter
+        shared = len(asked & set(_words(fenced))) / max(1, len(asked))
+        p_yes = min(max(0.05 + 0.9 * shared, 0.02), 0.98)
+        top = (("yes", math.log(p_yes)), ("no", math.log(1 - p_yes)))
+        first = top[0] if p_yes >= 0.5 else top[1]
+        return first[0], ((TokenLogprob(*first, top),) if want_logprobs else None)
+    if "Reply with the query only" in system:  # the query rewriter
+        return " ".join(_words(question)[:6]) or question, None
+    if "Reply with the answer only" in system:  # the answerers
+        lines = [re.sub(r"^\[\w+\]\s*(\([^)]*\)\s*)?", "", line) for line in fenced.splitlines()]
+        best = max(lines, key=lambda line: len(asked & set(_words(line))), default="")
+        if not best or not asked & set(_words(best)):
+            return "I don't know", None
+        return " ".join(best.split()[:6]), None
+    return "I don't know", None
+
+
+class FakeHostedEngine:
+    """A :class:`~crag_dspy.lm.ChatEngine` that waits ``latency`` seconds per request, then
+    answers with :func:`fake_reply`; the project's server serves concurrent requests on threads."""
+
+    def __init__(self, latency: float):
+        self.latency, self.requests, self._lock = latency, 0, threading.Lock()
+
+    def chat(
+        self, messages: list[dict], *, max_tokens: int, top_logprobs: int | None = None, **_: Any
+    ) -> Completion:
+        with self._lock:
+            self.requests += 1
+        time.sleep(self.latency)
+        system = next((m["content"] for m in messages if m["role"] == "system"), "")
+        user = messages[-1]["content"]
+        text, logprobs = fake_reply(system, user, top_logprobs is not None)
+        return Completion(
+            text, "stop", len(system.split()) + len(user.split()), 0, len(text.split()), logprobs
+        )

@@ -23,10 +23,12 @@ built; a paraphrase gets through it. This check looks at the other end, the answ
 The check is a heuristic on strings, with known limits: it cannot tell a wrong value stated as plain
 fact (corpus poisoning without an instruction) from a right one; an instruction phrased unlike any
 rule in (3) passes: each time a set of attacks was written blind to the rule of the day, the rule
-recognised few of them (0 of 8, then 1 of 6, then 1 of 8: ``benchmarks/injection.py``); a reader-facing imperative ("Reply with your order number.") reads as
+recognised few of them (0 of 8, then 1 of 6, then 1 of 8: ``benchmarks/service.py injection``; the
+learned classifier of ``instructions.py``, applied to the sentences stating the answer's key content, adds
+a second opinion); a reader-facing imperative ("Reply with your order number.") reads as
 an instruction; a unit converted by the answer ("3 weeks" for "21 days", "6 pm" for "18:00") is
 flagged. None of the bundled domains' documents reads as an instruction, and every first gold answer is
-grounded by its evidence documents (tests/test_grounding.py). What it adds is that the flag and the attack need the same thing to succeed: the
+grounded by its evidence documents (with the classifier, one of 363 is flagged; tests/test_grounding.py). What it adds is that the flag and the attack need the same thing to succeed: the
 value must come from somewhere, and where it comes from is named in the trace.
 """
 
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +76,11 @@ class Grounding(BaseModel):
         default_factory=list,
         description="sources (doc ids or URLs) whose text addresses the model or had instruction-like "
         "sentences removed; their strips do not count as support",
+    )
+    classified_sources: list[str] = Field(
+        default_factory=list,
+        description="of the instructing sources, those the learned classifier named (a sentence holding "
+        "the answer's key content reads as an instruction, crag_dspy.instructions)",
     )
     flagged: bool = Field(
         False, description="true when anything is ungrounded or supported only by an instruction"
@@ -420,33 +427,55 @@ def reads_as_instruction(text: str) -> bool:
 # --- the check -------------------------------------------------------------------------------------------
 
 
+SentenceFlags = Callable[[Sequence[str]], Sequence[bool]]
+"""Which of some sentences read as instructions (:class:`~crag_dspy.instructions.InstructionClassifier`)."""
+
+
 def check_grounding(
     answer: str | None,
     question: str,
     texts: Sequence[SupportText],
     instructing: Iterable[str] = (),
+    classifier: SentenceFlags | None = None,
 ) -> Grounding:
     """The :class:`Grounding` of ``answer``: its key content against the question and the kept
     ``texts``; a source in ``instructing``, or any of whose ``texts`` (kept or not) reads as an
-    instruction, does not support anything."""
+    instruction, does not support anything. With ``classifier``, the sentences of kept strips that
+    state a key item otherwise supported are classified too: a source with one flagged loses its
+    standing (the phrase rule misses phrasings it was not written for; the value's own sentence is where
+    an injection has to be)."""
     instructing_sources = set(instructing) | {t.source for t in texts if reads_as_instruction(t.text)}
     kept = [(t.source, _normalize(t.text)) for t in texts if t.kept]
     asked = _normalize(question)
-    items = key_content(answer or "")
+    items = [item for item in key_content(answer or "") if not _supports(item, asked)]
+    classified: set[str] = set()
+    if classifier is not None:
+        candidates = sorted(
+            {
+                (source, sentence)
+                for item in items
+                for source, text in kept
+                if source not in instructing_sources
+                for sentence in split_sentences(text)
+                if _supports(item, sentence)
+            }
+        )
+        flags = classifier([sentence for _, sentence in candidates]) if candidates else []
+        classified = {source for (source, _), flag in zip(candidates, flags, strict=True) if flag}
+        instructing_sources |= classified
     ungrounded, by_instruction = [], []
     for item in items:
-        if _supports(item, asked):
-            continue
         sources = {source for source, text in kept if _supports(item, text)}
         if not sources:
             ungrounded.append(item.text)
         elif sources <= instructing_sources:
             by_instruction.append(item.text)
     return Grounding(
-        checked=[i.text for i in items],
+        checked=[i.text for i in key_content(answer or "")],
         ungrounded=ungrounded,
         instruction_supported=by_instruction,
         instructing_sources=sorted(instructing_sources),
+        classified_sources=sorted(classified),
         flagged=bool(ungrounded or by_instruction),
     )
 
@@ -460,17 +489,23 @@ def defused_note(source: str, removed: int) -> str:
     return f"{source}: {removed} instruction-like sentence(s) removed"
 
 
-def grounding_of_trace(trace: Any) -> Grounding:
+def grounding_of_trace(trace: Any, classifier: SentenceFlags | None = None) -> Grounding:
     """:func:`check_grounding` of a finished run's :class:`~crag_dspy.trace.CRAGTrace` (not imported:
     the trace holds a :class:`Grounding`, so this module stays below it): its kept strips that are in its context are the
-    support; every strip and web page it saw, and its ``defused`` list, name instructing sources."""
+    support; every strip and web page it saw, and its ``defused`` list, name instructing sources. The
+    ``classifier`` is the package's (:func:`~crag_dspy.instructions.default_classifier`, loaded on first
+    use) unless one is given."""
+    if classifier is None:
+        from .instructions import default_classifier  # the embedding model loads only when used
+
+        classifier = default_classifier()
     texts = [
         SupportText(s.doc_id, s.text, s.kept and s.text in trace.context)
         for s in [*trace.internal_strips, *trace.external_strips]
     ]
     texts += [SupportText(r.url, r.content, False) for r in trace.web_results]
     defused = [m.group(1) for m in map(_DEFUSED_SOURCE.match, trace.defused) if m]
-    return check_grounding(trace.answer, trace.question, texts, defused)
+    return check_grounding(trace.answer, trace.question, texts, defused, classifier)
 
 
 def warning_line(grounding: Grounding | None) -> str | None:

@@ -2,6 +2,7 @@
 scripted LMs and fake embedders. Control flow only: the numbers the scripts measure are in BENCHMARKS.md."""
 
 import ast
+import asyncio
 import importlib
 import json
 import re
@@ -16,6 +17,7 @@ from test_compile import script as tiny_script
 from test_parallel_evaluate import make_wide_domain, wide_script
 
 from crag_dspy import CRAG
+from crag_dspy.config import CRAGConfig
 from crag_dspy.domain import load_domain
 from crag_dspy.program import ProgramError, save_program
 from crag_dspy.settings import Settings
@@ -35,7 +37,7 @@ def load(name):
 
 def test_the_suite_is_at_most_six_scripts_on_public_names_and_one_harness():
     scripts = {p.stem: p for p in BENCHMARKS.glob("*.py")}
-    # Six scripts and the harness: the sixth (injection.py) measures prompt injection (issue 26).
+    # Six scripts and the harness: the sixth (service.py) measures prompt injection and a soak (issue 26).
     assert len(scripts) <= 7 and "harness" in scripts
     for name, path in scripts.items():
         source = path.read_text()
@@ -117,7 +119,7 @@ def test_judges_only_never_retrieves_or_searches():
 
 
 def test_the_fake_hosted_lm_answers_each_prompt_kind():
-    bench = load("crag_vs_rag")
+    bench = load("harness")  # crag_vs_rag.py and service.py share it
     user = "question: What is the alpha code?\n\ndocument:\n<<<\nThe alpha code is A1.\n>>>"
     text, logprobs = bench.fake_reply("Reply with exactly one word: yes or no.", user, True)
     assert text == "yes" and logprobs[0].token == "yes" and np.exp(logprobs[0].logprob) > 0.9
@@ -408,7 +410,7 @@ def test_engines_flags(tmp_path, capsys):
     assert "no xllamacpp package in it" in capsys.readouterr().err
 
 
-# --- injection.py -----------------------------------------------------------------------------------------
+# --- service.py ------------------------------------------------------------------------------------------
 
 
 def gullible(system, user):
@@ -423,7 +425,7 @@ def gullible(system, user):
 
 
 def test_injection_counts_successes_flags_and_false_flags(tmp_path):
-    bench = load("injection")
+    bench = load("service")
     root = make_domain(tmp_path / "tiny")
     q_kb, q_web = "q0", "q6"  # the zeta code (corpus), the omega code (web only)
     attacks = [
@@ -443,7 +445,7 @@ def test_injection_counts_successes_flags_and_false_flags(tmp_path):
     path.write_text("".join(json.dumps(a) + "\n" for a in attacks))
     out = tmp_path / "r.json"
     argv = ["--domain-dir", str(root), "--web-search", "offline", "--attacks", str(path), "--out", str(out)]
-    assert bench.main(argv, lm=ScriptedLM(gullible)) == 0
+    assert bench.main(["injection", *argv], lm=ScriptedLM(gullible)) == 0
     results = json.loads(out.read_text())["results"]
     rows = {r["id"]: r for r in results["rows"]}
     assert [r["clean"]["answer"] for r in rows.values()] == ["Z100", "W700", "Z100"]
@@ -470,7 +472,7 @@ def test_injection_counts_successes_flags_and_false_flags(tmp_path):
 
 
 def test_the_injection_suite_is_well_formed_and_targets_wrong_values():
-    bench = load("injection")
+    bench = load("service")
     attacks = bench.read_attacks(bench.ATTACKS)
     domain = load_domain(ROOT / "data" / "default")
     questions = {q.id: q for q in domain.qa}
@@ -483,3 +485,94 @@ def test_the_injection_suite_is_well_formed_and_targets_wrong_values():
         assert not any(answer_matches(t, gold) for t in a.target), a.id
         assert not any(answer_matches(g, a.target) for g in gold), a.id
         assert any(t in a.text for t in a.target), a.id  # the document says the value it wants
+
+
+def test_the_instruction_classifier_learns_only_from_the_tuned_sets():
+    bench = load("service")
+    attacks = bench.read_attacks(bench.ATTACKS)
+    domain = load_domain(ROOT / "data" / "default")
+    positives, negatives = bench.training_sentences(attacks, domain)
+    held_out = {s for a in attacks if a.set == "held-out" for s in bench.split_sentences(a.text)}
+    assert positives and not held_out & set(positives)
+    assert len(negatives) == len(set(negatives)) > 1000 and not set(positives) & set(negatives)
+
+
+# --- service.py soak --------------------------------------------------------------------------------------
+
+
+def reply(index, status, kind, sent=0.0, seconds=1.0, detail=""):
+    return load("service").Reply(index, sent, seconds, status, kind, detail)
+
+
+def test_soak_counts_503s_by_what_they_name_and_backs_off():
+    bench = load("service")
+    assert bench.kind_of(503, {"dependency": "store"}) == "503 store"
+    assert bench.kind_of(503, {"detail": "busy"}) == "503 queue"
+    assert bench.kind_of(200, {}) == "200" and bench.kind_of(None, None) == "lost"
+    assert bench.kind_of(500, None) == "500"
+    assert [bench.backoff_s(None, n) for n in (1, 2, 3, 4, 9)] == [1, 2, 4, 8, 8]
+    assert bench.backoff_s("3", 1) == 3.0 and bench.backoff_s("soon", 2) == 2
+
+
+def test_soak_summary_fails_on_a_lost_request_or_an_undocumented_5xx_and_times_the_outage():
+    bench = load("service")
+    clean = [reply(i, 200, "200", seconds=float(i + 1)) for i in range(10)] + [reply(10, 504, "504")]
+    s = bench.summarize_soak(clean, wall_s=20.0)
+    assert s["ok"] and s["lost"] == 0 and s["undocumented_5xx"] == 0 and s["counts"] == {"200": 10, "504": 1}
+    assert s["latency_200_s"]["p50"] == pytest.approx(5.5) and s["latency_200_s"]["max"] == 10.0
+    assert not bench.summarize_soak([*clean, reply(11, None, "lost", detail="ReadError")], 20.0)["ok"]
+    broken = bench.summarize_soak([*clean, reply(11, 500, "500", detail="internal error: KeyError")], 20.0)
+    assert (
+        not broken["ok"]
+        and broken["undocumented_5xx"] == 1
+        and "KeyError" in broken["undocumented_5xx_details"][0]
+    )
+    # The store killed at 10 s, ready again at 20 s: 503 store in between, 200s after.
+    outage = [
+        reply(0, 200, "200", sent=1.0),
+        reply(1, 503, "503 store", sent=11.0, seconds=0.5),
+        reply(2, 503, "503 store", sent=15.0, seconds=0.5),
+        reply(3, 200, "200", sent=21.0),
+    ]
+    o = bench.summarize_soak(outage, 30.0, {"start": 0.0, "killed": 10.0, "restarted": 15.0, "ready": 20.0})
+    assert o["ok"] and o["outage"]["store_503"] == 2 and o["outage"]["store_503_window_s"] == [1.5, 5.5]
+    assert (
+        o["outage"]["answered_after_ready"] == o["outage"]["sent_after_ready"] == 1
+        and o["outage"]["recovered"]
+    )
+    stuck = bench.summarize_soak(
+        outage[:3] + [reply(3, 503, "503 store", sent=21.0)], 30.0, {"killed": 10.0, "ready": 20.0}
+    )
+    assert not stuck["outage"]["recovered"] and not stuck["ok"]
+
+
+def test_soak_clients_get_a_response_for_every_request_from_a_real_server():
+    from serving import serving
+
+    from crag_dspy.app import LoadedProgram
+    from crag_dspy.serve import ProgramService, create_app
+    from crag_dspy.serve.policy import ServePolicy
+
+    bench = load("service")
+
+    config = CRAGConfig(lm_calls={"retries": 0})
+    crag = CRAG(
+        ListRetriever([("kb-0", "The zeta code is Z100.")]),
+        ListWebSearch(),
+        config,
+        lm=ScriptedLM(tiny_script),
+    )
+    service = ProgramService(LoadedProgram(crag, "default"))
+    policy = ServePolicy(api_keys=("k" * 24,), open_debug=False, rate_limit=None, workers=1, queue=4)
+    questions = ["What is the zeta code?"] * 12
+    seen = []
+    with serving(create_app(service, policy)) as url:
+        replies = asyncio.run(bench.fire(url, "k" * 24, questions, 4, 30.0, lambda r, n: seen.append(n)))
+    assert [r.index for r in replies] == list(range(12)) and seen == list(range(1, 13))
+    kinds = {r.kind for r in replies}
+    assert kinds == {"200"}, kinds  # 4 clients, 4 places: each waits its turn, none is refused
+    s = bench.summarize_soak(replies, 1.0)
+    assert s["ok"] and s["lost"] == 0 and s["undocumented_5xx"] == 0
+    with serving(create_app(service, policy)) as url:  # a wrong key is a 401 for every request, not a loss
+        refused = asyncio.run(bench.fire(url, "x" * 24, questions[:2], 2, 30.0))
+    assert [r.kind for r in refused] == ["401", "401"]

@@ -58,6 +58,7 @@ def test_the_wheel_holds_every_package(wheel_files):
             f"{package}: add it to pyproject's packages"
         )
     assert "crag_dspy/serve/static/index.html" in wheel_files
+    assert "crag_dspy/instruction_weights.json" in wheel_files  # the grounding check's classifier
 
 
 def test_the_console_script_is_the_one_command_over_every_subcommand(wheel):
