@@ -6,6 +6,7 @@ import importlib.util
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = ["Embedder", "EmbeddingError", "bundled_model_path"]
 
@@ -21,6 +22,28 @@ def bundled_model_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
+_MODELS: dict[str, Any] = {}
+_MODELS_LOCK = threading.Lock()
+
+
+def _shared_model(path: str):
+    """One loaded model per path and process: the store, the grader's view and the grounding check's
+    classifier all embed with the same weights, and each copy costs ~90 MB and a second to load."""
+    with _MODELS_LOCK:
+        if path not in _MODELS:
+            from sentence_transformers import SentenceTransformer
+
+            try:
+                # local_files_only: a missing local model must fail here, not try to reach a hub;
+                # use_safetensors: weights in pickle format (pytorch_model.bin) are never loaded.
+                _MODELS[path] = SentenceTransformer(
+                    path, device="cpu", local_files_only=True, model_kwargs={"use_safetensors": True}
+                )
+            except Exception as exc:
+                raise EmbeddingError(f"Cannot load embedding model {path!r}: {exc}") from exc
+        return _MODELS[path]
+
+
 class Embedder:
     """Lazy, thread-safe sentence-transformers encoder; ``name`` identifies the vectors' space."""
 
@@ -34,17 +57,7 @@ class Embedder:
     def _load(self):
         with self._lock:
             if self._model is None:
-                from sentence_transformers import SentenceTransformer
-
-                path = self.model_ref or str(bundled_model_path())
-                try:
-                    # local_files_only: a missing local model must fail here, not try to reach a hub;
-                    # use_safetensors: weights in pickle format (pytorch_model.bin) are never loaded.
-                    self._model = SentenceTransformer(
-                        path, device="cpu", local_files_only=True, model_kwargs={"use_safetensors": True}
-                    )
-                except Exception as exc:  # noqa: BLE001 - re-raised with what to do
-                    raise EmbeddingError(f"Cannot load embedding model {path!r}: {exc}") from exc
+                self._model = _shared_model(self.model_ref or str(bundled_model_path()))
         return self._model
 
     def encode(self, texts: Sequence[str], *, progress: bool = False) -> list[list[float]]:
