@@ -192,6 +192,10 @@ def assemble(
     # while the embedded LM takes seconds and 1.8 GB. Then the LM: a bad model string or a missing key
     # fails before any indexing.
     domain = domain or load_domain(settings.resolved_domain_dir, lazy=True)
+    if not _store_may_hold_it(settings):
+        # Nothing can be ingested yet: the corpus will be read for the ingest anyway, so a bad file is
+        # reported now, before the LM starts and before a store folder is made.
+        domain.corpus, domain.web  # noqa: B018 - read and validate now
     lm = app_lm(settings, lm)
     backends = open_backends(settings, progress=progress, domain=domain)
     crag = CRAG(
@@ -202,6 +206,11 @@ def assemble(
         embedder=backends.embedder,
     )
     return crag, backends
+
+
+def _store_may_hold_it(settings: Settings) -> bool:
+    """Whether a store may already hold the domain: a server, or an embedded store folder that exists."""
+    return settings.chroma_host is not None or settings.resolved_chroma_path.exists()
 
 
 def build_crag(
