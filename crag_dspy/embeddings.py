@@ -51,14 +51,9 @@ class Embedder:
         self.model_ref = model
         self.name = model or "all-MiniLM-L6-v2"
         self.batch_size = batch_size
-        self._model = None
-        self._lock = threading.Lock()
 
     def _load(self):
-        with self._lock:
-            if self._model is None:
-                self._model = _shared_model(self.model_ref or str(bundled_model_path()))
-        return self._model
+        return _shared_model(self.model_ref or str(bundled_model_path()))
 
     def encode(self, texts: Sequence[str], *, progress: bool = False) -> list[list[float]]:
         model = self._load()

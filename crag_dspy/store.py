@@ -284,31 +284,19 @@ def ingest_domain(
     progress: bool = True,
 ) -> list[IngestReport]:
     kb_name, web_name = collection_names(domain.name)
-    words = domain.config.chunk_words
-    reports = [
+    sides = [(kb_name, domain.corpus, "kb"), *([(web_name, domain.web, "web")] if domain.web else [])]
+    return [
         ingest_documents(
             client,
-            kb_name,
-            domain.corpus,
+            name,
+            docs,
             embedder,
-            chunk_words=words,
+            chunk_words=domain.config.chunk_words,
             progress=progress,
-            source=domain.source("kb"),
+            source=domain.source(which),
         )
+        for name, docs, which in sides
     ]
-    if domain.web:
-        reports.append(
-            ingest_documents(
-                client,
-                web_name,
-                domain.web,
-                embedder,
-                chunk_words=words,
-                progress=progress,
-                source=domain.source("web"),
-            )
-        )
-    return reports
 
 
 def ingest_gaps(client: chromadb.ClientAPI, domain: Domain) -> list[str]:

@@ -107,10 +107,16 @@ def main(argv: list[str] | None = None) -> int:
         questions.extend(load_jsonl(path, QAPair))
     pairs = build_relevance_pairs(domain, questions, Embedder())
     out = args.out or args.domain_dir / "relevance.jsonl"
-    kept = [p.model_dump(exclude_none=True) for p in domain.relevance if p.source == "synthetic"]
-    lines = [*pairs, *(kept if out == args.domain_dir / "relevance.jsonl" else [])]
+    # Rewriting the domain's own file keeps its synthetic pairs; another --out gets the derived ones only.
+    own_file = out == args.domain_dir / "relevance.jsonl"
+    kept = (
+        [p.model_dump(exclude_none=True) for p in domain.relevance if p.source == "synthetic"]
+        if own_file
+        else []
+    )
+    lines = [*pairs, *kept]
     out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in lines), encoding="utf-8")
-    if kept and out == args.domain_dir / "relevance.jsonl":
+    if kept:
         print(f"kept {len(kept)} synthetic pairs (optimize.synthesize) after the derived ones")
     counts = {
         (s, lab): sum(1 for p in pairs if p["split"] == s and p["label"] == lab)
