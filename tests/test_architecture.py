@@ -76,3 +76,15 @@ def test_the_checks_see_what_they_check():
     cli = imports(ROOT / "crag_dspy" / "cli.py")
     assert ("crag_dspy.lm", ["EMBEDDED_MODELS", "ENGINE_CHOICES", "WeightsError"]) in cli
     assert any(m == "crag_dspy.lm.factory" for m, _ in imports(ROOT / "crag_dspy" / "lm" / "__init__.py"))
+
+
+def test_tests_import_their_helpers_as_neighbours_not_through_a_tests_package():
+    # CI runs the `pytest` entry point, which puts tests/ on sys.path but not the repository root:
+    # `from tests.fakes import ...` works under `python -m pytest` only, and broke CI once.
+    through_package = [
+        f"{path.name}: {module}"
+        for path in sorted((ROOT / "tests").glob("*.py"))
+        for module, _ in imports(path)
+        if module == "tests" or module.startswith("tests.")
+    ]
+    assert through_package == []
