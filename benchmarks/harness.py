@@ -46,12 +46,21 @@ ROOT = BENCHMARKS.parent
 
 
 def parser(
-    doc: str, *, lm: bool = True, cache_flag: bool = True, program: bool = False, store: bool = True
+    doc: str,
+    *,
+    lm: bool = True,
+    cache_flag: bool = True,
+    program: bool = False,
+    store: bool = True,
+    subparsers: Any = None,
+    name: str = "",
 ) -> argparse.ArgumentParser:
     """An argument parser whose description is ``doc`` (the script's docstring), with the CLI's domain
     flags and, with ``store``, its Chroma flags; the CLI's LM flags (``lm``) and ``--no-cache``
-    (``cache_flag``); ``--program`` (``program``) and ``--out``."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    (``cache_flag``); ``--program`` (``program``) and ``--out``. With ``subparsers`` (what
+    ``add_subparsers`` returned) it is the subcommand ``name`` of a script with several."""
+    kwargs = {"description": doc, "formatter_class": argparse.RawDescriptionHelpFormatter}
+    p = subparsers.add_parser(name, **kwargs) if subparsers is not None else argparse.ArgumentParser(**kwargs)
     if store:
         add_storage_arguments(p)
         p.add_argument(

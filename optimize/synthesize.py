@@ -36,6 +36,8 @@ from crag_dspy.settings import Settings
 
 from .compile import at_least
 from .synthesis.candidates import (
+    ATTEMPTS_PER_QUESTION,
+    WEB_POOL_FACTOR,
     Candidate,
     Generation,
     Kind,
@@ -58,7 +60,6 @@ from .synthesis.rules import question_key
 from .synthesis.splits import assign_splits
 
 __all__ = [
-    "ATTEMPTS_PER_QUESTION",
     "UNANSWERABLE_SHARE",
     "SynthesisReport",
     "main",
@@ -72,9 +73,6 @@ log = logging.getLogger(__name__)
 UNANSWERABLE_SHARE = 0.2
 """Share of the questions the knowledge base cannot answer (web-only, or "I don't know" without a
 web.jsonl): the bundled default domain has 38% web and 7% unanswerable questions."""
-ATTEMPTS_PER_QUESTION = 3
-"""Passages tried at most per question still wanted: the rules reject some replies, but a model whose
-replies all fail must not be asked about every passage of a large corpus."""
 
 
 @dataclass
@@ -121,7 +119,8 @@ def plan_passages(
 ) -> tuple[dict[Kind, int], dict[Kind, list[SourcePassage]]]:
     """How many questions of each kind are still missing (``wanted`` minus the candidates that passed
     the rules), and the passages to try for them, in order: never one tried already, at most
-    :data:`ATTEMPTS_PER_QUESTION` per missing question."""
+    :data:`ATTEMPTS_PER_QUESTION` per missing question (for web questions a pool
+    :data:`WEB_POOL_FACTOR` times larger, from which :func:`generate` picks the least covered)."""
     tried = {(c.kind, c.passage_id) for c in existing}
     targets: dict[Kind, int] = {}
     plan: dict[Kind, list[SourcePassage]] = {}
@@ -130,7 +129,8 @@ def plan_passages(
         # Unanswerable questions take the knowledge-base passages in another order than answerable ones.
         order = passage_order(passages["web" if kind == "web" else "kb"], seed + (kind == "none"))
         untried = [p for p in order if (kind, p.id) not in tried]
-        plan[kind] = untried[: targets[kind] * ATTEMPTS_PER_QUESTION]
+        pool = WEB_POOL_FACTOR if kind == "web" else 1
+        plan[kind] = untried[: targets[kind] * ATTEMPTS_PER_QUESTION * pool]
     return targets, plan
 
 

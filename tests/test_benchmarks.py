@@ -308,7 +308,7 @@ def test_tie_rules_of_a_program_on_its_domain(tmp_path):
     assert [r["test_accuracy"] for r in results["rows"]] == [1.0] * 3  # the scripted LM never errs
 
 
-# --- ingestion.py -----------------------------------------------------------------------------------------
+# --- new_domain.py -----------------------------------------------------------------------------------------
 
 
 class FakeEmbedder:
@@ -325,7 +325,7 @@ class FakeEmbedder:
 
 
 def test_ingestion_compares_ingest_with_the_raw_encode_of_the_same_passages(tmp_path):
-    bench = load("ingestion")
+    bench = load("new_domain")
     domain = load_domain(make_domain(tmp_path / "tiny"))
     docs = bench.documents(domain, 2)
     assert len(docs) == 2 * (len(domain.corpus) + len(domain.web)) == len({d.id for d in docs})
@@ -342,8 +342,8 @@ def test_ingestion_compares_ingest_with_the_raw_encode_of_the_same_passages(tmp_
 
 def test_ingestion_refuses_bad_counts(capsys):
     with pytest.raises(SystemExit):
-        load("ingestion").main(["--rounds", "0"])
-    assert "--copies and --rounds must be at least 1" in capsys.readouterr().err
+        load("new_domain").main(["ingest", "--rounds", "0"])
+    assert "--rounds" in capsys.readouterr().err
 
 
 # --- engines.py -------------------------------------------------------------------------------------------

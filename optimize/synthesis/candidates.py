@@ -21,6 +21,7 @@ from dspy.utils.exceptions import AdapterParseError
 from pydantic import BaseModel, ConfigDict
 from tqdm.auto import tqdm
 
+from crag_dspy.adapters import LinesAdapter
 from crag_dspy.domain import CorpusDoc, Domain
 from crag_dspy.faults import describe_error, raise_if_lm_down
 from crag_dspy.protocols import Passage, Retriever
@@ -30,9 +31,11 @@ from signatures import WriteQuestion, WriteUnanswerableQuestion
 from .rules import Reason, answer_in, copied_share, question_key, reject_reason
 
 __all__ = [
+    "ATTEMPTS_PER_QUESTION",
     "HARD_NEGATIVE_POOL",
     "KB_CHECK_DEPTH",
     "MAX_TOKENS",
+    "WEB_POOL_FACTOR",
     "Candidate",
     "Generation",
     "Kind",
@@ -40,6 +43,7 @@ __all__ = [
     "SourcePassage",
     "doc_key",
     "generate",
+    "least_covered_first",
     "passage_order",
     "question_writers",
     "source_passages",
@@ -55,6 +59,12 @@ HARD_NEGATIVE_POOL = 10
 KB_CHECK_DEPTH = 5
 """Knowledge-base passages retrieved for a web question: its answer in one of them means it is not
 web-only (the program would find it internally)."""
+ATTEMPTS_PER_QUESTION = 3
+"""Passages tried at most per question still wanted: the rules reject some replies, but a model whose
+replies all fail must not be asked about every passage of a large corpus."""
+WEB_POOL_FACTOR = 4
+"""Web passages looked at per attempt: the pool is ranked by how little the knowledge base covers each
+one (:func:`least_covered_first`), and the attempts go to the least covered."""
 EASY_NEGATIVE_SHARE = 0.5
 """Share of questions that also get one easy negative (a random passage of another document), so that
 the grader sees both kinds of "no" while positives stay close to half of the pairs."""
@@ -172,8 +182,8 @@ in whole sentences without them (docs/synthesize.md). One invented passage, so n
 another's questions; they come first in the prompt, a prefix the LM's KV cache keeps."""
 
 
-MAX_TOKENS = 160
-"""Reply tokens per question: a question of at most 40 words, a short answer and the field markers fit;
+MAX_TOKENS = 80
+"""Reply tokens per question: a question of at most 40 words, a short answer and their labels fit;
 a model that rambles on is cut off instead of writing the LM's default 512 tokens (a rule rejects it)."""
 
 
@@ -192,11 +202,24 @@ def _ask(predictor: dspy.Predict, passage: str) -> tuple[str, str | None] | Reas
     """The LM's (question, answer) for ``passage``, or :attr:`Reason.UNPARSED` when its reply has no
     usable fields (with DSPy's cache the same reply would come back: it is a verdict, not a failure)."""
     try:
-        reply = predictor(passage=passage)
+        with dspy.context(adapter=LinesAdapter()):
+            reply = predictor(passage=passage)
     except AdapterParseError:
         return Reason.UNPARSED
     answer = getattr(reply, "answer", None)
     return str(reply.question or "").strip(), None if answer is None else str(answer).strip()
+
+
+def least_covered_first(sources: Sequence[SourcePassage], kb: Retriever) -> list[SourcePassage]:
+    """``sources`` (web passages) ordered by their similarity to the closest knowledge-base passage,
+    lowest first (stable: ties keep their order).
+
+    A web question is kept only when the knowledge base does not hold its answer, and a web passage on a
+    subject the knowledge base already covers rarely gives one (on popqa-dev, 1 of 6 tried in document
+    order passed). One store query per passage, no LM call, finds the ones worth asking about.
+    """
+    closest = {s.id: max((p.similarity for p in kb.retrieve(s.text, 1)), default=0.0) for s in sources}
+    return sorted(sources, key=lambda s: closest[s.id])
 
 
 def _negatives(
@@ -252,6 +275,9 @@ def generate(
     """Ask the LM (``dspy.settings.lm``) about the ``plan``'s passages of each kind, in order, until
     ``targets[kind]`` candidates of that kind passed the rules (or the passages run out).
 
+    At most :data:`ATTEMPTS_PER_QUESTION` passages are asked about per question wanted; web passages
+    are asked about least covered by the knowledge base first (:func:`least_covered_first`).
+
     ``retrievers`` opens the store (called once, only when there is something to ask): the "kb" and
     ("web" when the domain has one) retrievers that find hard negatives and check web questions
     against the knowledge base. ``seen`` holds the :func:`~.rules.question_key` of questions that
@@ -270,6 +296,9 @@ def generate(
         if wanted <= 0 or not sources:
             continue
         writer = writers["none" if kind == "none" else "answerable"]
+        if kind == "web":
+            sources = least_covered_first(sources, stores["kb"])
+        sources = sources[: wanted * ATTEMPTS_PER_QUESTION]
         passed = 0
         bar = tqdm(sources, desc=f"synthesize {kind} questions", unit="passage", disable=not progress)
         for source in bar:
