@@ -140,12 +140,20 @@ def _accepted(candidates: list[Candidate], decisions: Mapping[str, str]) -> list
 
 
 def _splits(passages, existing: list[Candidate], seed: int) -> dict[str, str]:
-    """Every document's split; documents that fed candidates already keep theirs."""
+    """Every document's split. Documents with the same title (one subject: a person's several
+    passages, or namesakes) share a split, so that a question's hardest negatives, passages on its
+    subject without its answer, are in its own split and the grader learns from them. Documents that
+    fed candidates already keep their split."""
     fixed = {doc_key("web" if c.kind == "web" else "kb", c.doc_id): c.split for c in existing}
     split_of: dict[str, str] = {}
     for side in ("kb", "web"):
-        keys = sorted({p.doc_key for p in passages[side]})
-        split_of.update(assign_splits(keys, seed, fixed))
+        subject_of = {p.doc_key: f"{side}:{p.title.strip().casefold()}" for p in passages[side]}
+        fixed_subjects: dict[str, str] = {}
+        for key, split in fixed.items():
+            if key in subject_of:
+                fixed_subjects.setdefault(subject_of[key], split)
+        subjects = assign_splits(sorted(set(subject_of.values())), seed, fixed_subjects)
+        split_of.update({key: fixed.get(key, subjects[subject]) for key, subject in subject_of.items()})
     return split_of
 
 

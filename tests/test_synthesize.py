@@ -574,3 +574,28 @@ def test_question_writers_are_asked_in_the_lines_format(tmp_path, run):
     code, lm = run(root, lines, "--questions", "4", "--accept-all")
     assert code == 0 and len(load_domain(root).qa) == 4
     assert all("Reply with exactly these lines" in system for system, _ in lm.calls)
+
+
+def test_documents_on_one_subject_share_a_split_so_their_hard_negatives_stay_in_it():
+    from optimize.synthesis.candidates import Candidate, SourcePassage
+    from optimize.synthesize import _splits
+
+    # Twelve subjects, each with three documents (a person's passages, or namesakes), one web page each.
+    kb = [
+        SourcePassage(f"c{s}{d}", "kb", f"d{s}-{d}", f"Person {s}\nFact {d}.")
+        for s in range(12)
+        for d in range(3)
+    ]
+    web = [SourcePassage(f"w{s}", "web", f"w{s}", f"person {s} \nPage.") for s in range(12)]
+    split_of = _splits({"kb": kb, "web": web}, [], seed=0)
+    for s in range(12):
+        assert len({split_of[f"kb:d{s}-{d}"] for d in range(3)}) == 1
+    assert {split_of[f"kb:d{s}-0"] for s in range(12)} == {"train", "val", "test"}
+    # A document that fed a candidate keeps its split; its subject follows it.
+    moved = "train" if split_of["kb:d0-0"] != "train" else "val"
+    fed = Candidate(
+        id="x", kind="kb", passage_id="c00", doc_id="d0-0", split=moved, passage="p",
+        question="q", answer="a", copied_share=0.0,
+    )  # fmt: skip
+    again = _splits({"kb": kb, "web": web}, [fed], seed=0)
+    assert {again[f"kb:d0-{d}"] for d in range(3)} == {moved}

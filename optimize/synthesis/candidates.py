@@ -83,6 +83,10 @@ class SourcePassage:
     def doc_key(self) -> str:
         return doc_key(self.side, self.doc_id)
 
+    @property
+    def title(self) -> str:
+        return self.text.split("\n", 1)[0]
+
 
 def doc_key(side: str, doc_id: str) -> str:
     """A document's key across corpus and web (their ids may collide): ``kb:<id>`` or ``web:<id>``."""
