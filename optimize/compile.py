@@ -38,7 +38,7 @@ from crag_dspy.settings import Settings
 from crag_dspy.store import ingest_domain
 from crag_dspy.trace import usage_from_tracker
 
-from .data_needs import guidance, shortfalls
+from .data_needs import guidance, shortfalls, synthetic_grader_warning
 from .datasets import answers_by_question, qa_examples
 from .grade_source import GRADER_CHOICES
 from .measure import evaluate_program
@@ -85,6 +85,8 @@ def compile_program(
     missing = shortfalls(domain, stages, thresholds=thresholds, test=evaluate_test, sentences_per_strip=spp)
     if missing:  # before any LM call: a compile on nothing would start the model to fail late
         raise DomainDataError(guidance(domain.root, missing))
+    if warning := synthetic_grader_warning(domain, stages):
+        log.warning(warning)
     lm = lm or build_lm(settings)
     crag, backends = assemble(settings, lm, progress, domain=domain)
     ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed

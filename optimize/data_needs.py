@@ -21,7 +21,14 @@ from crag_dspy.domain import Domain
 
 from .datasets import strip_examples
 
-__all__ = ["MIN_JUDGE_PAIRS", "MIN_QA_QUESTIONS", "Shortfall", "guidance", "shortfalls"]
+__all__ = [
+    "MIN_JUDGE_PAIRS",
+    "MIN_QA_QUESTIONS",
+    "Shortfall",
+    "guidance",
+    "shortfalls",
+    "synthetic_grader_warning",
+]
 
 MIN_JUDGE_PAIRS = 2
 """Labelled pairs per split a judge stage needs, with both labels among them: a judge is taught and
@@ -100,4 +107,22 @@ def guidance(root: Path, missing: Sequence[Shortfall]) -> str:
         "split, relevance.jsonl (question, passage, label) pairs; questions with evidence quotes give "
         f"pairs with: python -m optimize.relevance_pairs --domain-dir {root}. Or compile only what the "
         "data supports, e.g. --stages grader --no-thresholds --no-test-eval."
+    )
+
+
+def synthetic_grader_warning(domain: Domain, stages: Sequence[str]) -> str | None:
+    """A warning when the grader would be compiled on synthetic relevance pairs only, else None.
+
+    Measured on both bundled domains (BENCHMARKS.md, "Synthetic labels against real ones"): compiled
+    on 200 synthesized questions' pairs, the grader did worse than the uncompiled one on popqa-dev's
+    real val pairs and no better on the default domain's, so a user should know before shipping it.
+    """
+    pairs = [p for p in domain.relevance if p.split in ("train", "val")]
+    if "grader" not in stages or not pairs or any(p.source != "synthetic" for p in pairs):
+        return None
+    return (
+        f"{domain.root}: every relevance pair is synthetic. Compiled on synthetic pairs, the grader scored "
+        "below the uncompiled one on real labels (popqa-dev) or equal to it (default); see BENCHMARKS.md, "
+        '"Synthetic labels against real ones". Review the pairs (synthetic/review.csv), add hand-labelled '
+        "ones, or leave the grader out of --stages."
     )

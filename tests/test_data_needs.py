@@ -102,3 +102,17 @@ def test_compile_on_a_documents_only_domain_exits_2_before_any_lm_call_naming_sy
     err = capsys.readouterr().err
     assert f"python -m optimize.synthesize --domain-dir {domain}" in err and "Traceback" not in err
     assert not (tmp_path / "chroma").exists()  # nothing opened, nothing asked
+
+
+def test_a_grader_compiled_on_synthetic_pairs_only_is_warned_about():
+    from optimize.data_needs import synthetic_grader_warning
+
+    synthetic = [
+        p.model_copy(update={"source": "synthetic"}) for p in [*pairs("train", 1, 1), *pairs("val", 1, 1)]
+    ]
+    warning = synthetic_grader_warning(domain(synthetic), ("grader",))
+    assert warning and "every relevance pair is synthetic" in warning and "--stages" in warning
+    assert synthetic_grader_warning(domain(synthetic), ("strips",)) is None  # the grader is not compiled
+    mixed = [*synthetic, *pairs("val", 1, 0)]  # one hand-labelled pair: the val measure is not all synthetic
+    assert synthetic_grader_warning(domain(mixed), ("grader",)) is None
+    assert synthetic_grader_warning(domain(), ("grader",)) is None
