@@ -6,12 +6,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from fakes import ScriptedLM, field
 
 from crag_dspy import loaders
 from crag_dspy.cli import main
 from crag_dspy.domain import DomainDataError, load_domain
 from crag_dspy.loaders import MissingExtraError, UnreadableDocumentError, load_document
-from fakes import ScriptedLM, field
 
 PDF = Path(__file__).parent / "fixtures" / "ferry-handbook.pdf"  # tests/fixtures/make_pdf.py
 PDF_FACT = "23:40 from pier four"  # only the PDF says when the night crossing leaves
