@@ -154,8 +154,8 @@ class LinesAdapter(_FieldsAdapter):
     ``name: value`` line per output, in the signature's order.
 
     ``name:`` costs ~2 generated tokens where ChatAdapter's header costs ~7, and there is no closing
-    marker: on the embedded 1.5B model a question and its answer take ~12 generated tokens instead of
-    ~27 (docs/synthesize.md). Inputs are fenced and made inert, as for the judges.
+    marker: on the embedded 1.5B model a question and its answer take 14-25 generated tokens instead
+    of 26-40 (docs/synthesize.md). Inputs are fenced and made inert, as for the judges.
     """
 
     def _outputs(self, signature) -> dict[str, str]:
