@@ -3,7 +3,6 @@
 from pathlib import Path
 
 import pytest
-from fakes import NO_LM
 
 from crag_dspy.domain import CorpusDoc, Domain, DomainConfig, QAPair, RelevancePair
 from optimize.data_needs import MIN_JUDGE_PAIRS, MIN_QA_QUESTIONS, guidance, shortfalls
@@ -82,26 +81,6 @@ def test_the_module_example_runs():
 
     result = doctest.testmod(optimize.data_needs)
     assert result.attempted and not result.failed
-
-
-def test_compile_on_a_documents_only_domain_exits_2_before_any_lm_call_naming_synthesize(
-    tmp_path, capsys, monkeypatch
-):
-    from optimize.compile import main
-
-    domain = tmp_path / "pump"
-    (domain / "corpus").mkdir(parents=True)
-    (domain / "corpus" / "pump.md").write_text("# Pump\n\nThe pump moves 40 litres per minute.\n")
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("the compile built its LM")
-
-    monkeypatch.setattr("optimize.compile.build_lm", refuse)
-    argv = ["--domain-dir", str(domain), "--chroma-path", str(tmp_path / "chroma"), *NO_LM]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert f"python -m optimize.synthesize --domain-dir {domain}" in err and "Traceback" not in err
-    assert not (tmp_path / "chroma").exists()  # nothing opened, nothing asked
 
 
 def test_a_grader_compiled_on_synthetic_pairs_only_is_warned_about():

@@ -174,17 +174,25 @@ def test_no_bundled_document_reads_as_an_instruction():
             assert not reads_as_instruction(f"{doc.title}. {doc.text}"), (name, doc.id)
 
 
-def test_every_first_gold_answer_is_grounded_by_its_evidence_documents():
-    """The check's false flags on honest answers: each question's first gold alias against the documents
-    its evidence quotes come from (other aliases may convert units, e.g. "3 weeks" for "21 days")."""
+def gold_answer_cases():
+    """((domain, question id), first gold alias, question, its evidence documents as support) for every
+    question of the bundled domains with evidence (other aliases may convert units, e.g. "3 weeks" for
+    "21 days")."""
     for name in ("default", "transit"):
         domain = load_domain(ROOT / "data" / name)
         docs = {d.id: d.text for d in [*domain.corpus, *domain.web]}
         for q in domain.qa:
             if q.evidence:
                 texts = [SupportText(e["doc_id"], docs[e["doc_id"]], True) for e in q.evidence]
-                g = check_grounding(q.answers[0], q.question, texts)
-                assert not g.flagged, (name, q.id, q.answers[0], g)
+                yield (name, q.id), q.answers[0], q.question, texts
+
+
+def test_every_first_gold_answer_is_grounded_by_its_evidence_documents():
+    """The check's false flags on honest answers: each question's first gold alias against the documents
+    its evidence quotes come from."""
+    for case, answer, question, texts in gold_answer_cases():
+        g = check_grounding(answer, question, texts)
+        assert not g.flagged, (case, answer, g)
 
 
 def test_support_only_from_an_instructing_source_is_flagged_and_named():
@@ -352,14 +360,7 @@ def test_the_shipped_classifier_is_plain_json_and_flags_one_gold_answer_of_363()
     one of the 363 first gold answers, whose evidence sentence the classifier reads as an instruction."""
     state = json.loads(WEIGHTS.read_text())
     assert len(state["weights"]) == 384 and 0 < state["threshold"] < 1
-    cases = []
-    for name in ("default", "transit"):
-        domain = load_domain(ROOT / "data" / name)
-        docs = {d.id: d.text for d in [*domain.corpus, *domain.web]}
-        for q in domain.qa:
-            if q.evidence:
-                texts = [SupportText(e["doc_id"], docs[e["doc_id"]], True) for e in q.evidence]
-                cases.append(((name, q.id), q.answers[0], q.question, texts))
+    cases = list(gold_answer_cases())
     # The sentences the check asks about, embedded in one batch (one by one takes minutes).
     asked = RecordingClassifier("\0")
     for _, answer, question, texts in cases:
