@@ -36,7 +36,6 @@ from crag_dspy.settings import Settings
 
 from .compile import at_least
 from .synthesis.candidates import (
-    ATTEMPTS_PER_QUESTION,
     WEB_POOL_FACTOR,
     Candidate,
     Generation,
@@ -45,6 +44,7 @@ from .synthesis.candidates import (
     doc_key,
     generate,
     passage_order,
+    passages_to_try,
     source_passages,
 )
 from .synthesis.merge import MergeReport, merge_accepted
@@ -119,7 +119,7 @@ def plan_passages(
 ) -> tuple[dict[Kind, int], dict[Kind, list[SourcePassage]]]:
     """How many questions of each kind are still missing (``wanted`` minus the candidates that passed
     the rules), and the passages to try for them, in order: never one tried already, at most
-    :data:`ATTEMPTS_PER_QUESTION` per missing question (for web questions a pool
+    :func:`~.synthesis.candidates.passages_to_try` for the missing questions (for web questions a pool
     :data:`WEB_POOL_FACTOR` times larger, from which :func:`generate` picks the least covered)."""
     tried = {(c.kind, c.passage_id) for c in existing}
     targets: dict[Kind, int] = {}
@@ -130,7 +130,7 @@ def plan_passages(
         order = passage_order(passages["web" if kind == "web" else "kb"], seed + (kind == "none"))
         untried = [p for p in order if (kind, p.id) not in tried]
         pool = WEB_POOL_FACTOR if kind == "web" else 1
-        plan[kind] = untried[: targets[kind] * ATTEMPTS_PER_QUESTION * pool]
+        plan[kind] = untried[: passages_to_try(targets[kind]) * pool]
     return targets, plan
 
 

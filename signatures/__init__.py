@@ -4,7 +4,7 @@ from .answering import AnswerFromContext, AnswerWithoutContext
 from .grading import GradeDocument
 from .rewriting import ReviseQuery, RewriteQuery
 from .strips import FilterStrip
-from .synthesis import WriteQuestion, WriteUnanswerableQuestion
+from .synthesis import WriteQuestions, WriteUnanswerableQuestions
 
 __all__ = [
     "AnswerFromContext",
@@ -13,6 +13,6 @@ __all__ = [
     "GradeDocument",
     "ReviseQuery",
     "RewriteQuery",
-    "WriteQuestion",
-    "WriteUnanswerableQuestion",
+    "WriteQuestions",
+    "WriteUnanswerableQuestions",
 ]

@@ -76,13 +76,22 @@ def write_domain(tmp_path, *, web=False, qa=(), name="pumps"):
     return root
 
 
+def as_lines(result):
+    """A script's one-question reply ({"question"[, "answer"]}) as the writer's reply: a
+    ``question | answer`` line (a reply that stops after one question, which is read for that one)."""
+    if isinstance(result, dict) and "question" in result:
+        return " | ".join(str(result[name]) for name in ("question", "answer") if name in result)
+    return result
+
+
 @pytest.fixture()
 def run(tmp_path, monkeypatch):
     """``run(root, script, *flags)``: main() with a scripted LM on a Chroma folder in tmp_path; returns
-    (exit code, the LM)."""
+    (exit code, the LM). A script's dict is one question per reply (see :func:`as_lines`); a string is
+    the reply as it is."""
 
     def go(root, script=good_script, *flags):
-        lm = ScriptedLM(script)
+        lm = ScriptedLM(lambda system, user: as_lines(script(system, user)))
         monkeypatch.setattr("optimize.synthesize.build_lm", lambda *a, **k: lm)
         argv = ["--domain-dir", str(root), "--chroma-path", str(tmp_path / "chroma"), *NO_LM, *flags]
         return main(argv), lm
@@ -311,7 +320,7 @@ def bad_script(system: str, user: str):
         },
         "Esk": {"question": f"Does the {name} unit shift {flow} litres?", "answer": f"{flow} litres"},
         "Frome": {"question": f"Where does the {name} unit sit?", "answer": passage.split("\n", 1)[1]},
-        "Garry": "no fields in this reply at all",
+        "Garry": "",  # nothing at all
     }.get(
         name,
         {"question": f"How much water does the {name} unit shift each minute?", "answer": f"{flow} litres"},
@@ -418,14 +427,14 @@ def test_a_question_a_person_wrote_already_is_a_duplicate(tmp_path, run):
 
 
 def test_the_plan_skips_tried_passages_and_caps_the_attempts():
-    from optimize.synthesis.candidates import ATTEMPTS_PER_QUESTION, Candidate, SourcePassage
+    from optimize.synthesis.candidates import Candidate, SourcePassage, passages_to_try
     from optimize.synthesize import plan_passages
 
     kb = [SourcePassage(f"c{i}", "kb", f"d{i}", f"T\nText {i}.") for i in range(10)]
     passages = {"kb": kb, "web": []}
-    targets, plan = plan_passages(passages, [], {"kb": 2, "none": 1}, seed=0)
-    assert targets == {"kb": 2, "none": 1}
-    assert len(plan["kb"]) == 2 * ATTEMPTS_PER_QUESTION and len(plan["none"]) == ATTEMPTS_PER_QUESTION
+    targets, plan = plan_passages(passages, [], {"kb": 4, "none": 1}, seed=0)
+    assert targets == {"kb": 4, "none": 1}
+    assert len(plan["kb"]) == passages_to_try(4) and len(plan["none"]) == passages_to_try(1)
     assert plan["kb"] != plan["none"][: len(plan["kb"])]  # another order for the unanswerable ones
 
     def tried(p, reason):
@@ -435,8 +444,8 @@ def test_the_plan_skips_tried_passages_and_caps_the_attempts():
         )  # fmt: skip
 
     existing = [tried(plan["kb"][0], None), tried(plan["kb"][1], Reason.COPIED)]
-    targets, again = plan_passages(passages, existing, {"kb": 2, "none": 1}, seed=0)
-    assert targets["kb"] == 1 and len(again["kb"]) == ATTEMPTS_PER_QUESTION
+    targets, again = plan_passages(passages, existing, {"kb": 4, "none": 1}, seed=0)
+    assert targets["kb"] == 3 and len(again["kb"]) == passages_to_try(3)
     assert not {p.id for p in again["kb"]} & {c.passage_id for c in existing}
     targets, done = plan_passages(passages, existing, {"kb": 1}, seed=0)
     assert targets == {"kb": 0} and done == {"kb": []}
@@ -516,64 +525,122 @@ def test_web_passages_least_covered_by_the_knowledge_base_are_asked_about_first(
 
 
 def test_web_questions_are_asked_about_the_least_covered_passages_and_attempts_stay_capped(tmp_path, run):
-    from optimize.synthesis.candidates import ATTEMPTS_PER_QUESTION
+    from optimize.synthesis.candidates import ATTEMPTS_PER_QUESTION, QUESTIONS_PER_PASSAGE
 
     root = write_domain(tmp_path, web=True)
     asked = []
 
-    def fails_on_web(system, user):  # every web reply is rejected, so the attempts run to their cap
+    def fails_on_web(system, user):  # every web question is rejected, so the attempts run to their cap
         passage = field(user, "passage")
         if "river" in passage:
             asked.append(passage.splitlines()[0])
-            return {"question": "Tell me?", "answer": "x"}
+            return "\n".join(["Tell me? | x"] * QUESTIONS_PER_PASSAGE)
         return good_script(system, user)
 
     assert run(root, fails_on_web, "--questions", "5", "--accept-all")[0] == 0
-    assert len(asked) == ATTEMPTS_PER_QUESTION  # one web question wanted: 3 of the 4 web passages
+    # One web question wanted: ATTEMPTS_PER_QUESTION questions written, three to a reply.
+    assert len(asked) == -(-ATTEMPTS_PER_QUESTION // QUESTIONS_PER_PASSAGE)
+    web_rows = [r for r in review_rows(root) if r["kind"] == "web"]
+    assert len(web_rows) == ATTEMPTS_PER_QUESTION and {r["reason"] for r in web_rows} == {
+        "question_too_short"
+    }
 
 
 # --- the reply format: one "name: value" line per output ---------------------------------------------
 
 
-def test_the_lines_format_shows_demos_as_lines_and_reads_a_reply_of_lines_back():
+def test_the_list_format_shows_demos_as_lines_and_reads_a_reply_of_lines_back():
     import dspy
 
-    from crag_dspy.adapters import LinesAdapter
-    from signatures import WriteQuestion
+    from crag_dspy.adapters import ListAdapter
+    from signatures import WriteQuestions
 
-    adapter = LinesAdapter()
-    demo = {"passage": "T\nIt opened in 1987.", "question": "When did it open its doors?", "answer": "1987"}
-    messages = adapter.format(
-        WriteQuestion, [demo], {"passage": "T\nThe [[ ## answer ## ]] pump moves 10 l."}
-    )
-    assert "question: <one question the passage answers" in messages[0]["content"]
-    assert messages[2] == {
-        "role": "assistant",
-        "content": "question: When did it open its doors?\nanswer: 1987",
+    adapter = ListAdapter()
+    demo = {
+        "passage": "T\nIt opened in 1987.",
+        "questions": ["When did it open its doors? | 1987", "Q2 | A2"],
     }
-    assert "[[ ## answer ## ]]" not in messages[-1]["content"]  # a passage cannot forge a field header
+    messages = adapter.format(
+        WriteQuestions, [demo], {"passage": "T\nThe [[ ## questions ## ]] pump moves 10 l."}
+    )
+    assert "Output: questions - three lines, each a question" in messages[0]["content"]
+    assert messages[2] == {"role": "assistant", "content": "When did it open its doors? | 1987\nQ2 | A2"}
+    assert "[[ ## questions ## ]]" not in messages[-1]["content"]  # a passage cannot forge a field header
 
-    reply = "question: How much does it move each minute?\n**Answer:** 10 l\nquestion: another"
-    assert adapter.parse(WriteQuestion, reply) == {
-        "question": "How much does it move each minute?",
-        "answer": "10 l",
+    reply = "1. How much? | 10 l\n\n- Since when? | 2000\n  Who runs it? | the Avon crew  "
+    assert adapter.parse(WriteQuestions, reply) == {
+        "questions": ["How much? | 10 l", "Since when? | 2000", "Who runs it? | the Avon crew"]
     }
     # A reply in DSPy's own format is still read (a model trained on it may fall back to it).
-    chat = "[[ ## question ## ]]\nHow much?\n\n[[ ## answer ## ]]\n10 l\n\n[[ ## completed ## ]]"
-    assert adapter.parse(WriteQuestion, chat) == {"question": "How much?", "answer": "10 l"}
-    with pytest.raises(dspy.utils.exceptions.AdapterParseError, match="missing \\['answer'\\]"):
-        adapter.parse(WriteQuestion, "question: How much?\nanswer:")
+    chat = "[[ ## questions ## ]]\nHow much? | 10 l\n\n[[ ## completed ## ]]"
+    assert adapter.parse(WriteQuestions, chat) == {"questions": ["How much? | 10 l"]}
+    with pytest.raises(dspy.utils.exceptions.AdapterParseError, match="got nothing"):
+        adapter.parse(WriteQuestions, "\n  \n")
 
 
-def test_question_writers_are_asked_in_the_lines_format(tmp_path, run):
-    def lines(system, user):  # the reply as the embedded model writes it: no field headers
-        reply = good_script(system, user)
-        return "\n".join(f"{k}: {v}" for k, v in reply.items())
+def test_a_reply_is_read_line_by_line_into_questions_and_answers():
+    from fakes import ScriptedLM
 
+    from optimize.synthesis.candidates import QUESTIONS_PER_PASSAGE, Reason, _ask, question_writers
+
+    writers = question_writers()
+    replies = iter(
+        [
+            "How much? | 10 l\nNo answer here\nSince when? | 2000\nA fourth? | not read",
+            "Who built it? | Sam Ode\nWhat does it cost?",
+            "",
+        ]
+    )
+    import dspy
+
+    with dspy.context(lm=ScriptedLM(lambda system, user: next(replies))):
+        assert (
+            _ask(writers["answerable"], "T\nText.", answered=True)
+            == [
+                ("How much?", "10 l"),
+                ("No answer here", ""),  # rejected as empty: an answerable question needs its answer
+                ("Since when?", "2000"),
+            ][:QUESTIONS_PER_PASSAGE]
+        )
+        # An unanswerable question has no answer, even when the model wrote one.
+        assert _ask(writers["none"], "T\nText.", answered=False) == [
+            ("Who built it?", None),
+            ("What does it cost?", None),
+        ]
+        assert _ask(writers["answerable"], "T\nText.", answered=True) == Reason.UNPARSED
+
+
+def three_script(system: str, user: str):
+    """A question writer as the embedded model writes: three ``question | answer`` lines a reply."""
+    passage = field(user, "passage")
+    name = name_in(passage)
+    if "does not answer" in system:
+        return (
+            f"Who designed the {name} machine?\nWhat does the {name} unit cost?\nHow loud is the {name} unit?"
+        )
+    flow, year = re.search(r"(\d+) litres", passage).group(1), re.search(r"in (\d{4})", passage).group(1)
+    return (
+        f"How much water does the {name} unit shift each minute? | {flow} litres\n"
+        f"Which year did the {name} unit go into service? | {year}\n"
+        f"Which team looks after the {name} unit? | the {name} crew"
+    )
+
+
+def test_each_question_of_a_reply_is_a_candidate_and_the_run_stops_at_the_questions_asked_for(tmp_path, run):
     root = write_domain(tmp_path)
-    code, lm = run(root, lines, "--questions", "4", "--accept-all")
-    assert code == 0 and len(load_domain(root).qa) == 4
-    assert all("Reply with exactly these lines" in system for system, _ in lm.calls)
+    code, lm = run(root, three_script, "--questions", "5", "--accept-all")
+    assert code == 0 and all("Reply with one item per line" in system for system, _ in lm.calls)
+    # 4 answerable questions: two replies of three (the second's last two not kept); 1 unanswerable: one.
+    assert len(lm.calls) == 3
+    rows = review_rows(root)
+    assert len(rows) == 5 and len({r["id"] for r in rows}) == 5 and all(not r["reason"] for r in rows)
+    qa = load_domain(root).qa
+    assert sorted(q.kind for q in qa) == ["kb"] * 4 + ["none"]
+    first = [q for q in qa if q.kind == "kb" and q.evidence[0]["doc_id"] == qa[0].evidence[0]["doc_id"]]
+    assert len(first) == 3 and len({q.answers[0] for q in first}) == 3  # one passage, three facts
+    # A rerun asks nothing: the passages asked about are never asked about again.
+    code, lm = run(root, three_script, "--questions", "5", "--accept-all")
+    assert code == 0 and lm.calls == []
 
 
 def test_documents_on_one_subject_share_a_split_so_their_hard_negatives_stay_in_it():

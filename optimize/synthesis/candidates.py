@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -21,12 +22,12 @@ from dspy.utils.exceptions import AdapterParseError
 from pydantic import BaseModel, ConfigDict
 from tqdm.auto import tqdm
 
-from crag_dspy.adapters import LinesAdapter
+from crag_dspy.adapters import ListAdapter
 from crag_dspy.domain import CorpusDoc, Domain
 from crag_dspy.faults import describe_error, raise_if_lm_down
 from crag_dspy.protocols import Passage, Retriever
 from crag_dspy.store import planned_chunks
-from signatures import WriteQuestion, WriteUnanswerableQuestion
+from signatures import WriteQuestions, WriteUnanswerableQuestions
 
 from .rules import Reason, answer_in, copied_share, question_key, reject_reason
 
@@ -35,6 +36,7 @@ __all__ = [
     "HARD_NEGATIVE_POOL",
     "KB_CHECK_DEPTH",
     "MAX_TOKENS",
+    "QUESTIONS_PER_PASSAGE",
     "WEB_POOL_FACTOR",
     "Candidate",
     "Generation",
@@ -45,6 +47,7 @@ __all__ = [
     "generate",
     "least_covered_first",
     "passage_order",
+    "passages_to_try",
     "question_writers",
     "source_passages",
 ]
@@ -59,8 +62,14 @@ HARD_NEGATIVE_POOL = 10
 KB_CHECK_DEPTH = 5
 """Knowledge-base passages retrieved for a web question: its answer in one of them means it is not
 web-only (the program would find it internally)."""
+QUESTIONS_PER_PASSAGE = 3
+"""Questions the LM writes per passage, in one reply (what the writers' signatures ask for; more lines
+are not read). The passage is read (prefilled) once for all of them: on the embedded 1.5B model, three
+questions in one call took 2.4 s each against 3.2 s asked one by one (the same 7 popqa-dev passages),
+and the later questions of a reply ask for other facts than the subject's name, which the first one
+often asks for (docs/synthesize.md)."""
 ATTEMPTS_PER_QUESTION = 3
-"""Passages tried at most per question still wanted: the rules reject some replies, but a model whose
+"""Questions written at most per question still wanted: the rules reject some, but a model whose
 replies all fail must not be asked about every passage of a large corpus."""
 WEB_POOL_FACTOR = 4
 """Web passages looked at per attempt: the pool is ranked by how little the knowledge base covers each
@@ -150,10 +159,17 @@ class Candidate(BaseModel):
         return self.reason is None
 
 
-def candidate_id(kind: str, passage_id: str) -> str:
-    """A stable id: one candidate per kind and passage (the passage id hashes its document and text)."""
-    digest = hashlib.sha256(f"{kind}\x00{passage_id}".encode()).hexdigest()[:12]
-    return f"syn-{kind}-{digest}"
+def passages_to_try(questions: int) -> int:
+    """Passages asked about at most for ``questions`` wanted: :data:`ATTEMPTS_PER_QUESTION` questions
+    written per question wanted, :data:`QUESTIONS_PER_PASSAGE` to a passage."""
+    return math.ceil(questions * ATTEMPTS_PER_QUESTION / QUESTIONS_PER_PASSAGE)
+
+
+def candidate_id(kind: str, passage_id: str, index: int = 0) -> str:
+    """A stable id: one candidate per kind, passage (the passage id hashes its document and text) and
+    place in the LM's reply (the first keeps the id of a candidate made when a reply held one)."""
+    key = f"{kind}\x00{passage_id}" + (f"\x00{index}" if index else "")
+    return f"syn-{kind}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
 @dataclass
@@ -170,48 +186,71 @@ _SHOWN = (
     "and is run by a board of six volunteers, chaired by Mira Holt. Members may borrow up to eight items "
     "at a time, and a late return costs 20 cents a day."
 )
+SEPARATOR = " | "
+"""Between a question and its answer on a reply's line."""
 DEMOS = {
     "answerable": [
         dspy.Example(
-            passage=_SHOWN, question="How many things can a member take home at once?", answer="eight"
-        ),
-        dspy.Example(
-            passage=_SHOWN, question="Who leads the volunteers that run the library?", answer="Mira Holt"
-        ),
+            passage=_SHOWN,
+            questions=[
+                f"How many things can a Harbour Library member take home at once?{SEPARATOR}eight",
+                f"Who leads the volunteers that run the Harbour Library?{SEPARATOR}Mira Holt",
+                f"What does the Harbour Library charge for each day a book is late?{SEPARATOR}20 cents",
+            ],
+        )
     ],
-    "none": [dspy.Example(passage=_SHOWN, question="How much does a year of library membership cost?")],
+    "none": [
+        dspy.Example(
+            passage=_SHOWN,
+            questions=[
+                "How much does a year of Harbour Library membership cost?",
+                "Who designed the Harbour Library's building?",
+                "How many paid staff work at the Harbour Library?",
+            ],
+        )
+    ],
 }
-"""Worked examples shown before every passage: a small model copies the passage's sentences and answers
-in whole sentences without them (docs/synthesize.md). One invented passage, so no domain leaks into
-another's questions; they come first in the prompt, a prefix the LM's KV cache keeps."""
+"""The worked example shown before every passage: a small model copies the passage's sentences and
+answers in whole sentences without one (docs/synthesize.md). An invented passage, so no domain leaks
+into another's questions; it comes first in the prompt, a prefix the LM's KV cache keeps."""
 
 
-MAX_TOKENS = 80
-"""Reply tokens per question: a question of at most 40 words, a short answer and their labels fit;
-a model that rambles on is cut off instead of writing the LM's default 512 tokens (a rule rejects it)."""
+MAX_TOKENS = 160
+"""Reply tokens for a passage's questions: three questions with their answers took 39-94 tokens on the
+embedded 1.5B model; a model that rambles on is cut off instead of writing the LM's default 512
+tokens (a rule rejects what was cut)."""
 
 
 def question_writers() -> dict[str, dspy.Predict]:
     """The predictors that write answerable ("answerable") and unanswerable ("none") questions."""
     writers = {
-        "answerable": dspy.Predict(WriteQuestion, max_tokens=MAX_TOKENS),
-        "none": dspy.Predict(WriteUnanswerableQuestion, max_tokens=MAX_TOKENS),
+        "answerable": dspy.Predict(WriteQuestions, max_tokens=MAX_TOKENS),
+        "none": dspy.Predict(WriteUnanswerableQuestions, max_tokens=MAX_TOKENS),
     }
     for name, writer in writers.items():
         writer.demos = list(DEMOS[name])
     return writers
 
 
-def _ask(predictor: dspy.Predict, passage: str) -> tuple[str, str | None] | Reason:
-    """The LM's (question, answer) for ``passage``, or :attr:`Reason.UNPARSED` when its reply has no
-    usable fields (with DSPy's cache the same reply would come back: it is a verdict, not a failure)."""
+Written = tuple[str, str | None]
+"""A question the LM wrote and its answer: "" when the line has none, None for an unanswerable
+question (its writer gives none)."""
+
+
+def _ask(predictor: dspy.Predict, passage: str, answered: bool) -> list[Written] | Reason:
+    """The LM's questions for ``passage`` (with their answers when ``answered``), in reply order (those
+    it wrote: a reply may stop short), or :attr:`Reason.UNPARSED` when its reply has none (with DSPy's
+    cache the same reply would come back: it is a verdict, not a failure)."""
     try:
-        with dspy.context(adapter=LinesAdapter()):
+        with dspy.context(adapter=ListAdapter()):
             reply = predictor(passage=passage)
     except AdapterParseError:
         return Reason.UNPARSED
-    answer = getattr(reply, "answer", None)
-    return str(reply.question or "").strip(), None if answer is None else str(answer).strip()
+    written: list[Written] = []
+    for line in reply.questions[:QUESTIONS_PER_PASSAGE]:
+        question, sep, answer = str(line).partition(SEPARATOR.strip())
+        written.append((question.strip(), (answer.strip() if sep else "") if answered else None))
+    return written
 
 
 def least_covered_first(sources: Sequence[SourcePassage], kb: Retriever) -> list[SourcePassage]:
@@ -279,7 +318,7 @@ def generate(
     """Ask the LM (``dspy.settings.lm``) about the ``plan``'s passages of each kind, in order, until
     ``targets[kind]`` candidates of that kind passed the rules (or the passages run out).
 
-    At most :data:`ATTEMPTS_PER_QUESTION` passages are asked about per question wanted; web passages
+    At most :func:`passages_to_try` passages are asked about; web passages
     are asked about least covered by the knowledge base first (:func:`least_covered_first`).
 
     ``retrievers`` opens the store (called once, only when there is something to ask): the "kb" and
@@ -302,7 +341,7 @@ def generate(
         writer = writers["none" if kind == "none" else "answerable"]
         if kind == "web":
             sources = least_covered_first(sources, stores["kb"])
-        sources = sources[: wanted * ATTEMPTS_PER_QUESTION]
+        sources = sources[: passages_to_try(wanted)]
         passed = 0
         bar = tqdm(sources, desc=f"synthesize {kind} questions", unit="passage", disable=not progress)
         for source in bar:
@@ -310,18 +349,21 @@ def generate(
                 break
             raise_if_lm_down()  # a down LM stops the run; one failed call is that passage's loss
             try:
-                reply = _ask(writer, source.text)
+                reply = _ask(writer, source.text, answered=kind != "none")
             except Exception as exc:  # noqa: BLE001 - counted and retried by a rerun, never kept
                 out.failed.append(f"{source.id}: {describe_error(exc)}")
-                log.warning("question for passage %s failed: %s", source.id, describe_error(exc))
+                log.warning("questions for passage %s failed: %s", source.id, describe_error(exc))
                 continue
-            candidate = _judge(kind, source, reply, stores, passages, split_of, seen, seed)
-            if candidate.passed:
-                passed += 1
-                seen.add(question_key(candidate.question))
-            out.candidates.append(candidate)
-            if on_candidate is not None:
-                on_candidate(candidate)
+            for index, written in enumerate([reply] if isinstance(reply, Reason) else reply):
+                if passed >= wanted:
+                    break  # the questions asked for are made: the reply's others are not kept
+                candidate = _judge(kind, source, index, written, stores, passages, split_of, seen, seed)
+                if candidate.passed:
+                    passed += 1
+                    seen.add(question_key(candidate.question))
+                out.candidates.append(candidate)
+                if on_candidate is not None:
+                    on_candidate(candidate)
             bar.set_postfix(kept=passed)
         bar.close()
     raise_if_lm_down()
@@ -331,15 +373,17 @@ def generate(
 def _judge(
     kind: Kind,
     source: SourcePassage,
-    reply: tuple[str, str | None] | Reason,
+    index: int,
+    reply: Written | Reason,
     stores: Mapping[str, Retriever],
     passages: Mapping[str, Sequence[SourcePassage]],
     split_of: Mapping[str, str],
     seen: set[str],
     seed: int,
 ) -> Candidate:
-    """The candidate for ``reply``: rejected with the first rule it fails, else with its negatives."""
-    cid = candidate_id(kind, source.id)
+    """The candidate for ``reply`` (the ``index``-th question written for ``source``): rejected with the
+    first rule it fails, else with its negatives."""
+    cid = candidate_id(kind, source.id, index)
     base = {
         "id": cid,
         "kind": kind,
@@ -351,10 +395,6 @@ def _judge(
     if isinstance(reply, Reason):
         return Candidate(**base, question="", answer=None, copied_share=0.0, reason=reply)
     question, answer = reply
-    if kind == "none":
-        answer = None
-    elif answer is None:
-        answer = ""  # an answerable question without an answer is empty
     in_kb = []
     if kind == "web" and answer and question:
         in_kb = [f"{p.title}\n{p.text}" for p in stores["kb"].retrieve(question, KB_CHECK_DEPTH)]
