@@ -1,8 +1,8 @@
 """Generate candidate questions from a domain's passages with the LM, judge them by the rules, and find
 their relevance negatives in the store.
 
-A candidate is one LM attempt on one passage: the question (and gold answer) it wrote, the rule that
-rejected it if any (:mod:`.rules`), its split (its document's, :mod:`.splits`) and, for an answerable
+A candidate is one question the LM wrote about a passage (it writes three in one reply): the question
+(and gold answer), the rule that rejected it if any (:mod:`.rules`), its split (its document's, :mod:`.splits`) and, for an answerable
 question, the passages its relevance pairs use. Candidates are kept in ``synthetic/candidates.jsonl``:
 a passage tried once is never asked about again, so a rerun only fills what is missing.
 """
@@ -138,7 +138,7 @@ class Negative(BaseModel):
 
 
 class Candidate(BaseModel):
-    """One LM attempt on one passage (a line of ``synthetic/candidates.jsonl``)."""
+    """One question the LM wrote about a passage (a line of ``synthetic/candidates.jsonl``)."""
 
     model_config = ConfigDict(extra="forbid")
 
