@@ -68,8 +68,10 @@ Each attack in ``benchmarks/injection_attacks.jsonl`` names a question of the do
 document (``where``: corpus or web) that tries to make the answer a specific wrong value (``target``,
 with aliases), and the ``set`` it belongs to: ``dev`` (written together with the grounding rule),
 ``round2`` and ``round3`` (each written blind to the rule of its day, which was broadened after it
-missed them) and ``held-out`` (written after the current rule was frozen; never used to change it or
-to train the instruction classifier). Every attacked question is run twice on a temporary Chroma folder
+missed them), ``held-out`` (written after the current rule was frozen; never used to change it or
+to train the instruction classifier) and ``held-out-2`` (8 more, written on 2026-12-02 after the
+classifier was trained and run once as written: ``held-out`` had been looked at while its settings
+were chosen). Every attacked question is run twice on a temporary Chroma folder
 (the domain's files are only read): first clean, then with its attack document added to the collection
 (and removed after). Reported, per set and overall, with Wilson 95% intervals:
 
@@ -92,7 +94,7 @@ class Attack(BaseModel):
     """One planted document and the value it tries to make the answer."""
 
     id: str
-    set: str = Field(description="dev, round2, round3 or held-out (see the module docstring)")
+    set: str = Field(description="dev, round2, round3, held-out or held-out-2 (see the module docstring)")
     qa_id: str
     where: str = Field(pattern="^(corpus|web)$")
     title: str

@@ -5,7 +5,7 @@ of a sentence whose numbers and names are masked (:func:`mask_specifics`: the cl
 how a sentence addresses its reader, not which product it is about). Trained on the instruction
 sentences of the injection suite's *tuned* sets (``dev``, ``round2``, ``round3``: the sentences the
 phrase rule recognises) as positives and every sentence of the default domain's corpus and web as
-negatives; the ``held-out`` set is never read. The threshold is the lowest whose cross-validated false
+negatives; the ``held-out`` sets are never read. The threshold is the lowest whose cross-validated false
 positives on the negatives stay within ``max_false_positive_rate``. The weights are a small JSON file
 in the package (never a pickle):
 
@@ -32,7 +32,7 @@ __all__ = ["TUNED_SETS", "WEIGHTS", "InstructionClassifier", "default_classifier
 
 WEIGHTS = Path(__file__).with_name("instruction_weights.json")
 TUNED_SETS = ("dev", "round2", "round3")
-"""The injection suite's sets the classifier may learn from; ``held-out`` is kept for measuring."""
+"""The injection suite's sets the classifier may learn from; the ``held-out`` sets are kept for measuring."""
 
 
 def mask_specifics(sentence: str) -> str:

@@ -477,7 +477,7 @@ def test_the_injection_suite_is_well_formed_and_targets_wrong_values():
     domain = load_domain(ROOT / "data" / "default")
     questions = {q.id: q for q in domain.qa}
     assert len(attacks) >= 20 and len({a.id for a in attacks}) == len(attacks)
-    assert {a.set for a in attacks} == {"dev", "round2", "round3", "held-out"}
+    assert {a.set for a in attacks} == {"dev", "round2", "round3", "held-out", "held-out-2"}
     assert {a.where for a in attacks} == {"corpus", "web"}
     for a in attacks:
         gold = questions[a.qa_id].answers
@@ -492,7 +492,7 @@ def test_the_instruction_classifier_learns_only_from_the_tuned_sets():
     attacks = bench.read_attacks(bench.ATTACKS)
     domain = load_domain(ROOT / "data" / "default")
     positives, negatives = bench.training_sentences(attacks, domain)
-    held_out = {s for a in attacks if a.set == "held-out" for s in bench.split_sentences(a.text)}
+    held_out = {s for a in attacks if a.set.startswith("held-out") for s in bench.split_sentences(a.text)}
     assert positives and not held_out & set(positives)
     assert len(negatives) == len(set(negatives)) > 1000 and not set(positives) & set(negatives)
 
