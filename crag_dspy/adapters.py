@@ -46,6 +46,17 @@ class _FieldsAdapter(Adapter):
         ((name, f),) = signature.output_fields.items()
         return name, f.json_schema_extra.get("desc", "")
 
+    def _unparsed(self, signature, completion: str, message: str) -> AdapterParseError:
+        return AdapterParseError(
+            adapter_name=type(self).__name__, signature=signature, lm_response=completion, message=message
+        )
+
+    @staticmethod
+    def _body(name: str, completion: str, end: str) -> str:
+        """The reply without DSPy's header for ``name`` and from ``end`` on: a model trained on DSPy's
+        format may still open with the header or close with a marker."""
+        return completion.replace(f"[[ ## {name} ## ]]", "").split(end, 1)[0]
+
     def format_field_description(self, signature) -> str:
         lines = ["Inputs:"]
         for name, f in signature.input_fields.items():
@@ -108,12 +119,7 @@ class LabelAdapter(_FieldsAdapter):
             return {name: True}
         if word in NO_WORDS:
             return {name: False}
-        raise AdapterParseError(
-            adapter_name="LabelAdapter",
-            signature=signature,
-            lm_response=completion,
-            message="Expected the answer 'yes' or 'no'.",
-        )
+        raise self._unparsed(signature, completion, "Expected the answer 'yes' or 'no'.")
 
 
 class TextAdapter(_FieldsAdapter):
@@ -136,16 +142,10 @@ class TextAdapter(_FieldsAdapter):
 
     def parse(self, signature, completion: str) -> dict[str, Any]:
         name, _ = self._output(signature)
-        # A model trained on DSPy's format may still open with a header or close with the marker.
-        text = completion.replace(f"[[ ## {name} ## ]]", "").split("[[", 1)[0]
+        text = self._body(name, completion, "[[")
         line = next((line.strip() for line in text.splitlines() if line.strip()), "")
         if not line:
-            raise AdapterParseError(
-                adapter_name="TextAdapter",
-                signature=signature,
-                lm_response=completion,
-                message=f"Expected the {name} as text, got nothing.",
-            )
+            raise self._unparsed(signature, completion, f"Expected the {name} as text, got nothing.")
         return {name: line}
 
 
@@ -172,15 +172,9 @@ class ListAdapter(_FieldsAdapter):
 
     def parse(self, signature, completion: str) -> dict[str, Any]:
         name, _ = self._output(signature)
-        # A model trained on DSPy's format may still open with a header or close with the marker.
-        text = completion.replace(f"[[ ## {name} ## ]]", "").split("[[ ## completed ## ]]", 1)[0]
+        text = self._body(name, completion, "[[ ## completed ## ]]")
         items = [_LIST_MARKER.sub("", line).strip() for line in text.splitlines()]
         items = [item for item in items if item]
         if not items:
-            raise AdapterParseError(
-                adapter_name="ListAdapter",
-                signature=signature,
-                lm_response=completion,
-                message=f"Expected the {name}, one per line, got nothing.",
-            )
+            raise self._unparsed(signature, completion, f"Expected the {name}, one per line, got nothing.")
         return {name: items}
