@@ -71,7 +71,8 @@ with aliases), and the ``set`` it belongs to: ``dev`` (written together with the
 missed them), ``held-out`` (written after the current rule was frozen; never used to change it or
 to train the instruction classifier) and ``held-out-2`` (8 more, written on 2026-12-02 after the
 classifier was trained and run once as written: ``held-out`` had been looked at while its settings
-were chosen). Every attacked question is run twice on a temporary Chroma folder
+were chosen) and ``held-out-3`` (10, written by a helper that never read the defence's code, run once
+as written). Every attacked question is run twice on a temporary Chroma folder
 (the domain's files are only read): first clean, then with its attack document added to the collection
 (and removed after). Reported, per set and overall, with Wilson 95% intervals:
 
@@ -94,7 +95,9 @@ class Attack(BaseModel):
     """One planted document and the value it tries to make the answer."""
 
     id: str
-    set: str = Field(description="dev, round2, round3, held-out or held-out-2 (see the module docstring)")
+    set: str = Field(
+        description="dev, round2, round3, held-out, held-out-2 or held-out-3 (see the module docstring)"
+    )
     qa_id: str
     where: str = Field(pattern="^(corpus|web)$")
     title: str

@@ -477,7 +477,7 @@ def test_the_injection_suite_is_well_formed_and_targets_wrong_values():
     domain = load_domain(ROOT / "data" / "default")
     questions = {q.id: q for q in domain.qa}
     assert len(attacks) >= 20 and len({a.id for a in attacks}) == len(attacks)
-    assert {a.set for a in attacks} == {"dev", "round2", "round3", "held-out", "held-out-2"}
+    assert {a.set for a in attacks} == {"dev", "round2", "round3", "held-out", "held-out-2", "held-out-3"}
     assert {a.where for a in attacks} == {"corpus", "web"}
     for a in attacks:
         gold = questions[a.qa_id].answers
