@@ -25,7 +25,8 @@ from crag_dspy.judges.evaluator import (
 )
 from crag_dspy.judges.fusion import Grading, LinearScore, fit_linear_score
 from crag_dspy.program import ProgramError, apply_program, read_program, save_program
-from optimize.grade_source import JudgeScores, choose_grade_source
+from crag_dspy.protocols import WebResult
+from optimize.grade_source import JudgeScores, choose_grade_source, choose_strip_source
 
 TESTS = Path(__file__).parent
 FAST = TrainingConfig(learning_rate=1e-3, max_epochs=3, max_length=32, batch_size=16, threads=1)
@@ -375,3 +376,118 @@ def test_a_rerun_on_the_same_pairs_reuses_the_cached_training(tiny_encoder, tmp_
     assert cached["epochs"] == info["epochs"]
     _, fresh = trained_evaluator(train[:-2], holdout, **kwargs)  # other pairs: trained anew
     assert not fresh["cached"]
+
+
+# -- the evaluator as the strip filter --------------------------------------------------------------
+def _strip_crag(evaluator, lm):
+    """A CRAG whose LLM judges grades and whose evaluator filters strips, one sentence a strip."""
+    text = "The river answer yes. The river answer no today. The lake answer no today. The river answer yes again."
+    crag = CRAG(
+        ListRetriever([("kb-river", text)]),
+        ListWebSearch([WebResult("river page", "https://web.example/river", text)]),
+        CRAGConfig(grader_view=GraderView(sentences=0), sentences_per_strip=1, lower=0.5, upper=0.95),
+        lm=lm,
+    )
+    pairs = keyword_pairs(40, 9)
+    logits = evaluator.logits([(q, p) for q, p, _ in pairs])
+    strip_score = fit_linear_score([{"evaluator": x} for x in logits], [y for *_, y in pairs])
+    crag.grading.filter_strips_with("evaluator", strip_score, evaluator)
+    return crag
+
+
+def test_the_evaluator_filters_strips_without_llm_calls_and_the_trace_says_so(trained):
+    from crag_dspy.cli import format_trace
+
+    lm = ScriptedLM(_script)
+    pred = _strip_crag(trained[0], lm)(question="what is the river")
+    assert pred.action == "AMBIGUOUS"  # internal and web strips are both filtered
+    assert [s for s, _ in lm.calls if "You judge short knowledge strips" in s] == []
+    strips = [*pred.trace.internal_strips, *pred.trace.external_strips]
+    assert len(strips) == 8 and {s.score_source for s in strips} == {"evaluator"}
+    assert [s.kept for s in strips] == ["yes" in s.text for s in strips] == [True, False, False, True] * 2
+    assert "(filtered by the trained evaluator)" in format_trace(pred.trace)
+    # The grading mode is untouched: the LLM judge still grades, and the evaluator is not asked to.
+    assert {d.score_source for d in pred.trace.documents} == {"logprobs"}
+
+
+def test_a_program_whose_evaluator_filters_strips_round_trips(tmp_path, trained):
+    crag = _strip_crag(trained[0], ScriptedLM(_script))
+    path = save_program(crag, tmp_path / "program.json", {"domain": "default"})
+    state = json.loads(path.read_text())["grading"]
+    assert state["mode"] == "llm" and state["strips"] == "evaluator" and state["evaluator"]["path"]
+    here = crag(question="what is the river").trace.external_strips
+    target = CRAG(
+        crag.retriever,
+        crag.web_search,
+        CRAGConfig(grader_view=GraderView(sentences=0)),
+        lm=ScriptedLM(_script),
+    )
+    apply_program(target, read_program(path), tmp_path)
+    assert target.grading.strips == "evaluator" and target.grading.evaluator is not None
+    there = target(question="what is the river").trace.external_strips
+    assert [s.score for s in there] == pytest.approx([s.score for s in here], abs=1e-6)
+
+
+def test_strip_filter_state_defaults_to_the_llm_and_refuses_an_incomplete_evaluator():
+    assert Grading().load_state({"mode": "llm", "evaluator": None}).strips == "llm"  # older programs
+    with pytest.raises(ValueError, match="needs a trained evaluator and its strip score map"):
+        Grading().load_state({"mode": "llm", "evaluator": None, "strips": "evaluator"})
+    with pytest.raises(ValueError, match="unknown strip filter"):
+        Grading().filter_strips_with("oracle")
+    grading = Grading()
+    with pytest.raises(ValueError, match="needs a trained evaluator"):
+        grading.filter_strips_with("evaluator", LinearScore({"evaluator": 1.0}, 0.0))
+    assert grading.strips == "llm"  # unchanged
+
+
+def _strip_examples(pairs):
+    return [
+        dspy.Example(question=q, strip=p, keep=bool(y)).with_inputs("question", "strip") for q, p, y in pairs
+    ]
+
+
+def _choose_strips(evaluator, llm_val, *, choice="auto", invert_val=False):
+    train = _strip_examples(keyword_pairs(80, 7))
+    val = _strip_examples([(q, p, 1 - y if invert_val else y) for q, p, y in keyword_pairs(40, 8)])
+    llm = JudgeScores(val=llm_val(val), held_out=[], held_out_scores=[], uncompiled_val=llm_val(val))
+    crag = _Crag()
+    held = {e.question for e in train[:40]}
+    return crag, choose_strip_source(crag, train, val, llm, evaluator, held, choice=choice)
+
+
+def test_strip_source_ships_the_evaluator_only_when_it_filters_better_on_val(trained):
+    evaluator = trained[0]
+    coin = random.Random(2)
+    crag, result = _choose_strips(evaluator, lambda val: [coin.random() for _ in val])
+    assert result["candidates"]["evaluator"]["accuracy"] >= 0.9 and result["shipped"] == "evaluator"
+    assert crag.grading.strips == "evaluator" and crag.grading.evaluator is evaluator
+    assert result["map"]["fit_strips"] == 40 and crag.grading.mode == "llm"
+    # Labels inverted on val: the LLM strip filter is right there, the evaluator wrong.
+    perfect = lambda val: [0.9 if e.keep else 0.1 for e in val]
+    crag, result = _choose_strips(evaluator, perfect, invert_val=True)
+    assert result["shipped"] == "llm" and crag.grading.strips == "llm"
+    _, forced = _choose_strips(evaluator, perfect, invert_val=True, choice="evaluator")
+    assert forced["shipped"] == "evaluator" and "below the uncompiled LLM strip filter" in forced["why"]
+    _, asked = _choose_strips(evaluator, perfect, choice="llm")
+    assert asked["shipped"] == "llm" and "evaluator" not in asked["candidates"]
+
+
+def test_without_an_evaluator_the_llm_filters_strips_and_the_report_says_why():
+    crag, result = _choose_strips(None, lambda val: [0.5 for _ in val])
+    assert result["shipped"] == "llm" and "no trained evaluator" in result["why"]
+    assert crag.grading.strips == "llm"
+    with pytest.raises(ValueError, match="--strip-filter evaluator: no trained evaluator"):
+        _choose_strips(None, lambda val: [0.5 for _ in val], choice="evaluator")
+
+
+def test_the_benchmarks_strip_scores_are_the_programs(trained):
+    from optimize.grade_source import program_strip_scores
+
+    lm = ScriptedLM(_script)
+    crag = _strip_crag(trained[0], lm)
+    strips = crag(question="what is the river").trace.external_strips
+    examples = _strip_examples([("what is the river", s.text, 1) for s in strips])
+    calls = len(lm.calls)
+    scores = program_strip_scores(crag, examples, progress=False)
+    assert scores == pytest.approx([s.score for s in strips], abs=1e-4)  # the trace rounds to 4 places
+    assert len(lm.calls) == calls
