@@ -35,7 +35,8 @@ from crag_dspy import CRAG
 from crag_dspy.config import CRAGConfig
 from crag_dspy.embeddings import Embedder
 from optimize.datasets import answers_by_question, relevance_examples, strip_examples
-from optimize.grade_source import measured, program_grades, program_strip_scores
+from optimize.grade_source import measured, program_grades
+from optimize.measure import judge_scores
 from optimize.metrics import bootstrap_auc_interval, contains_answer, mcnemar_exact, roc_auc
 
 SCRIPT = "grader_quality"
@@ -163,7 +164,7 @@ def measure(
                         crag, exs, embedder, desc=f"grader ({name})", progress=progress
                     )
                 else:
-                    scores = program_strip_scores(crag, list(exs), progress=progress)
+                    scores = judge_scores(crag.strip_filter, exs, desc=f"{judge} ({name})", progress=progress)
             results.setdefault(judge, {})[name] = measured(scores, gold, [e.question for e in exs]) | timing
             right[name] = [s is not None and (s >= 0.5) == bool(g) for s, g in zip(scores, gold, strict=True)]
         if "compiled" in right:  # paired: the same examples judged by both

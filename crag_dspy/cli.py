@@ -186,9 +186,6 @@ _SOURCE_NAMES = {
 }
 
 
-_STRIP_FILTERS = {"strip_filter": "the LLM strip filter", "evaluator": "the trained evaluator"}
-
-
 def _grade_sources(documents) -> str:
     names = dict.fromkeys(_SOURCE_NAMES.get(d.score_source, d.score_source) for d in documents)
     return ", ".join(names) or "nothing: no documents"
@@ -220,18 +217,11 @@ def format_trace(trace) -> str:
         again = f", {r.repeated} found again" if r.repeated else ""
         ended = f"  (ended: {r.error})" if r.error else ""
         lines.append(f"  round {r.round}: query={r.query!r} graded [{scores}]{again} -> {r.action}{ended}")
-    strips = [*trace.internal_strips, *trace.external_strips]
-    kept = [s for s in strips if s.kept]
-    dropped = len(strips) - len(kept)
-    filters = dict.fromkeys(
-        _STRIP_FILTERS[s.score_source] for s in strips if s.score_source in _STRIP_FILTERS
-    )
+    kept = [s for s in [*trace.internal_strips, *trace.external_strips] if s.kept]
+    dropped = len(trace.internal_strips) + len(trace.external_strips) - len(kept)
     if trace.web_query is not None:
         lines.append(f"web: {trace.web_backend} query={trace.web_query!r} results={len(trace.web_results)}")
-    lines.append(
-        f"strips: {len(kept)} kept, {dropped} dropped"
-        + (f" (filtered by {', '.join(filters)})" if filters else "")
-    )
+    lines.append(f"strips: {len(kept)} kept, {dropped} dropped")
     for s in kept:
         lines.append(f"  [{s.source}] {s.text[:100]}{'...' if len(s.text) > 100 else ''}")
     for f in trace.fallbacks:

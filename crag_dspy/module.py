@@ -706,25 +706,19 @@ class CRAG(dspy.Module):
         # (strip, score, where the score came from, lexical evidence the strip filter weighed)
         scored: list[tuple[Strip, float | None, str, dict[str, float] | None]] = []
         to_judge = [strip for strip in strips if select and strip not in reuse]
-        # A program whose trained evaluator filters strips scores them all in one batched pass.
-        evaluated = self.grading.strip_scores(question, [s.text for s in to_judge])
-        by_evaluator = dict(zip(to_judge, evaluated)) if evaluated is not None else None
 
         def judge(strip: Strip) -> tuple[Judgement, bool]:
             return self.judge_once(
                 self.strip_filter, "strip_filter", run, question=question, strip=strip.text
             )
 
-        with closing(self._each_call(judge, [] if by_evaluator is not None else to_judge)) as judged:
+        with closing(self._each_call(judge, to_judge)) as judged:
             for strip in strips:
                 if not select:
                     scored.append((strip, None, "unfiltered", None))
                     continue
                 if strip in reuse:
                     scored.append((strip, reuse[strip], "document_grade", None))
-                    continue
-                if by_evaluator is not None:
-                    scored.append((strip, by_evaluator[strip], "evaluator", None))
                     continue
                 judgement, asked = next(judged)
                 if judgement.score is None:

@@ -59,8 +59,7 @@ class StripRecord(BaseModel):
     text: str
     score: float | None
     score_source: str = Field(
-        description="'strip_filter' (the LLM), 'evaluator' (the trained evaluator), 'document_grade' "
-        "(one-strip passage), 'unfiltered' (kept unjudged) or 'error'"
+        description="'strip_filter', 'document_grade' (one-strip passage), 'unfiltered' (kept unjudged) or 'error'"
     )
     kept: bool
     url: str | None = None

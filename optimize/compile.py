@@ -40,7 +40,7 @@ from crag_dspy.trace import usage_from_tracker
 
 from .data_needs import guidance, shortfalls, synthetic_grader_warning
 from .datasets import answers_by_question, qa_examples
-from .grade_source import GRADER_CHOICES, STRIP_FILTER_CHOICES
+from .grade_source import GRADER_CHOICES
 from .measure import evaluate_program
 from .optimizer import STAGES, CRAGOptimizer, StageClock
 from .parallel import check_num_threads
@@ -68,7 +68,6 @@ def compile_program(
     test_limit: int | None = None,
     evaluate_test: bool = True,
     grader: str = "auto",
-    strip_filter: str = "auto",
     evaluator_base: Path | None = None,
     evaluator_training: TrainingConfig | None = None,
     progress: bool = True,
@@ -116,7 +115,6 @@ def compile_program(
         stages=stages,
         thresholds=thresholds,
         grader=grader,
-        strip_filter=strip_filter,
         evaluator_base=evaluator_base,
         evaluator_training=evaluator_training,
         embedder=backends.embedder,
@@ -264,14 +262,6 @@ def build_parser() -> argparse.ArgumentParser:
         "never one below the uncompiled LLM judge (default: auto; docs/evaluator.md)",
     )
     parser.add_argument(
-        "--strip-filter",
-        choices=STRIP_FILTER_CHOICES,
-        default="auto",
-        help="who filters knowledge strips: the LLM strip filter, or the grader's trained evaluator (one "
-        "batched pass, no LM call); auto ships the better on the strip filter's val pairs, never one "
-        "below the uncompiled LLM strip filter (default: auto; docs/evaluator.md)",
-    )
-    parser.add_argument(
         "--evaluator-base",
         type=Path,
         help="local BERT-style encoder folder the evaluator is fine-tuned from (default: the bundled "
@@ -342,7 +332,6 @@ def main(argv: list[str] | None = None) -> int:
             evaluate_test=not args.no_test_eval,
             num_threads=check_num_threads(args.num_threads, "--num-threads"),
             grader=args.grader,
-            strip_filter=args.strip_filter,
             evaluator_base=args.evaluator_base,
             evaluator_training=TrainingConfig(max_epochs=args.evaluator_epochs),
         )

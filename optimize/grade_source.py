@@ -12,10 +12,6 @@ its scores on the val pairs and on the held-out train pairs its calibration was 
    accurate as the uncompiled LLM judge; ties go to fewer LM calls.
 
 No LM call is made here: the LLM judge's answers are the ones the judge stage computed.
-
-:func:`choose_strip_source` does the same for the strip filter once it is compiled: the grader's
-evaluator, with a map of its logit to P(keep) fitted on strips of the held-out train questions, against
-the LLM strip filter on the strip filter's val pairs. One model serves both judges when it wins.
 """
 
 from __future__ import annotations
@@ -34,26 +30,23 @@ from tqdm.auto import tqdm
 from crag_dspy.embeddings import Embedder
 from crag_dspy.judges.evaluator import EvaluatorError, RelevanceEvaluator, TrainingConfig, train_evaluator
 from crag_dspy.judges.fusion import fit_linear_score, fused_signals
-from crag_dspy.judges.protocols import Judge
+from crag_dspy.judges.protocols import Judge, PairScorer
 
 from .metrics import binary_report, bootstrap_auc_interval, wilson_interval
 
 __all__ = [
     "GRADER_CHOICES",
     "MIN_TRAIN_PAIRS",
-    "STRIP_FILTER_CHOICES",
     "JudgeScores",
     "choose_grade_source",
-    "choose_strip_source",
+    "evaluator_on_strips",
     "measured",
     "program_grades",
-    "program_strip_scores",
 ]
 
 log = logging.getLogger(__name__)
 
 GRADER_CHOICES = ("auto", "llm", "evaluator", "fused")
-STRIP_FILTER_CHOICES = ("auto", "llm", "evaluator")
 # Below this many labelled train pairs (or with one class only) no evaluator is trained.
 MIN_TRAIN_PAIRS = 100
 # Fewer LM calls first: the order ties are broken in.
@@ -231,15 +224,8 @@ def choose_grade_source(
         evaluator_score if shipped != "llm" else None,
         fused_score if shipped == "fused" else None,
     )
-    # The trained model and the questions it never trained on travel on (popped by the compile) to the
-    # strip filter's stage.
-    return {
-        **report,
-        "shipped": shipped,
-        "why": why,
-        "_evaluator": evaluator,
-        "_held_questions": held_questions,
-    }
+    # The trained model travels on (popped by the compile) to be measured on the strip filter's pairs.
+    return {**report, "shipped": shipped, "why": why, "_evaluator": evaluator}
 
 
 def program_grades(
@@ -275,91 +261,22 @@ def program_grades(
     ]
 
 
-def program_strip_scores(
-    crag: Any, val: list[dspy.Example], *, strip_filter: Judge | None = None, progress: bool = True
-) -> list[float | None]:
-    """What ``crag`` scores each (question, strip) example, through its strip filter source: the
-    evaluator in one batched pass per question, or the LLM strip filter (``crag.strip_filter`` unless
-    ``strip_filter`` stands in for it)."""
-    from .measure import judge_scores
-
-    if crag.grading.strips != "evaluator":
-        return judge_scores(strip_filter or crag.strip_filter, val, desc="strip filter", progress=progress)
-    scores: list[float | None] = [None] * len(val)
-    by_question: dict[str, list[int]] = {}
-    for i, e in enumerate(val):
-        by_question.setdefault(e.question, []).append(i)
-    for question, group in by_question.items():
-        for i, score in zip(
-            group, crag.grading.strip_scores(question, [val[i].strip for i in group]), strict=True
-        ):
-            scores[i] = score
-    return scores
-
-
-def choose_strip_source(
-    crag: Any,
-    train: list[dspy.Example],
-    val: list[dspy.Example],
-    llm: JudgeScores,
-    evaluator: RelevanceEvaluator | None,
-    held_questions: set[str],
-    *,
-    choice: str = "auto",
-) -> dict[str, Any]:
-    """Measure the LLM strip filter and the grader's ``evaluator`` on the strip filter's ``val`` pairs
-    (fields ``question``, ``strip``, ``keep``), switch ``crag.grading``'s strip filter to the chosen one
-    and report why. The evaluator's map is fitted on the ``train`` strips of ``held_questions``, the
-    questions it never trained on. Under ``auto`` it ships when it is at least as accurate as the
-    uncompiled LLM strip filter and the most accurate (ties go to it: it makes no LM call)."""
-    if choice not in STRIP_FILTER_CHOICES:
-        raise ValueError(f"unknown strip filter {choice!r}; choose from {STRIP_FILTER_CHOICES}")
+def evaluator_on_strips(evaluator: PairScorer, val: list[dspy.Example]) -> dict[str, Any]:
+    """How well the grader's evaluator ranks the strip filter's val pairs (could one model serve both?)."""
     gold = [int(bool(e.keep)) for e in val]
-    questions = [e.question for e in val]
-    candidates: dict[str, dict[str, Any]] = {
-        "llm (uncompiled)": measured(llm.uncompiled_val, gold, questions),
-        "llm": measured(llm.val, gold, questions),
-    }
-    report: dict[str, Any] = {"candidates": candidates}
-    fit_on = [e for e in train if e.question in held_questions]
-    reason = None
-    if choice == "llm":
-        reason = "--strip-filter llm"
-    elif evaluator is None:
-        reason = "no trained evaluator (the grade source stage trained none)"
-    else:
-        try:
-            logits = evaluator.logits([(e.question, e.strip) for e in fit_on])
-            strip_score = fit_linear_score([{"evaluator": x} for x in logits], [e.keep for e in fit_on])
-        except ValueError as exc:
-            reason = (
-                f"the evaluator's strip map cannot be fitted on {len(fit_on)} held-out train strips ({exc})"
-            )
-    if reason is not None:
-        if choice == "evaluator":
-            raise ValueError(f"--strip-filter evaluator: {reason}")
-        crag.grading.filter_strips_with("llm")
-        return {**report, "shipped": "llm", "why": f"LLM strip filter: {reason}"}
-    val_logits = evaluator.logits([(e.question, e.strip) for e in val])
-    candidates["evaluator"] = measured([strip_score({"evaluator": x}) for x in val_logits], gold, questions)
-    report["map"] = {**strip_score.as_dict(), "fit_strips": len(fit_on)}
-    shipped, why = _pick(candidates, choice, flag="--strip-filter", judge="LLM strip filter")
-    if shipped == "evaluator":
-        crag.grading.filter_strips_with("evaluator", strip_score, evaluator)
-    else:
-        crag.grading.filter_strips_with("llm")
-    return {**report, "shipped": shipped, "why": why}
+    logits = evaluator.logits([(e.question, e.strip) for e in val])
+    report = measured(logits, gold, [e.question for e in val])
+    # Its logits are not probabilities: only the ranking (ROC AUC) is comparable with the strip filter.
+    return {"n": report["n"], "roc_auc": report["roc_auc"], "roc_auc_ci": report["roc_auc_ci"]}
 
 
-def _pick(
-    candidates: dict[str, dict[str, Any]], choice: str, *, flag: str = "--grader", judge: str = "LLM judge"
-) -> tuple[str, str]:
+def _pick(candidates: dict[str, dict[str, Any]], choice: str) -> tuple[str, str]:
     floor = candidates["llm (uncompiled)"]["accuracy"]
     if choice != "auto":
         if choice not in candidates:
-            raise ValueError(f"{flag} {choice}: that candidate could not be built (see the report)")
+            raise ValueError(f"--grader {choice}: that candidate could not be built (see the report)")
         worse = candidates[choice]["accuracy"] < floor
-        return choice, f"{flag} {choice}" + (f" (below the uncompiled {judge} on val)" if worse else "")
+        return choice, f"--grader {choice}" + (" (below the uncompiled LLM judge on val)" if worse else "")
     eligible = [name for name in _COST_ORDER if name in candidates and candidates[name]["accuracy"] >= floor]
     best = max(
         eligible,

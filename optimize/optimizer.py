@@ -49,13 +49,7 @@ from crag_dspy.module import CRAG
 from crag_dspy.trace import usage_from_tracker
 
 from .datasets import interleave_balanced, round_robin, spread, strip_examples_from
-from .grade_source import (
-    GRADER_CHOICES,
-    STRIP_FILTER_CHOICES,
-    JudgeScores,
-    choose_grade_source,
-    choose_strip_source,
-)
+from .grade_source import GRADER_CHOICES, JudgeScores, choose_grade_source, evaluator_on_strips
 from .measure import judge_outcomes
 from .metrics import answer_matches, beats_beyond_noise, binary_report, wilson_interval
 from .parallel import map_questions
@@ -152,8 +146,6 @@ class CRAGOptimizer(Teleprompter):
         stages: a subset of :data:`STAGES`.
         thresholds: tune (lower, upper) on ``valset``; False keeps the program's.
         grader: where grades come from (``auto``, ``llm``, ``evaluator``, ``fused``; docs/evaluator.md).
-        strip_filter: who filters knowledge strips (``auto``, ``llm``, ``evaluator``: the grader's
-            trained evaluator; docs/evaluator.md).
         evaluator_base, evaluator_training: the encoder the evaluator is fine-tuned from and how.
         embedder: sentence embeddings for the retrieval similarity a fused grade weighs (default: the
             program's, else the bundled MiniLM); cache_dir: where trained evaluators are cached.
@@ -178,7 +170,6 @@ class CRAGOptimizer(Teleprompter):
         stages: Sequence[str] = ("grader", "strips"),
         thresholds: bool = True,
         grader: str = "auto",
-        strip_filter: str = "auto",
         evaluator_base: Path | None = None,
         evaluator_training: TrainingConfig | None = None,
         embedder: Embedder | None = None,
@@ -199,12 +190,9 @@ class CRAGOptimizer(Teleprompter):
             raise ValueError(f"unknown optimizer {optimizer!r}; choose from {OPTIMIZERS}")
         if grader not in GRADER_CHOICES:
             raise ValueError(f"unknown grader {grader!r}; choose from {GRADER_CHOICES}")
-        if strip_filter not in STRIP_FILTER_CHOICES:
-            raise ValueError(f"unknown strip filter {strip_filter!r}; choose from {STRIP_FILTER_CHOICES}")
         self.metric = metric or answer_metric
         self.optimizer, self.demos, self.calibration_pairs = optimizer, demos, calibration_pairs
         self.stages, self.thresholds, self.grader = tuple(stages), thresholds, grader
-        self.strip_filter = strip_filter
         self.evaluator_base, self.evaluator_training = evaluator_base, evaluator_training
         self.embedder, self.cache_dir = embedder, cache_dir
         self.judge_val_limit, self.val_limit, self.seed = judge_val_limit, val_limit, seed
@@ -241,7 +229,7 @@ class CRAGOptimizer(Teleprompter):
         report: dict[str, Any] = {"stages": {}}
         self.report = report
         with dspy.context(lm=lm), watch_lm():
-            evaluator, held_questions = None, set()
+            evaluator = None
             if "grader" in stages:
                 judge_train = interleave_balanced(
                     [_graded(e) for e in relevance_train], "relevant", self.seed
@@ -266,7 +254,6 @@ class CRAGOptimizer(Teleprompter):
                     progress=self.progress,
                 )
                 evaluator = report["stages"]["grade_source"].pop("_evaluator", None)
-                held_questions = report["stages"]["grade_source"].pop("_held_questions", set())
                 clock.lap("grade source")
             if "strips" in stages:
                 aliases = _aliases(relevance or [], [*(trainset or []), *(valset or [])])
@@ -278,15 +265,11 @@ class CRAGOptimizer(Teleprompter):
                 report["stages"]["strip_filter"] = self._judge(
                     program, "strip_filter", judge_train, judge_val, "keep"
                 )
-                report["stages"]["strip_source"] = choose_strip_source(
-                    program,
-                    strips_train,
-                    judge_val,
-                    report["stages"]["strip_filter"].pop("_scores"),
-                    evaluator,
-                    held_questions,
-                    choice=self.strip_filter,
-                )
+                report["stages"]["strip_filter"].pop("_scores")
+                if evaluator is not None:
+                    report["stages"]["strip_filter"]["grader_evaluator"] = evaluator_on_strips(
+                        evaluator, judge_val
+                    )
                 clock.lap("strip filter")
             without_generation = None
             # The QA-val pieces (grades, knowledge, answers) the threshold and retry stages both use.

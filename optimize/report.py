@@ -100,13 +100,12 @@ def _interval(ci: Sequence[float] | None, pct: bool = True) -> str:
     return f" [{100 * low:.1f}, {100 * high:.1f}]" if pct else f" [{low:.3f}, {high:.3f}]"
 
 
-def _source_lines(g: dict[str, Any] | None, title: str) -> list[str]:
-    """The grade (or strip filter) sources measured on the same val pairs, with 95% intervals, and
-    which one shipped."""
+def _grade_source_lines(g: dict[str, Any] | None) -> list[str]:
+    """The grade sources measured on the same val pairs, with 95% intervals, and which one shipped."""
     if not g:
         return []
     lines = [
-        f"## {title} (shipped: {g['shipped']})",
+        f"## grade source (shipped: {g['shipped']})",
         "",
         f"Why: {g['why']}.",
         "",
@@ -131,14 +130,6 @@ def _source_lines(g: dict[str, Any] | None, title: str) -> list[str]:
                 f"Evaluator: fine-tuned on {t['train_pairs']} train pairs, epoch chosen on {t['holdout_pairs']} "
                 f"pairs of held-out train questions (held-out AUC by epoch {epochs}; kept epoch {t['best_epoch']}); "
                 f"{how}. Intervals: Wilson for accuracy, bootstrap over questions for AUC."
-            ),
-        ]
-    if g.get("map") and "fit_strips" in g["map"]:
-        lines += [
-            "",
-            (
-                f"The grader's evaluator, its logit mapped to P(keep) on {g['map']['fit_strips']} strips "
-                "of the train questions it never trained on."
             ),
         ]
     lines.append("")
@@ -185,9 +176,14 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
                 lines.append(_judge_row(plan, candidate["demos"], candidate["calibration"], candidate["val"]))
             if s["kept"] == "uncompiled":
                 lines.append("\nNo compiled candidate beat the uncompiled judge on val, so it was kept.")
+            shared = s.get("grader_evaluator")
+            if shared and shared["roc_auc"] is not None:
+                lines.append(
+                    f"\nThe grader's trained evaluator ranks these {shared['n']} val strips at ROC AUC "
+                    f"{shared['roc_auc']:.3f}{_interval(shared['roc_auc_ci'], pct=False)} (one model for both judges?)."
+                )
             lines.append("")
-    lines += _source_lines(report["stages"].get("grade_source"), "grade source")
-    lines += _source_lines(report["stages"].get("strip_source"), "strip filter source")
+    lines += _grade_source_lines(report["stages"].get("grade_source"))
     g = report["stages"].get("generation")
     if g:
         demos = ", ".join(f"{name} {n}" for name, n in g["demos"].items())

@@ -362,18 +362,11 @@ class CRAGPieces:
         refine = (cfg.strip_threshold, cfg.max_strips, cfg.sentences_per_strip)
         evaluator = c.grading.evaluator.fingerprint if c.grading.evaluator is not None else None
         self._grader = state_key(grader, c.grading.dump_state(), evaluator, cfg.k, c.retriever.name)
-        # Who filters strips: the LLM judge, or the trained evaluator with its map.
-        by_evaluator = c.grading.strips == "evaluator"
-        strips = (
-            state_key(c.grading.strips, c.grading.dump_state()["strip_score"], evaluator)
-            if by_evaluator
-            else strip_filter
-        )
-        self._internal = state_key(self._grader, strips, refine)
+        self._internal = state_key(self._grader, strip_filter, refine)
         retries = cfg.lm_calls.retries
         self._rewriter = state_key(c.rewriter.dump_state(), retries)
         self._reviser = state_key(c.reviser.dump_state(), retries)
-        self._web = state_key(strips, refine, cfg.web_results, c.web_search.name)
+        self._web = state_key(strip_filter, refine, cfg.web_results, c.web_search.name)
         self._raw_web = state_key(cfg.sentences_per_strip, cfg.web_results, c.web_search.name)
         self._answerer = state_key(c.answerer.dump_state(), retries, cfg.answer_units)
         self._judgements = SharedJudgements(work, {"grade": grader, "strip_filter": strip_filter})

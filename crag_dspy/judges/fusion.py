@@ -6,10 +6,6 @@ few. ``optimize.compile`` measures all of them on val and records the winner her
 with the program JSON: the mode, the evaluator's weights manifest and two fitted logistic maps,
 :class:`LinearScore`. ``evaluator`` maps the evaluator's logit to P(relevant); ``fused`` maps the LLM
 judge's score (as a logit), the evaluator's logit and the retrieval similarity to one P(relevant).
-
-The same evaluator can also filter knowledge strips (``strips = "evaluator"``, with its own map
-``strip_score`` from the logit of a (question, strip) pair to P(keep)): one batched forward pass per
-source instead of one LM call per strip. The compile chooses it on the strip filter's val pairs.
 """
 
 from __future__ import annotations
@@ -28,7 +24,6 @@ from .evaluator import EvaluatorError, RelevanceEvaluator
 __all__ = [
     "GRADE_MODES",
     "SIGNALS",
-    "STRIP_MODES",
     "Grading",
     "LinearScore",
     "SignalScores",
@@ -38,8 +33,6 @@ __all__ = [
 
 GradeMode = Literal["llm", "evaluator", "fused"]
 GRADE_MODES: tuple[str, ...] = ("llm", "evaluator", "fused")
-# Who filters the knowledge strips: the LLM strip filter or the grader's trained evaluator.
-STRIP_MODES: tuple[str, ...] = ("llm", "evaluator")
 # The signals a fused grade may weigh: the LLM judge's score as a logit, the evaluator's logit and
 # the retriever's cosine similarity between question and passage.
 SIGNALS = ("llm", "evaluator", "similarity")
@@ -118,8 +111,6 @@ class Grading(Parameter):
         self.manifest: dict[str, Any] | None = None
         self.evaluator_score: LinearScore | None = None
         self.fused_score: LinearScore | None = None
-        self.strips: str = "llm"
-        self.strip_score: LinearScore | None = None
 
     # -- state ------------------------------------------------------------------------------------
     def use(
@@ -129,34 +120,11 @@ class Grading(Parameter):
         evaluator_score: LinearScore | None = None,
         fused_score: LinearScore | None = None,
     ) -> Grading:
-        """Switch to ``mode`` with what it needs (raises ValueError, unchanged, when something is missing).
-        The LLM filters strips again until :meth:`filter_strips_with` says otherwise: the strip filter is
-        chosen after the grade source, for the evaluator it ships."""
+        """Switch to ``mode`` with what it needs (raises ValueError, unchanged, when something is missing)."""
         _check(mode, evaluator is not None, evaluator_score, fused_score)
-        self.strips, self.strip_score = "llm", None
         self.mode, self.evaluator = mode, evaluator
         self.evaluator_score, self.fused_score = evaluator_score, fused_score
         self.manifest = None  # written by save_program next to the weights
-        return self
-
-    def filter_strips_with(
-        self,
-        mode: str,
-        strip_score: LinearScore | None = None,
-        evaluator: RelevanceEvaluator | None = None,
-    ) -> Grading:
-        """Filter knowledge strips with ``mode``: "llm", or "evaluator" with the map of its logit to
-        P(keep) and the evaluator (default: the one that grades). Raises ValueError, unchanged, when
-        one is missing."""
-        evaluator = evaluator or self.evaluator
-        _check_strips(mode, evaluator is not None, strip_score)
-        if mode == "evaluator":
-            if evaluator is not self.evaluator:
-                self.manifest = None  # other weights: save_program writes their manifest
-            self.evaluator, self.strip_score = evaluator, strip_score
-        else:
-            self.strip_score = None
-        self.strips = mode
         return self
 
     @property
@@ -165,13 +133,7 @@ class Grading(Parameter):
 
     @property
     def uses_evaluator(self) -> bool:
-        """Whether document grades use the trained evaluator."""
         return self.mode in ("evaluator", "fused")
-
-    @property
-    def needs_evaluator(self) -> bool:
-        """Whether anything (grades or strips) uses the trained evaluator, so its weights ship."""
-        return self.uses_evaluator or self.strips == "evaluator"
 
     def dump_state(self, json_mode: bool = True) -> dict[str, Any]:
         return {
@@ -179,8 +141,6 @@ class Grading(Parameter):
             "evaluator": self.manifest,
             "evaluator_score": self.evaluator_score.as_dict() if self.evaluator_score else None,
             "fused_score": self.fused_score.as_dict() if self.fused_score else None,
-            "strips": self.strips,
-            "strip_score": self.strip_score.as_dict() if self.strip_score else None,
         }
 
     def load_state(self, state: dict[str, Any]) -> Grading:
@@ -188,21 +148,16 @@ class Grading(Parameter):
         try:
             evaluator_score = _linear(state.get("evaluator_score"))
             fused_score = _linear(state.get("fused_score"))
-            strip_score = _linear(state.get("strip_score"))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"grading state has a malformed score map: {exc}") from exc
-        # Programs saved before the evaluator could filter strips have no "strips": the LLM filters them.
-        strips = state.get("strips", "llm")
         manifest = state.get("evaluator")
         if manifest is not None:
             _check_manifest(manifest)
         _check(mode, manifest is not None, evaluator_score, fused_score)
-        _check_strips(strips, manifest is not None, strip_score)
         if manifest != self.manifest:
             self.evaluator = None  # other weights: attach() loads them
         self.mode, self.manifest = mode, manifest
         self.evaluator_score, self.fused_score = evaluator_score, fused_score
-        self.strips, self.strip_score = strips, strip_score
         return self
 
     def attach(self, program_dir: Path) -> None:
@@ -222,7 +177,6 @@ class Grading(Parameter):
         new = Grading()
         new.mode, new.evaluator, new.manifest = self.mode, self.evaluator, dict(self.manifest or {}) or None
         new.evaluator_score, new.fused_score = self.evaluator_score, self.fused_score
-        new.strips, new.strip_score = self.strips, self.strip_score
         return new
 
     # -- scoring ----------------------------------------------------------------------------------
@@ -234,26 +188,12 @@ class Grading(Parameter):
         """The evaluator's logits for (question, text) pairs; None when the mode does not use it."""
         if not self.uses_evaluator:
             return None
-        return self._loaded().logits(pairs)
-
-    def strip_scores(self, question: str, strips: Sequence[str]) -> list[float] | None:
-        """P(keep) of each strip for ``question`` from the evaluator, in one batched pass; None when
-        the LLM filters strips."""
-        if self.strips != "evaluator":
-            return None
-        assert self.strip_score is not None
-        if not strips:
-            return []
-        logits = self._loaded().logits([(question, s) for s in strips])
-        return [self.strip_score({"evaluator": x}) for x in logits]
-
-    def _loaded(self) -> RelevanceEvaluator:
         if self.evaluator is None:
             raise EvaluatorError(
-                "this program uses a trained evaluator whose weights are not loaded; load the "
+                "this program grades with a trained evaluator whose weights are not loaded; load the "
                 "program with crag_dspy.load_program (which verifies and loads them)"
             )
-        return self.evaluator
+        return self.evaluator.logits(pairs)
 
     def combine(
         self, llm_score: float | None, llm_source: str, evaluator_logit: float | None, similarity: float
@@ -290,13 +230,6 @@ def _check(
         raise ValueError(f"grade mode {mode!r} needs a trained evaluator and its score map")
     if mode == "fused" and fused is None:
         raise ValueError("grade mode 'fused' needs its fused score map")
-
-
-def _check_strips(strips: str, has_evaluator: bool, strip_score: LinearScore | None) -> None:
-    if strips not in STRIP_MODES:
-        raise ValueError(f"unknown strip filter {strips!r}; choose from {STRIP_MODES}")
-    if strips == "evaluator" and not (has_evaluator and strip_score is not None):
-        raise ValueError("strip filter 'evaluator' needs a trained evaluator and its strip score map")
 
 
 def _check_manifest(manifest: Any) -> None:
