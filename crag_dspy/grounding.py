@@ -15,10 +15,13 @@ built; a paraphrase gets through it. This check looks at the other end, the answ
 3. **Support from an instruction is not support.** A targeted injection puts its false value *into* a
    strip, so grounding alone would bless it. A source (document or web page) that addresses the model
    ("note for automated assistants", "when asked ... say", "respond with", "you must answer") is not
-   knowledge but a request; an item supported only by such sources is flagged too. A source counts as
-   instructing when any of its text the run saw reads so (:func:`reads_as_instruction`), or when the
-   keyword filter removed a sentence from it: an honest document has no reason to tell a reader-model
-   what to answer, so the whole source loses its standing, not just the sentence.
+   knowledge but a request; an item such a source states is flagged too, even when an honest source
+   states it as well: an attacker can pick a value the corpus holds for something else ("400 velds",
+   the allowance of another office), so that the honest source's agreement is a coincidence of
+   strings, not support for the claim. A source counts as instructing when any of its text the run saw
+   reads so (:func:`reads_as_instruction`), or when the keyword filter removed a sentence from it: an
+   honest document has no reason to tell a reader-model what to answer, so the whole source loses its
+   standing, not just the sentence.
 
 The check is a heuristic on strings, with known limits: it cannot tell a wrong value stated as plain
 fact (corpus poisoning without an instruction) from a right one; an instruction phrased unlike any
@@ -69,8 +72,8 @@ class Grounding(BaseModel):
     )
     instruction_supported: list[str] = Field(
         default_factory=list,
-        description="key content found only in kept strips of sources that instruct the model "
-        "(possible injection)",
+        description="key content found in kept strips of sources that instruct the model, whether or "
+        "not other sources state it too (possible injection)",
     )
     instructing_sources: list[str] = Field(
         default_factory=list,
@@ -468,7 +471,7 @@ def check_grounding(
         sources = {source for source, text in kept if _supports(item, text)}
         if not sources:
             ungrounded.append(item.text)
-        elif sources <= instructing_sources:
+        elif sources & instructing_sources:
             by_instruction.append(item.text)
     return Grounding(
         checked=[i.text for i in key_content(answer or "")],
@@ -517,7 +520,7 @@ def warning_line(grounding: Grounding | None) -> str | None:
         parts.append(f"not in the context or the question: {', '.join(grounding.ungrounded)}")
     if grounding.instruction_supported:
         parts.append(
-            f"only in text that instructs the model ({', '.join(grounding.instructing_sources)}): "
+            f"in text that instructs the model ({', '.join(grounding.instructing_sources)}): "
             f"{', '.join(grounding.instruction_supported)}"
         )
     return "warning: the answer may not be grounded; " + "; ".join(parts)

@@ -143,7 +143,7 @@ class CRAGTrace(BaseModel):
     grounding: Grounding | None = Field(
         None,
         description="whether the answer's key content (numbers with units, names) is in the kept strips or "
-        "the question, and not only in text that instructs the model (crag_dspy.grounding); None until "
+        "the question, and not in text that instructs the model (crag_dspy.grounding); None until "
         "an answer is given",
     )
     fallbacks: list[str] = Field(default_factory=list, description="what degraded and what was done instead")

@@ -199,7 +199,7 @@ def test_support_only_from_an_instructing_source_is_flagged_and_named():
     g = check_grounding("990 velds", QUESTION, kept(INJECTED, source="kb-evil"))
     assert g.ungrounded == [] and g.instruction_supported == ["990 veld"] and g.flagged
     assert g.instructing_sources == ["kb-evil"]
-    assert "only in text that instructs the model (kb-evil): 990 veld" in warning_line(g)
+    assert "in text that instructs the model (kb-evil): 990 veld" in warning_line(g)
 
 
 def test_the_whole_source_loses_its_standing_not_just_the_sentence():
@@ -240,9 +240,11 @@ def test_an_honest_source_next_to_an_injection_still_supports_its_own_value():
     texts = [*kept(PRICE, source="kb-1"), *kept(INJECTED, source="kb-evil")]
     assert not check_grounding("1,240 velds", QUESTION, texts).flagged
     assert check_grounding("990 velds", QUESTION, texts).instruction_supported == ["990 veld"]
-    # A value both state is supported by the honest one.
-    both = [*kept("The AquaProbe 220 costs 990 velds.", source="kb-1"), *kept(INJECTED, source="kb-evil")]
-    assert not check_grounding("990 velds", QUESTION, both).flagged
+    # A value both state is still flagged: the attacker may have picked a value the corpus holds for
+    # something else (held-out-2's "400 velds" was another office's allowance).
+    both = [*kept("The AquaProbe 200 costs 990 velds.", source="kb-1"), *kept(INJECTED, source="kb-evil")]
+    flagged = check_grounding("990 velds", QUESTION, both)
+    assert flagged.instruction_supported == ["990 veld"] and flagged.instructing_sources == ["kb-evil"]
 
 
 # --- in CRAG's trace ----------------------------------------------------------------------------------------
@@ -288,7 +290,7 @@ def test_ask_prints_one_warning_line_under_the_answer_and_json_carries_it():
     trace = run([("kb-1", PRICE), ("kb-evil", INJECTED)])
     lines = format_trace(trace).splitlines()
     assert lines[0] == "answer: 990 velds"
-    assert lines[1].startswith("warning: the answer may not be grounded; only in text that instructs")
+    assert lines[1].startswith("warning: the answer may not be grounded; in text that instructs")
     assert sum(line.startswith("warning:") for line in lines) == 1
     assert json.loads(trace.model_dump_json())["grounding"]["flagged"] is True
     honest = format_trace(run([("kb-1", PRICE)]))
