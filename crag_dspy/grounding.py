@@ -444,10 +444,9 @@ def check_grounding(
     """The :class:`Grounding` of ``answer``: its key content against the question and the kept
     ``texts``; a source in ``instructing``, or any of whose ``texts`` (kept or not) reads as an
     instruction, does not support anything, and an item it states is flagged even when another source
-    states it too. With ``classifier``, the sentences of kept strips that
-    state a key item otherwise supported are classified too: a source with one flagged loses its
-    standing (the phrase rule misses phrasings it was not written for; the value's own sentence is where
-    an injection has to be)."""
+    states it too. With ``classifier``, the sentences of kept strips that state a key item otherwise
+    supported are classified too: a source with one flagged loses its standing (the phrase rule misses
+    phrasings it was not written for; the value's own sentence is where an injection has to be)."""
     instructing_sources = set(instructing) | {t.source for t in texts if reads_as_instruction(t.text)}
     kept = [(t.source, _normalize(t.text)) for t in texts if t.kept]
     asked = _normalize(question)
