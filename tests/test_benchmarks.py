@@ -576,3 +576,27 @@ def test_soak_clients_get_a_response_for_every_request_from_a_real_server():
     with serving(create_app(service, policy)) as url:  # a wrong key is a 401 for every request, not a loss
         refused = asyncio.run(bench.fire(url, "x" * 24, questions[:2], 2, 30.0))
     assert [r.kind for r in refused] == ["401", "401"]
+
+
+def test_grader_quality_training_compares_both_settings_on_the_compiles_split(
+    tmp_path, tiny_encoder, monkeypatch, capsys
+):
+    gq = load("grader_quality")
+    fast = {"max_epochs": 2, "max_length": 32, "threads": 1}
+    monkeypatch.setattr(gq, "bundled_model_path", lambda: tiny_encoder)
+    monkeypatch.setattr(
+        gq,
+        "TRAINING_SETTINGS",
+        {name: config.model_copy(update=fast) for name, config in gq.TRAINING_SETTINGS.items()},
+    )
+    out = tmp_path / "training.json"
+    argv = ["--training", "--domain-dir", str(make_domain(tmp_path / "d")), "--calibration-pairs", "4"]
+    assert gq.main([*argv, "--timing-pairs", "12", "--out", str(out)]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert (results["fit_pairs"], results["holdout_pairs"]) == (4, 4)  # the first 4 pairs' questions held out
+    previous, current = results["runs"]["previous"], results["runs"]["current"]
+    assert previous["precision"] == "fp32" and previous["config"]["bucket_batches"] == 1
+    assert current["config"]["bucket_batches"] > 1 and current["val"]["n"] == 4
+    assert results["speedup"] > 0 and 0 <= results["accuracy_mcnemar_p"] <= 1
+    assert results["timing"]["pairs"] == 12 and results["timing"]["epochs_run"] == 2  # every epoch
+    assert "current / previous" in capsys.readouterr().out

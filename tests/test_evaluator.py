@@ -19,6 +19,7 @@ from crag_dspy.judges.evaluator import (
     EvaluatorError,
     RelevanceEvaluator,
     TrainingConfig,
+    length_batches,
     train_evaluator,
     verify_folder,
     weights_manifest,
@@ -26,6 +27,7 @@ from crag_dspy.judges.evaluator import (
 from crag_dspy.judges.fusion import Grading, LinearScore, fit_linear_score
 from crag_dspy.program import ProgramError, apply_program, read_program, save_program
 from optimize.grade_source import JudgeScores, choose_grade_source
+from optimize.metrics import roc_auc
 
 TESTS = Path(__file__).parent
 FAST = TrainingConfig(learning_rate=1e-3, max_epochs=3, max_length=32, batch_size=16, threads=1)
@@ -70,6 +72,52 @@ def test_training_is_seeded_and_deterministic(tiny_encoder, trained):
     pairs = [(q, p) for q, p, _ in keyword_pairs(10, 4)]
     assert again.logits(pairs) == trained[0].logits(pairs)
     assert again.fingerprint == trained[0].fingerprint
+
+
+@pytest.mark.parametrize(
+    "n, batch_size, windows", [(0, 4, 8), (1, 4, 8), (37, 4, 1), (37, 4, 3), (100, 16, 32)]
+)
+def test_length_batches_cover_every_pair_once_in_full_batches(n, batch_size, windows):
+    lengths = [random.Random(i).randrange(5, 300) for i in range(n)]
+    batches = length_batches(lengths, batch_size, windows, random.Random(7))
+    assert sorted(i for b in batches for i in b) == list(range(n))
+    assert len(batches) == -(-n // batch_size) and all(1 <= len(b) <= batch_size for b in batches)
+    assert batches == length_batches(lengths, batch_size, windows, random.Random(7))  # seeded
+
+
+def test_length_batches_pad_less_than_shuffled_batches_and_one_window_is_a_plain_shuffle():
+    lengths = [random.Random(i).randrange(20, 256) for i in range(640)]
+    grouped = length_batches(lengths, 16, 32, random.Random(0))
+    plain = length_batches(lengths, 16, 1, random.Random(0))
+    order = list(range(640))
+    random.Random(0).shuffle(order)
+    assert [sorted(b) for b in plain] == [sorted(order[i : i + 16]) for i in range(0, 640, 16)]
+
+    def padded(batches):  # tokens a batch costs: its size times its longest pair
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches)
+
+    assert padded(grouped) < 0.7 * padded(plain)
+    longest = [max(lengths[i] for i in b) for b in grouped]
+    assert longest != sorted(longest)  # the batches themselves are shuffled, not in length order
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_training_in_either_precision_learns_and_says_which(tiny_encoder, precision):
+    config = FAST.model_copy(update={"precision": precision})
+    evaluator, report = train_evaluator(
+        keyword_pairs(160, 1), keyword_pairs(40, 2), base=tiny_encoder, config=config
+    )
+    assert report.precision == precision and report.as_dict()["precision"] == precision
+    test = keyword_pairs(40, 3)
+    logits = evaluator.logits([(q, p) for q, p, _ in test])
+    assert roc_auc(logits, [y for *_, y in test]) > 0.9
+
+
+def test_batched_logits_keep_the_callers_order(trained):
+    evaluator, _ = trained
+    pairs = [(q, p * (1 + i % 3)) for i, (q, p, _) in enumerate(keyword_pairs(12, 5))]  # mixed lengths
+    one_by_one = [evaluator.logits([pair])[0] for pair in pairs]
+    assert evaluator.logits(pairs, batch_size=5) == pytest.approx(one_by_one, abs=1e-5)
 
 
 def test_one_class_training_data_is_refused(tiny_encoder):
