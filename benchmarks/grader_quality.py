@@ -18,8 +18,8 @@ are free; ``--no-cache`` makes every call (and so the seconds per pair) real. ``
 filter on the split's strips. Writes benchmarks/results/grader_quality_<domain>.json.
 
 ``--training`` measures the trained evaluator's training instead (no LM): the train pairs are split as
-the compile splits them (the questions of the first ``--calibration-pairs`` pairs held out to choose
-the epoch and fit the logit-to-probability map), and the evaluator is trained with the settings
+the compile splits them (the questions of its ``--calibration-pairs`` calibration pairs held out to
+choose the epoch and fit the logit-to-probability map), and the evaluator is trained with the settings
 before the training speed-ups (fp32, plain shuffled batches) and with today's (batches grouped by
 length, bf16 autocast where the CPU has it). For each: seconds, pair-epochs per second, the epoch
 kept, and on the split's pairs ROC AUC and accuracy at 0.5 with intervals; between them the speed
@@ -51,7 +51,7 @@ from crag_dspy.config import CRAGConfig
 from crag_dspy.embeddings import Embedder, bundled_model_path
 from crag_dspy.judges.evaluator import TrainingConfig, native_bf16, train_evaluator
 from crag_dspy.judges.fusion import fit_linear_score
-from optimize.datasets import answers_by_question, relevance_examples, strip_examples
+from optimize.datasets import answers_by_question, interleave_balanced, relevance_examples, strip_examples
 from optimize.grade_source import measured, program_grades
 from optimize.measure import judge_scores
 from optimize.metrics import binary_report, bootstrap_auc_interval, contains_answer, mcnemar_exact, roc_auc
@@ -248,11 +248,16 @@ def report(results: dict[str, Any]) -> None:
 # --- --training: the evaluator's training ---------------------------------------------------------------
 
 
-def compile_split(train: Sequence[Pair], calibration_pairs: int) -> tuple[list[Pair], list[Pair]]:
-    """(fit, held-out) as the compile splits train when the LLM judge keeps no demos: the questions of
-    the first ``calibration_pairs`` pairs are held out whole."""
-    held = {q for q, _, _ in train[:calibration_pairs]}
-    return [t for t in train if t[0] not in held], [t for t in train if t[0] in held]
+def compile_split(
+    train: Sequence[dspy.Example], calibration_pairs: int, seed: int = 0
+) -> tuple[list[Pair], list[Pair]]:
+    """(fit, held-out) pairs as the compile splits the train examples when the LLM judge keeps no
+    demos: in the compile's seeded, label-balanced order, the questions of the first
+    ``calibration_pairs`` examples (the judge's calibration pairs) are held out whole."""
+    ordered = interleave_balanced(train, "relevant", seed)
+    held = {e.question for e in ordered[:calibration_pairs]}
+    pairs = [(e.question, e.document, int(bool(e.relevant))) for e in ordered]
+    return [t for t in pairs if t[0] not in held], [t for t in pairs if t[0] in held]
 
 
 def train_and_score(
@@ -306,9 +311,8 @@ def timing_run(
 
 def training(args: Any, argv: Sequence[str] | None, domain: Any) -> dict[str, Any]:
     """``--training``: both settings on the compile's split, and the timing run if asked."""
-    train = [(r.question, r.passage, int(r.label)) for r in domain.relevance if r.split == "train"]
     val = [(r.question, r.passage, int(r.label)) for r in domain.relevance if r.split == args.split]
-    fit, holdout = compile_split(train, args.calibration_pairs)
+    fit, holdout = compile_split(relevance_examples(domain.relevance, "train"), args.calibration_pairs)
     print(
         f"{domain.name}: {len(fit)} training pairs, {len(holdout)} held out, {len(val)} {args.split}; "
         f"native bf16: {native_bf16()}"

@@ -590,10 +590,18 @@ def test_grader_quality_training_compares_both_settings_on_the_compiles_split(
         {name: config.model_copy(update=fast) for name, config in gq.TRAINING_SETTINGS.items()},
     )
     out = tmp_path / "training.json"
-    argv = ["--training", "--domain-dir", str(make_domain(tmp_path / "d")), "--calibration-pairs", "4"]
+    domain_dir = make_domain(tmp_path / "d")
+    argv = ["--training", "--domain-dir", str(domain_dir), "--calibration-pairs", "2"]
     assert gq.main([*argv, "--timing-pairs", "12", "--out", str(out)]) == 0
     results = json.loads(out.read_text())["results"]
-    assert (results["fit_pairs"], results["holdout_pairs"]) == (4, 4)  # the first 4 pairs' questions held out
+    from optimize.datasets import relevance_examples
+
+    fit, holdout = gq.compile_split(relevance_examples(load_domain(domain_dir).relevance, "train"), 2)
+    assert not {q for q, *_ in fit} & {q for q, *_ in holdout}  # no question feeds both
+    assert len(fit) + len(holdout) == 8 and (results["fit_pairs"], results["holdout_pairs"]) == (
+        len(fit),
+        len(holdout),
+    )
     previous, current = results["runs"]["previous"], results["runs"]["current"]
     assert previous["precision"] == "fp32" and previous["config"]["bucket_batches"] == 1
     assert current["config"]["bucket_batches"] > 1 and current["val"]["n"] == 4
