@@ -54,7 +54,7 @@ from crag_dspy.judges.fusion import fit_linear_score
 from optimize.datasets import answers_by_question, interleave_balanced, relevance_examples, strip_examples
 from optimize.grade_source import measured, program_grades
 from optimize.measure import judge_scores
-from optimize.metrics import binary_report, bootstrap_auc_interval, contains_answer, mcnemar_exact, roc_auc
+from optimize.metrics import bootstrap_auc_interval, contains_answer, mcnemar_exact, roc_auc
 
 SCRIPT = "grader_quality"
 TRAINING_SCRIPT = "evaluator_training"
@@ -248,6 +248,11 @@ def report(results: dict[str, Any]) -> None:
 # --- --training: the evaluator's training ---------------------------------------------------------------
 
 
+def as_pairs(examples: Sequence[dspy.Example]) -> list[Pair]:
+    """(question, passage, label) of grader examples, as the evaluator trains on them."""
+    return [(e.question, e.document, int(bool(e.relevant))) for e in examples]
+
+
 def compile_split(
     train: Sequence[dspy.Example], calibration_pairs: int, seed: int = 0
 ) -> tuple[list[Pair], list[Pair]]:
@@ -256,13 +261,15 @@ def compile_split(
     ``calibration_pairs`` examples (the judge's calibration pairs) are held out whole."""
     ordered = interleave_balanced(train, "relevant", seed)
     held = {e.question for e in ordered[:calibration_pairs]}
-    pairs = [(e.question, e.document, int(bool(e.relevant))) for e in ordered]
+    pairs = as_pairs(ordered)
     return [t for t in pairs if t[0] not in held], [t for t in pairs if t[0] in held]
 
 
 def train_and_score(
     fit: list[Pair], holdout: list[Pair], val: list[Pair], config: TrainingConfig
 ) -> dict[str, Any]:
+    """Train with ``config``; the epoch kept, time, and on ``val`` (through the logit map fitted on
+    ``holdout``, as the compile fits it) what :func:`~optimize.grade_source.measured` reports."""
     started = time.perf_counter()
     evaluator, report = train_evaluator(fit, holdout, base=bundled_model_path(), config=config)
     seconds = time.perf_counter() - started
@@ -272,8 +279,6 @@ def train_and_score(
     )
     probabilities = [score({"evaluator": x}) for x in evaluator.logits([(q, p) for q, p, _ in val])]
     gold = [y for *_, y in val]
-    measured = binary_report(probabilities, gold).as_dict()
-    right = [(p >= 0.5) == bool(y) for p, y in zip(probabilities, gold)]
     return {
         "config": config.model_dump(),
         "precision": report.precision,
@@ -281,12 +286,8 @@ def train_and_score(
         "pair_epochs_per_second": round(len(fit) * len(report.epochs) / report.seconds, 2),
         "epochs": report.epochs,
         "best_epoch": report.best_epoch,
-        "val": {
-            **{k: measured[k] for k in ("n", "accuracy", "precision", "recall", "roc_auc")},
-            "accuracy_rate": harness.rate(sum(right), len(right)),
-            "roc_auc_ci": bootstrap_auc_interval(probabilities, gold, [q for q, _, _ in val]),
-        },
-        "_right": right,
+        "val": measured(probabilities, gold, [q for q, _, _ in val]),
+        "_right": [(p >= 0.5) == bool(y) for p, y in zip(probabilities, gold)],
     }
 
 
@@ -311,7 +312,7 @@ def timing_run(
 
 def training(args: Any, argv: Sequence[str] | None, domain: Any) -> dict[str, Any]:
     """``--training``: both settings on the compile's split, and the timing run if asked."""
-    val = [(r.question, r.passage, int(r.label)) for r in domain.relevance if r.split == args.split]
+    val = as_pairs(relevance_examples(domain.relevance, args.split))
     fit, holdout = compile_split(relevance_examples(domain.relevance, "train"), args.calibration_pairs)
     print(
         f"{domain.name}: {len(fit)} training pairs, {len(holdout)} held out, {len(val)} {args.split}; "
@@ -324,7 +325,7 @@ def training(args: Any, argv: Sequence[str] | None, domain: Any) -> dict[str, An
             f"{name:9} {r['precision']}: {r['seconds']:.0f} s, {r['pair_epochs_per_second']} pair-epochs/s, "
             f"epoch {r['best_epoch']} of {len(r['epochs'])}; {args.split} ROC AUC {r['val']['roc_auc']:.3f} "
             f"[{r['val']['roc_auc_ci'][0]:.3f}, {r['val']['roc_auc_ci'][1]:.3f}], "
-            f"accuracy {harness.fmt_rate(r['val']['accuracy_rate'])}"
+            f"accuracy {r['val']['accuracy']:.1%} [{r['val']['accuracy_ci'][0]:.1%}, {r['val']['accuracy_ci'][1]:.1%}]"
         )
     previous, current = runs["previous"], runs["current"]
     results: dict[str, Any] = {
