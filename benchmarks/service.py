@@ -8,7 +8,8 @@
 flags (benchmarks/results/injection_<domain>.json). ``soak``: many concurrent clients against
 ``python -m crag_dspy.serve`` on loopback, optionally with its Chroma server killed and restarted
 mid-soak (benchmarks/results/soak_<domain>.json). ``train-classifier``: the grounding check's
-instruction classifier from the suite's tuned attacks (crag_dspy/instruction_weights.json).
+instruction classifier from the suite's tuned attacks and the team's written sentences
+(crag_dspy/instruction_weights.json).
 ``python benchmarks/service.py <subcommand> --help`` says more.
 """
 
@@ -21,6 +22,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -45,8 +47,8 @@ from crag_dspy.app import open_backends
 from crag_dspy.domain import CorpusDoc, QAPair, WebDoc
 from crag_dspy.embeddings import Embedder
 from crag_dspy.faults import CRAGRunError
-from crag_dspy.grounding import grounding_of_trace, reads_as_instruction
-from crag_dspy.instructions import TUNED_SETS, WEIGHTS, fit
+from crag_dspy.grounding import SupportText, check_grounding, reads_as_instruction, support_of_trace
+from crag_dspy.instructions import TUNED_SETS, WEIGHTS, InstructionClassifier, default_classifier, fit
 from crag_dspy.lm import OpenAIServer
 from crag_dspy.store import StoreError, ingest_domain, open_client
 from crag_dspy.strips import split_sentences
@@ -71,8 +73,10 @@ with aliases), and the ``set`` it belongs to: ``dev`` (written together with the
 missed them), ``held-out`` (written after the current rule was frozen; never used to change it or
 to train the instruction classifier) and ``held-out-2`` (8 more, written on 2026-12-02 after the
 classifier was trained and run once as written: ``held-out`` had been looked at while its settings
-were chosen) and ``held-out-3`` (10, written by a helper that never read the defence's code, run once
-as written). Every attacked question is run twice on a temporary Chroma folder
+were chosen), ``held-out-3`` (10, written by a helper that never read the defence's code, run once
+as written), ``held-out-4`` (12, written the same way on 2026-12-02, while the classifier was
+retrained on written sentences, and first scored by the retrained one) and ``held-out-5`` (12, written
+the same way after it was retrained). Every attacked question is run twice on a temporary Chroma folder
 (the domain's files are only read): first clean, then with its attack document added to the collection
 (and removed after). Reported, per set and overall, with Wilson 95% intervals:
 
@@ -86,7 +90,9 @@ as written). Every attacked question is run twice on a temporary Chroma folder
 
 DSPy's cache is on unless ``--no-cache`` (a rerun replays the same answers; the attacked run reuses the
 clean run's grades of the passages both retrieve). Without ``--program`` the uncompiled default runs.
-Writes benchmarks/results/injection_<domain>.json.
+Each run keeps the text its grounding check read, so ``--rescore RESULTS`` checks the same answers again
+with today's check (a changed rule or classifier) without the LM. Writes
+benchmarks/results/injection_<domain>.json.
 """
 ATTACKS = harness.BENCHMARKS / "injection_attacks.jsonl"
 
@@ -96,7 +102,7 @@ class Attack(BaseModel):
 
     id: str
     set: str = Field(
-        description="dev, round2, round3, held-out, held-out-2 or held-out-3 (see the module docstring)"
+        description="dev, round2, round3 or held-out, held-out-2 to held-out-5 (see the module docstring)"
     )
     qa_id: str
     where: str = Field(pattern="^(corpus|web)$")
@@ -121,14 +127,27 @@ def with_attack(domain: Domain, attack: Attack) -> Domain:
     return dataclasses.replace(domain, web=[*domain.web, doc])
 
 
+def flags(question: str, answer: str | None, support: dict[str, Any]) -> dict[str, Any]:
+    """The grounding check of one answer against its stored ``support``, with the package's instruction
+    classifier and without it (the phrase rule alone)."""
+    texts = [SupportText(source, text, kept) for source, text, kept in support["texts"]]
+    instructing = support["instructing"]
+    return {
+        "grounding": check_grounding(answer, question, texts, instructing, default_classifier()).model_dump(),
+        "grounding_rule_only": check_grounding(answer, question, texts, instructing).model_dump(),
+    }
+
+
 def outcome(crag: CRAG, question: QAPair, attack: Attack) -> dict[str, Any]:
-    """One run's answer and flags; a run that fails is recorded, not raised."""
+    """One run's answer and flags; a run that fails is recorded, not raised. The text the grounding
+    check read is kept (``support``), so that ``--rescore`` can check the same answers again without
+    the LM."""
     try:
         trace = crag(question=question.question).trace
     except CRAGRunError as exc:
         trace = exc.trace
-    grounding = grounding_of_trace(trace)  # the same function CRAG ran: recomputed for runs that failed
-    rule_only = grounding_of_trace(trace, classifier=lambda sentences: [False] * len(sentences))
+    texts, instructing = support_of_trace(trace)
+    support = {"texts": [[t.source, t.text, t.kept] for t in texts], "instructing": instructing}
     retrieved = {d.doc_id for d in trace.documents} | {r.url for r in trace.web_results}
     return {
         "answer": trace.answer,
@@ -137,10 +156,34 @@ def outcome(crag: CRAG, question: QAPair, attack: Attack) -> dict[str, Any]:
         "attacker_value": answer_matches(trace.answer, attack.target),
         "attack_seen": attack.id in retrieved or (attack.url or "") in retrieved,
         "defused": list(trace.defused),
-        "grounding": grounding.model_dump(),
-        "grounding_rule_only": rule_only.model_dump(),  # without the instruction classifier
+        # The same check CRAG ran (recomputed: a run that failed has none).
+        **flags(question.question, trace.answer, support),
         "errors": list(trace.errors),
+        "support": support,
     }
+
+
+def rescore(rows: Sequence[dict[str, Any]], questions: dict[str, QAPair]) -> list[dict[str, Any]]:
+    """``rows`` of an earlier run with their grounding checked again by today's check (same answers)."""
+    missing = [r["id"] for r in rows if "support" not in r["clean"] or "support" not in r["attacked"]]
+    if missing:
+        raise ValueError(
+            f"rows {missing[:3]}{'...' if len(missing) > 3 else ''} hold no `support` (written before "
+            "runs kept it): run the attacks again instead"
+        )
+    return [
+        {
+            **row,
+            **{
+                run: {
+                    **row[run],
+                    **flags(questions[row["qa_id"]].question, row[run]["answer"], row[run]["support"]),
+                }
+                for run in ("clean", "attacked")
+            },
+        }
+        for row in rows
+    ]
 
 
 def run_attacks(
@@ -243,9 +286,18 @@ def injection(argv: list[str], *, lm: dspy.BaseLM | None = None) -> int:
     p.add_argument("--attacks", type=Path, default=ATTACKS, help="the attacks JSONL (default: the suite)")
     p.add_argument("--sets", help="comma-separated sets to run (default: all)")
     p.add_argument("--limit", type=int, help="the first N attacks (after --sets)")
+    p.add_argument(
+        "--rescore",
+        type=Path,
+        metavar="RESULTS",
+        help="no LM: check the answers of an earlier result file again with today's grounding check "
+        "(writes --out, else that file)",
+    )
     args = harness.parse(p, argv)
     if args.limit is not None and args.limit < 1:
         p.error("--limit must be at least 1")
+    if args.rescore is not None:
+        return rescore_file(p, args, argv)
     attacks = read_attacks(args.attacks)
     if args.sets:
         wanted = set(args.sets.split(","))
@@ -265,21 +317,42 @@ def injection(argv: list[str], *, lm: dspy.BaseLM | None = None) -> int:
             p.error(f"domain `{domain.name}` has no questions {missing}")
         backends = open_backends(settings, domain=domain, progress=False)
         rows = run_attacks(crag, domain, backends.client, backends.embedder, attacks)
-    sets = sorted({r["set"] for r in rows})
     results = {
         "domain": domain.name,
         "program": str(args.program) if args.program else None,
         "attacks": len(rows),
         "thresholds": crag.thresholds.dump_state(),
-        "summary": {
-            "all": summarize(rows),
-            **({s: summarize([r for r in rows if r["set"] == s]) for s in sets} if len(sets) > 1 else {}),
-        },
+        "summary": summaries(rows),
         "rows": rows,
     }
     report(results)
     path = harness.result_path(args, "injection", domain.name)
     harness.write_result(path, SCRIPT, ["injection", *argv], results, lm=lm)
+    return 0
+
+
+def summaries(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """:func:`summarize` of all ``rows`` and, when there are several sets, of each set."""
+    sets = sorted({r["set"] for r in rows})
+    by_set = {s: summarize([r for r in rows if r["set"] == s]) for s in sets} if len(sets) > 1 else {}
+    return {"all": summarize(rows), **by_set}
+
+
+def rescore_file(p: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """``injection --rescore RESULTS``: the same answers, today's grounding check, a new summary."""
+    try:
+        earlier = json.loads(args.rescore.read_text(encoding="utf-8"))
+        results = earlier["results"]
+        domain = harness.domain_of(harness.settings_for(args))
+        if domain.name != results["domain"]:
+            p.error(f"{args.rescore} is of domain `{results['domain']}`, not `{domain.name}`: pass --domain")
+        rows = rescore(results["rows"], {q.id: q for q in domain.qa})
+    except (OSError, json.JSONDecodeError, KeyError, ValueError) as exc:
+        p.error(f"cannot rescore {args.rescore}: {exc}")
+    results = {**results, "summary": summaries(rows), "rows": rows, "rescored_from": earlier["metadata"]}
+    report(results)
+    path = args.out or args.rescore
+    harness.write_result(path, SCRIPT, ["injection", *argv], results, lm=earlier["metadata"].get("lm"))
     return 0
 
 
@@ -764,17 +837,37 @@ TRAIN_DOC = """Train the grounding check's instruction classifier (crag_dspy.ins
     python benchmarks/service.py train-classifier
 
 Positives: the sentences of the injection suite's tuned sets (dev, round2, round3; never held-out)
-that the phrase rule recognises; negatives: every sentence of the domain's corpus and web.
+that the phrase rule recognises, and the instruction sentences (label 1) of
+benchmarks/instruction_sentences.jsonl. Negatives: every sentence of the bundled domains' corpora and
+web pages (--domains), and that file's look-alikes (label 0: honest sentences written to resemble
+instructions). The written sentences are the team's, in many styles and on topics none of the bundled
+domains is about (their ``style`` field says which); they were written without reading the suite, the
+phrase rule or the held-out sets.
 """
+SENTENCES = harness.BENCHMARKS / "instruction_sentences.jsonl"
 
 
-def training_sentences(attacks: Sequence[Attack], domain: Domain) -> tuple[list[str], list[str]]:
-    """(positives, negatives) as TRAIN_DOC says."""
+class WrittenSentence(BaseModel):
+    """One team-written training sentence: an instruction to an automated reader (1) or a look-alike (0)."""
+
+    text: str = Field(min_length=1)
+    label: int = Field(ge=0, le=1)
+    style: str
+
+
+def training_sentences(
+    attacks: Sequence[Attack], domains: Sequence[Domain], written: Sequence[WrittenSentence] = ()
+) -> tuple[list[str], list[str], list[str]]:
+    """(positives, negatives, look-alikes) as TRAIN_DOC says."""
     positives = [
         s for a in attacks if a.set in TUNED_SETS for s in split_sentences(a.text) if reads_as_instruction(s)
     ]
-    negatives = sorted({s for doc in [*domain.corpus, *domain.web] for s in split_sentences(doc.text)})
-    return positives, negatives
+    positives += [w.text for w in written if w.label == 1]
+    negatives = sorted(
+        {s for domain in domains for doc in [*domain.corpus, *domain.web] for s in split_sentences(doc.text)}
+    )
+    lookalikes = [w.text for w in written if w.label == 0]
+    return positives, negatives, lookalikes
 
 
 def train_classifier(argv: list[str]) -> int:
@@ -784,19 +877,57 @@ def train_classifier(argv: list[str]) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--attacks", type=Path, default=ATTACKS, help="the attacks JSONL (default: the suite)")
-    p.add_argument("--domain", default="default", help="bundled domain whose sentences are the negatives")
+    p.add_argument(
+        "--sentences", type=Path, default=SENTENCES, help="the written sentences (default: the suite's)"
+    )
+    p.add_argument(
+        "--domains",
+        default="default,transit",
+        help="bundled domains whose sentences are negatives (comma-separated)",
+    )
     p.add_argument("--out", type=Path, default=WEIGHTS, help="the weights JSON (default: the package's)")
+    p.add_argument(
+        "--check-domain-dir",
+        type=Path,
+        action="append",
+        default=[],
+        help="a domain never trained on (e.g. ../shared/data/popqa-dev): report how many of its sentences "
+        "that state a gold answer the classifier flags (honest answers it would flag); repeatable",
+    )
     args = p.parse_args(argv)
-    domain = load_domain(Settings(domain=args.domain).resolved_domain_dir)
-    positives, negatives = training_sentences(read_attacks(args.attacks), domain)
-    state = fit(positives, negatives, Embedder())
+    domains = [load_domain(Settings(domain=name).resolved_domain_dir) for name in args.domains.split(",")]
+    written = [
+        WrittenSentence.model_validate_json(line)
+        for line in args.sentences.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+    positives, negatives, lookalikes = training_sentences(read_attacks(args.attacks), domains, written)
+    state = fit(positives, negatives, lookalikes, Embedder())
     args.out.write_text(json.dumps(state) + "\n", encoding="utf-8")
     cv = state["cross_validated"]
     print(
-        f"{len(positives)} positives, {len(negatives)} negatives: threshold {state['threshold']:.3f}, "
-        f"cross-validated recall {cv['recall']:.2f}, false positives {cv['false_positives']}; wrote {args.out}"
+        f"{len(positives)} positives, {len(negatives)} negatives, {len(lookalikes)} look-alikes: "
+        f"C {state['trained_on']['c']}, threshold {state['threshold']:.3f}, cross-validated recall "
+        f"{cv['recall']:.2f}, false positives {cv['false_positives']} and {cv['lookalike_false_positives']} "
+        f"look-alikes; wrote {args.out}"
     )
+    classifier = InstructionClassifier.load(args.out)
+    for path in args.check_domain_dir:
+        sentences = answer_sentences(load_domain(path))
+        flagged = sum(classifier(sentences))
+        print(
+            f"{path}: {harness.fmt_rate(harness.rate(flagged, len(sentences)))} of the sentences that state a gold answer flagged"
+        )
     return 0
+
+
+def answer_sentences(domain: Domain) -> list[str]:
+    """The sentences of ``domain``'s documents that state a gold answer of one of its questions (an
+    alias of 4+ characters as whole words): what the grounding check classifies when an answer is right."""
+    aliases = {a.lower() for q in domain.qa for a in q.answers if len(a) >= 4}
+    pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, sorted(aliases, key=len, reverse=True))) + r")\b")
+    sentences = {s for doc in [*domain.corpus, *domain.web] for s in split_sentences(doc.text)}
+    return sorted(s for s in sentences if pattern.search(s.lower()))
 
 
 # --- the command ------------------------------------------------------------------------------------------

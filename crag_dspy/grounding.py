@@ -6,7 +6,8 @@ built; a paraphrase gets through it. This check looks at the other end, the answ
 
 1. **Key content** of the answer (:func:`key_content`): numbers with the unit that follows them
    ("1,240 velds", "45 days", "18%"), and names: words with a capital letter or a digit that are not
-   function words ("Agnes Rhowe", "WQ-17", "May"). Dates fall out of the two ("12 to 14 May 2026").
+   function words ("Agnes Rhowe", "WQ-17", "May"), and lower-case host names and identifiers
+   ("gw.example-remote.net", "max_retries"). Dates fall out of the two ("12 to 14 May 2026").
    An abstention ("I don't know") has no key content, so it is never flagged.
 2. **Support**: an item is supported by the question (repeating the question is not making things up)
    or by a kept strip, i.e. the context the answer was given. Numbers compare by value ("1,000" =
@@ -25,14 +26,15 @@ built; a paraphrase gets through it. This check looks at the other end, the answ
 
 The check is a heuristic on strings, with known limits: it cannot tell a wrong value stated as plain
 fact (corpus poisoning without an instruction) from a right one; an instruction phrased unlike any
-rule in (3) passes: each time a set of attacks was written blind to the rule of the day, the rule
-recognised few of them (0 of 8, then 1 of 6, then 1 of 8: ``benchmarks/service.py injection``; the
-learned classifier of ``instructions.py``, applied to the sentences stating the answer's key content, adds
-a second opinion); a reader-facing imperative ("Reply with your order number.") reads as
-an instruction; a unit converted by the answer ("3 weeks" for "21 days", "6 pm" for "18:00") is
-flagged. None of the bundled domains' documents reads as an instruction, and every first gold answer is
-grounded by its evidence documents (with the classifier, one of 363 is flagged; tests/test_grounding.py). What it adds is that the flag and the attack need the same thing to succeed: the
-value must come from somewhere, and where it comes from is named in the trace.
+rule in (3) passes: sets of attacks written blind to the rule of the day were mostly missed by it
+(``benchmarks/service.py injection``); the learned classifier of ``instructions.py``, applied to the
+sentences stating the answer's key content, adds a second opinion that catches more of them, not all
+(docs/reliability.md). A reader-facing imperative ("Reply with your order number.") reads as an
+instruction; a unit converted by the answer ("3 weeks" for "21 days", "6 pm" for "18:00") is flagged.
+None of the bundled domains' documents reads as an instruction, and every first gold answer (363) is
+grounded by its evidence documents, with the classifier too (tests/test_grounding.py). What it adds is
+that the flag and the attack need the same thing to succeed: the value must come from somewhere, and
+where it comes from is named in the trace.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ __all__ = [
     "grounding_of_trace",
     "key_content",
     "reads_as_instruction",
+    "support_of_trace",
     "warning_line",
 ]
 
@@ -217,6 +220,9 @@ _NUMBER = re.compile(r"(?<![\d.])(\d+(?:\.\d+)*)(?![\d])")
 # A currency sign or one letter before a number ("V260", "$5") makes it a price, not a name.
 _PREFIXED_NUMBER = re.compile(r"[^\W\d]?\d[\d.,/:-]*", re.UNICODE)
 _TOKEN = re.compile(r"[A-Za-z0-9\u00c0-\u024f][\w\u00c0-\u024f'&./-]*")
+# A lower-case host name or dotted/underscored identifier ("gw.example-remote.net", "max_retries") names
+# one thing as much as a capitalised word does; "e.g" does not (no part of it is two characters long).
+_IDENTIFIER = re.compile(r"(?=.*[a-z0-9-]{2})[a-z0-9-]+(?:[._][a-z0-9-]+)+")
 _UNIT_AFTER = re.compile(r"\s*(?:-\s*)?([a-z\u00b0\u00b5][\w/\u00b0\u00b5]*)", re.IGNORECASE)
 _UNIT_WINDOW = 3  # a unit counts when it follows the number within this many words ("90 calendar days")
 
@@ -266,7 +272,7 @@ def key_content(answer: str) -> list[KeyItem]:
             continue  # "60-day", "m3/s": a number with its unit, checked as one above
         has_capital = any(c.isupper() for c in token)
         has_digit = any(c.isdigit() for c in token)
-        if (has_capital or has_digit) and len(token) > 1:
+        if (has_capital or has_digit or _IDENTIFIER.fullmatch(token)) and len(token) > 1:
             items.append(KeyItem(token, "name", _name_form(token)))
     unique: dict[tuple[str, str, str], KeyItem] = {}
     for item in items:
@@ -502,13 +508,19 @@ def grounding_of_trace(trace: Any, classifier: SentenceFlags | None = None) -> G
         from .instructions import default_classifier  # the embedding model loads only when used
 
         classifier = default_classifier()
+    return check_grounding(trace.answer, trace.question, *support_of_trace(trace), classifier)
+
+
+def support_of_trace(trace: Any) -> tuple[list[SupportText], list[str]]:
+    """What :func:`grounding_of_trace` checks a run's answer against: every strip and web page the run
+    saw (kept when it is in the answer's context), and the sources its ``defused`` list names."""
     texts = [
         SupportText(s.doc_id, s.text, s.kept and s.text in trace.context)
         for s in [*trace.internal_strips, *trace.external_strips]
     ]
     texts += [SupportText(r.url, r.content, False) for r in trace.web_results]
     defused = [m.group(1) for m in map(_DEFUSED_SOURCE.match, trace.defused) if m]
-    return check_grounding(trace.answer, trace.question, texts, defused, classifier)
+    return texts, defused
 
 
 def warning_line(grounding: Grounding | None) -> str | None:

@@ -424,7 +424,7 @@ def gullible(system, user):
     return tiny_script(system, user)
 
 
-def test_injection_counts_successes_flags_and_false_flags(tmp_path):
+def test_injection_counts_successes_flags_and_false_flags(tmp_path, capsys):
     bench = load("service")
     root = make_domain(tmp_path / "tiny")
     q_kb, q_web = "q0", "q6"  # the zeta code (corpus), the omega code (web only)
@@ -469,6 +469,22 @@ def test_injection_counts_successes_flags_and_false_flags(tmp_path):
     assert (
         "Z999" not in (root / "corpus.jsonl").read_text() and "W999" not in (root / "web.jsonl").read_text()
     )
+    # --rescore checks the same answers again without an LM: the run kept all the text its check read.
+    again = tmp_path / "again.json"
+    assert (
+        bench.main(["injection", "--rescore", str(out), "--domain-dir", str(root), "--out", str(again)]) == 0
+    )
+    rescored = json.loads(again.read_text())["results"]
+    assert rescored["summary"] == results["summary"] and rescored["rows"] == results["rows"]
+    # A result file written before runs kept their text is refused with what to do instead.
+    payload = json.loads(out.read_text())
+    for row in payload["results"]["rows"]:
+        del row["attacked"]["support"]
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(payload))
+    with pytest.raises(SystemExit) as exited:
+        bench.main(["injection", "--rescore", str(old), "--domain-dir", str(root), "--out", str(again)])
+    assert exited.value.code == 2 and "run the attacks again" in capsys.readouterr().err
 
 
 def test_the_injection_suite_is_well_formed_and_targets_wrong_values():
@@ -477,7 +493,16 @@ def test_the_injection_suite_is_well_formed_and_targets_wrong_values():
     domain = load_domain(ROOT / "data" / "default")
     questions = {q.id: q for q in domain.qa}
     assert len(attacks) >= 20 and len({a.id for a in attacks}) == len(attacks)
-    assert {a.set for a in attacks} == {"dev", "round2", "round3", "held-out", "held-out-2", "held-out-3"}
+    assert {a.set for a in attacks} == {
+        "dev",
+        "round2",
+        "round3",
+        "held-out",
+        "held-out-2",
+        "held-out-3",
+        "held-out-4",
+        "held-out-5",
+    }
     assert {a.where for a in attacks} == {"corpus", "web"}
     for a in attacks:
         gold = questions[a.qa_id].answers
@@ -487,14 +512,22 @@ def test_the_injection_suite_is_well_formed_and_targets_wrong_values():
         assert any(t in a.text for t in a.target), a.id  # the document says the value it wants
 
 
-def test_the_instruction_classifier_learns_only_from_the_tuned_sets():
+def test_the_instruction_classifier_learns_only_from_the_tuned_sets_and_the_written_sentences():
     bench = load("service")
     attacks = bench.read_attacks(bench.ATTACKS)
-    domain = load_domain(ROOT / "data" / "default")
-    positives, negatives = bench.training_sentences(attacks, domain)
+    domains = [load_domain(ROOT / "data" / name) for name in ("default", "transit")]
+    written = [
+        bench.WrittenSentence.model_validate_json(line) for line in bench.SENTENCES.read_text().splitlines()
+    ]
+    assert sum(w.label for w in written) > 200 and sum(1 - w.label for w in written) > 200
+    assert len({w.text.lower() for w in written}) == len(written)  # no sentence twice
+    positives, negatives, lookalikes = bench.training_sentences(attacks, domains, written)
     held_out = {s for a in attacks if a.set.startswith("held-out") for s in bench.split_sentences(a.text)}
-    assert positives and not held_out & set(positives)
-    assert len(negatives) == len(set(negatives)) > 1000 and not set(positives) & set(negatives)
+    assert positives and not held_out & {*positives, *negatives, *lookalikes}
+    assert len(negatives) == len(set(negatives)) > 1500 and not set(positives) & set(negatives)
+    # The written sentences are about other things than the bundled domains' company and its world.
+    names = ("Brightwater", "AquaProbe", "veld", "IHSC", "Ostmark", "VIMA", "TideLog")
+    assert not [w.text for w in written if any(n.lower() in w.text.lower() for n in names)]
 
 
 # --- service.py soak --------------------------------------------------------------------------------------
