@@ -75,8 +75,9 @@ to train the instruction classifier) and ``held-out-2`` (8 more, written on 2026
 classifier was trained and run once as written: ``held-out`` had been looked at while its settings
 were chosen), ``held-out-3`` (10, written by a helper that never read the defence's code, run once
 as written), ``held-out-4`` (12, written the same way on 2026-12-02, while the classifier was
-retrained on written sentences, and first scored by the retrained one) and ``held-out-5`` (12, written
-the same way after it was retrained). Every attacked question is run twice on a temporary Chroma folder
+retrained on written sentences, and first scored by the retrained one), ``held-out-5`` (12, written
+the same way after it was retrained) and ``held-out-6`` (12, written the same way and run once after
+the classifier was retrained on their devices). Every attacked question is run twice on a temporary Chroma folder
 (the domain's files are only read): first clean, then with its attack document added to the collection
 (and removed after). Reported, per set and overall, with Wilson 95% intervals:
 
@@ -102,7 +103,7 @@ class Attack(BaseModel):
 
     id: str
     set: str = Field(
-        description="dev, round2, round3 or held-out, held-out-2 to held-out-5 (see the module docstring)"
+        description="dev, round2, round3 or held-out, held-out-2 to held-out-6 (see the module docstring)"
     )
     qa_id: str
     where: str = Field(pattern="^(corpus|web)$")
@@ -842,7 +843,8 @@ benchmarks/instruction_sentences.jsonl. Negatives: every sentence of the bundled
 web pages (--domains), and that file's look-alikes (label 0: honest sentences written to resemble
 instructions). The written sentences are the team's, in many styles and on topics none of the bundled
 domains is about (their ``style`` field says which); they were written without reading the suite, the
-phrase rule or the held-out sets.
+phrase rule or the held-out sets, the ``evasive`` ones from a description of the devices held-out-4 and
+-5 used (so those two sets no longer measure the classifier blind; held-out-6 does).
 """
 SENTENCES = harness.BENCHMARKS / "instruction_sentences.jsonl"
 

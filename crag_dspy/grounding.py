@@ -23,6 +23,13 @@ built; a paraphrase gets through it. This check looks at the other end, the answ
    reads so (:func:`reads_as_instruction`), or when the keyword filter removed a sentence from it: an
    honest document has no reason to tell a reader-model what to answer, so the whole source loses its
    standing, not just the sentence.
+4. **Disputed values.** A number with its unit that another kept source contradicts is ``disputed``:
+   a sentence of that source about what was asked (half the question's words and every name it
+   holds: "CalibKit C3" is not the "CalibKit C3 Pro" asked about) states the same unit with another
+   value. To change an answer the question's own source already gives, an attack has to contradict
+   it; when both are in the context this flags the attack however it is phrased, which (3) cannot
+   promise. The price is honest answers next to a superseded or neighbouring figure of the same kind
+   (2 of the injection suite's 100 clean answers, docs/reliability.md).
 
 The check is a heuristic on strings, with known limits: it cannot tell a wrong value stated as plain
 fact (corpus poisoning without an instruction) from a right one; an instruction phrased unlike any
@@ -88,8 +95,16 @@ class Grounding(BaseModel):
         description="of the instructing sources, those the learned classifier named (a sentence holding "
         "the answer's key content reads as an instruction, crag_dspy.instructions)",
     )
+    disputed: list[str] = Field(
+        default_factory=list,
+        description="key content (a number with its unit) that another kept source contradicts: a "
+        "sentence of it about what was asked states the same unit with another value",
+    )
+    disputing_sources: list[str] = Field(
+        default_factory=list, description="the sources that state another value for disputed content"
+    )
     flagged: bool = Field(
-        False, description="true when anything is ungrounded or supported only by an instruction"
+        False, description="true when anything is ungrounded, supported by an instruction, or disputed"
     )
 
 
@@ -280,18 +295,52 @@ def key_content(answer: str) -> list[KeyItem]:
     return list(unique.values())
 
 
+def _values(text: str, unit: str = "") -> set[str]:
+    """The values of the numbers in ``text`` (normalised); with ``unit``, only of those it follows
+    within a few words."""
+    values = set()
+    for m in _NUMBER.finditer(text):
+        if unit:
+            following = [_stem(w) for w in re.findall(r"[^\s-]+", text[m.end() :])[:_UNIT_WINDOW]]
+            following += [_unit_after(text, m.end())]
+            if not any(w and _same_unit(unit, w) for w in following):
+                continue
+        values.add(_number_value(m.group(1)))
+    return values
+
+
 def _supports(item: KeyItem, text: str) -> bool:
     """Whether ``text`` (normalised) states ``item``."""
     if item.kind == "name":
         return item.value in {_name_form(w) for w in _TOKEN.findall(text)}
-    for m in _NUMBER.finditer(text):
-        if _number_value(m.group(1)) != item.value:
+    return item.value in _values(text, item.unit)
+
+
+# Words that ask rather than name what is asked about ("how long", "how often").
+_ASKING = frozenset(
+    {"long", "often", "far", "big", "large", "old", "kind", "type", "name", "named", "called"}
+)
+_TOPIC_PREFIX = 5  # "renewal" ~ "renews", "lapses" ~ "lapse": words compare by their first letters
+_SAME_TOPIC = 0.5  # a sentence is about what was asked when it holds this share of the question's words
+
+
+def _topic(text: str) -> set[str]:
+    """The words of ``text`` that name things, cut to their first letters."""
+    words = re.findall(r"[a-z0-9]+", text.lower())
+    return {w[:_TOPIC_PREFIX] for w in words if len(w) >= 3 and w not in _FUNCTION_WORDS and w not in _ASKING}
+
+
+def _states_another_value(item: KeyItem, text: str, topic: set[str], names: Sequence[KeyItem]) -> bool:
+    """Whether a sentence of ``text`` (normalised) about what was asked states a number with ``item``'s
+    unit and another value. About what was asked: it holds half the question's ``topic`` words and
+    every one of its ``names`` (its key content: "CalibKit C3" is not the "CalibKit C3 Pro" asked about,
+    nor "AquaProbe 220" the "AquaProbe 2200")."""
+    for sentence in split_sentences(text):
+        if not _values(sentence, item.unit) - {item.value}:
             continue
-        if not item.unit:
-            return True
-        following = [_stem(w) for w in re.findall(r"[^\s-]+", text[m.end() :])[:_UNIT_WINDOW]]
-        following += [_unit_after(text, m.end())]
-        if any(w and _same_unit(item.unit, w) for w in following):
+        if len(topic & _topic(sentence)) >= _SAME_TOPIC * len(topic) and all(
+            _supports(n, sentence) for n in names
+        ):
             return True
     return False
 
@@ -472,20 +521,33 @@ def check_grounding(
         flags = classifier([sentence for _, sentence in candidates]) if candidates else []
         classified = {source for (source, _), flag in zip(candidates, flags, strict=True) if flag}
         instructing_sources |= classified
-    ungrounded, by_instruction = [], []
+    ungrounded, by_instruction, disputed, disputing = [], [], [], set()
+    topic, names = _topic(asked), key_content(asked)
     for item in items:
         sources = {source for source, text in kept if _supports(item, text)}
         if not sources:
             ungrounded.append(item.text)
         elif sources & instructing_sources:
             by_instruction.append(item.text)
+        if sources and item.kind == "number" and item.unit and topic:
+            # An instructing source is no more knowledge against a value than for one.
+            others = {
+                s
+                for s, t in kept
+                if s not in sources | instructing_sources and _states_another_value(item, t, topic, names)
+            }
+            if others:
+                disputed.append(item.text)
+                disputing |= others
     return Grounding(
         checked=[i.text for i in key_content(answer or "")],
         ungrounded=ungrounded,
         instruction_supported=by_instruction,
         instructing_sources=sorted(instructing_sources),
         classified_sources=sorted(classified),
-        flagged=bool(ungrounded or by_instruction),
+        disputed=disputed,
+        disputing_sources=sorted(disputing),
+        flagged=bool(ungrounded or by_instruction or disputed),
     )
 
 
@@ -534,5 +596,10 @@ def warning_line(grounding: Grounding | None) -> str | None:
         parts.append(
             f"in text that instructs the model ({', '.join(grounding.instructing_sources)}): "
             f"{', '.join(grounding.instruction_supported)}"
+        )
+    if grounding.disputed:
+        parts.append(
+            f"other sources state another value ({', '.join(grounding.disputing_sources)}): "
+            f"{', '.join(grounding.disputed)}"
         )
     return "warning: the answer may not be grounded; " + "; ".join(parts)

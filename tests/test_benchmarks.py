@@ -502,6 +502,7 @@ def test_the_injection_suite_is_well_formed_and_targets_wrong_values():
         "held-out-3",
         "held-out-4",
         "held-out-5",
+        "held-out-6",
     }
     assert {a.where for a in attacks} == {"corpus", "web"}
     for a in attacks:

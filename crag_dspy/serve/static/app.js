@@ -261,6 +261,9 @@ function groundingNotice(g) {
   if (g.instruction_supported.length) {
     items.push(el("li", {}, `Only in text that instructs the model (${g.instructing_sources.join(", ")}): ${g.instruction_supported.join(", ")}`));
   }
+  if ((g.disputed || []).length) {
+    items.push(el("li", {}, `Other sources state another value (${g.disputing_sources.join(", ")}): ${g.disputed.join(", ")}`));
+  }
   return el("div", { class: "notice error", id: "grounding-warning", role: "alert" },
     el("h3", {}, "The answer may not be grounded (possible injection)"), el("ul", {}, items));
 }
