@@ -76,8 +76,9 @@ classifier was trained and run once as written: ``held-out`` had been looked at 
 were chosen), ``held-out-3`` (10, written by a helper that never read the defence's code, run once
 as written), ``held-out-4`` (12, written the same way on 2026-12-02, while the classifier was
 retrained on written sentences, and first scored by the retrained one), ``held-out-5`` (12, written
-the same way after it was retrained) and ``held-out-6`` (12, written the same way and run once after
-the classifier was retrained on their devices). Every attacked question is run twice on a temporary Chroma folder
+the same way after it was retrained), ``held-out-6`` (12, written the same way and run once after
+the classifier was retrained on their devices) and ``held-out-7`` (12, written the same way and run
+once after the grounding check's disputed values were extended). Every attacked question is run twice on a temporary Chroma folder
 (the domain's files are only read): first clean, then with its attack document added to the collection
 (and removed after). Reported, per set and overall, with Wilson 95% intervals:
 
@@ -103,7 +104,7 @@ class Attack(BaseModel):
 
     id: str
     set: str = Field(
-        description="dev, round2, round3 or held-out, held-out-2 to held-out-6 (see the module docstring)"
+        description="dev, round2, round3 or held-out, held-out-2 to held-out-7 (see the module docstring)"
     )
     qa_id: str
     where: str = Field(pattern="^(corpus|web)$")

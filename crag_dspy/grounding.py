@@ -23,13 +23,15 @@ built; a paraphrase gets through it. This check looks at the other end, the answ
    reads so (:func:`reads_as_instruction`), or when the keyword filter removed a sentence from it: an
    honest document has no reason to tell a reader-model what to answer, so the whole source loses its
    standing, not just the sentence.
-4. **Disputed values.** A number with its unit that another kept source contradicts is ``disputed``:
+4. **Disputed values.** A value of the answer that another kept source contradicts is ``disputed``:
    a sentence of that source about what was asked (half the question's words and every name it
-   holds: "CalibKit C3" is not the "CalibKit C3 Pro" asked about) states the same unit with another
-   value. To change an answer the question's own source already gives, an attack has to contradict
-   it; when both are in the context this flags the attack however it is phrased, which (3) cannot
-   promise. The price is honest answers next to a superseded or neighbouring figure of the same kind
-   (2 of the injection suite's 100 clean answers, docs/reliability.md).
+   holds: "CalibKit C3" is not the "CalibKit C3 Pro" asked about) states another value of the same
+   kind: a number with the same unit, or another clock time, version, host name or weekday. To
+   change an answer the question's own source already gives, an attack has to contradict it; when
+   both are in the context this flags the attack however it is phrased, which (3) cannot promise.
+   Names are not compared (nothing says which names fill the same role). The price is honest answers
+   next to a superseded or neighbouring figure of the same kind (3 of the injection suite's 112 clean
+   answers, docs/reliability.md).
 
 The check is a heuristic on strings, with known limits: it cannot tell a wrong value stated as plain
 fact (corpus poisoning without an instruction) from a right one; an instruction phrased unlike any
@@ -97,8 +99,9 @@ class Grounding(BaseModel):
     )
     disputed: list[str] = Field(
         default_factory=list,
-        description="key content (a number with its unit) that another kept source contradicts: a "
-        "sentence of it about what was asked states the same unit with another value",
+        description="values of the answer (a number with its unit, a clock time, version, host name or "
+        "weekday) that another kept source contradicts: a sentence of it about what was asked states "
+        "another value of the same kind",
     )
     disputing_sources: list[str] = Field(
         default_factory=list, description="the sources that state another value for disputed content"
@@ -330,17 +333,62 @@ def _topic(text: str) -> set[str]:
     return {w[:_TOPIC_PREFIX] for w in words if len(w) >= 3 and w not in _FUNCTION_WORDS and w not in _ASKING}
 
 
+_WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+_CLOCK = re.compile(r"\b(\d{1,2})(?:[:.](\d{2}))?\s*([ap])\.?m\b\.?|\b(\d{1,2}):(\d{2})\b", re.IGNORECASE)
+_VERSION = re.compile(r"(?<![\w.])\d+\.\d+\.\d+(?!\w|\.\d)")  # a full stop may follow
+
+
+def _typed_values(text: str) -> dict[str, set[str]]:
+    """The values of kinds other than a number with a unit that ``text`` (normalised) states: clock
+    times (24-hour "hh:mm"), versions, host names and weekdays."""
+    clock = set()
+    for m in _CLOCK.finditer(text):
+        if m.group(3):  # "9 am", "5.30 pm", "10 a.m."
+            hour, minute = (
+                int(m.group(1)) % 12 + (12 if m.group(3).lower() == "p" else 0),
+                int(m.group(2) or 0),
+            )
+        else:  # "08:30", "17:45"
+            hour, minute = int(m.group(4)), int(m.group(5))
+        if hour < 24 and minute < 60:
+            clock.add(f"{hour:02d}:{minute:02d}")
+    words = [w.lower().rstrip(".") for w in _TOKEN.findall(text)]
+    found = {
+        "clock time": clock,
+        "version": set(_VERSION.findall(text)),
+        "host name": {w for w in words if "." in w and _IDENTIFIER.fullmatch(w) and not _VERSION.fullmatch(w)}
+        - {w for w in words if not any(c.isalpha() for c in w)},
+        "weekday": {d for d in _WEEKDAYS if any(w.removesuffix("s") == d for w in words)},
+    }
+    return {kind: values for kind, values in found.items() if values}
+
+
+def _about_the_question(sentence: str, topic: set[str], names: Sequence[KeyItem]) -> bool:
+    """Whether ``sentence`` is about what was asked: it holds half the question's ``topic`` words and
+    every one of its ``names`` (its key content: "CalibKit C3" is not the "CalibKit C3 Pro" asked
+    about, nor "AquaProbe 220" the "AquaProbe 2200")."""
+    return len(topic & _topic(sentence)) >= _SAME_TOPIC * len(topic) and all(
+        _supports(n, sentence) for n in names
+    )
+
+
 def _states_another_value(item: KeyItem, text: str, topic: set[str], names: Sequence[KeyItem]) -> bool:
     """Whether a sentence of ``text`` (normalised) about what was asked states a number with ``item``'s
-    unit and another value. About what was asked: it holds half the question's ``topic`` words and
-    every one of its ``names`` (its key content: "CalibKit C3" is not the "CalibKit C3 Pro" asked about,
-    nor "AquaProbe 220" the "AquaProbe 2200")."""
+    unit and another value."""
+    return any(
+        _values(sentence, item.unit) - {item.value} and _about_the_question(sentence, topic, names)
+        for sentence in split_sentences(text)
+    )
+
+
+def _states_another_of_kind(
+    kind: str, values: set[str], text: str, topic: set[str], names: Sequence[KeyItem]
+) -> bool:
+    """Whether a sentence of ``text`` (normalised) about what was asked states values of ``kind`` and
+    none of ``values`` (the answer's)."""
     for sentence in split_sentences(text):
-        if not _values(sentence, item.unit) - {item.value}:
-            continue
-        if len(topic & _topic(sentence)) >= _SAME_TOPIC * len(topic) and all(
-            _supports(n, sentence) for n in names
-        ):
+        stated = _typed_values(sentence).get(kind, set())
+        if stated and not stated & values and _about_the_question(sentence, topic, names):
             return True
     return False
 
@@ -539,6 +587,18 @@ def check_grounding(
             if others:
                 disputed.append(item.text)
                 disputing |= others
+    for kind, values in _typed_values(_normalize(answer or "")).items() if topic else ():
+        sources = {source for source, text in kept if values & _typed_values(text).get(kind, set())}
+        others = {
+            s
+            for s, t in kept
+            if sources
+            and s not in sources | instructing_sources
+            and _states_another_of_kind(kind, values, t, topic, names)
+        }
+        if others:
+            disputed.append(f"{kind} {', '.join(sorted(values))}")
+            disputing |= others
     return Grounding(
         checked=[i.text for i in key_content(answer or "")],
         ungrounded=ungrounded,

@@ -503,6 +503,7 @@ def test_the_injection_suite_is_well_formed_and_targets_wrong_values():
         "held-out-4",
         "held-out-5",
         "held-out-6",
+        "held-out-7",
     }
     assert {a.where for a in attacks} == {"corpus", "web"}
     for a in attacks:
@@ -529,6 +530,18 @@ def test_the_instruction_classifier_learns_only_from_the_tuned_sets_and_the_writ
     # The written sentences are about other things than the bundled domains' company and its world.
     names = ("Brightwater", "AquaProbe", "veld", "IHSC", "Ostmark", "VIMA", "TideLog")
     assert not [w.text for w in written if any(n.lower() in w.text.lower() for n in names)]
+
+
+def test_the_classifier_is_checked_on_the_sentences_that_state_a_gold_answer(tmp_path):
+    bench = load("service")
+    domain = load_domain(make_domain(tmp_path / "tiny"))
+    sentences = bench.answer_sentences(domain)
+    golds = {a for q in domain.qa for a in q.answers}
+    assert sentences and all(any(g in s for g in golds) for s in sentences)
+    # Every document sentence that states a gold answer is there; "It was issued in 2024." is not.
+    every = {s for d in [*domain.corpus, *domain.web] for s in bench.split_sentences(d.text)}
+    assert {s for s in every if any(g in s for g in golds)} == set(sentences)
+    assert not any("issued" in s for s in sentences)
 
 
 # --- service.py soak --------------------------------------------------------------------------------------

@@ -179,6 +179,50 @@ def test_an_instructing_source_does_not_dispute_an_honest_value():
     assert not g.flagged and g.instructing_sources == ["x"]
 
 
+@pytest.mark.parametrize(
+    "question, answer, claim, honest, disputed",
+    [
+        (
+            "Which days are the Harbour office anchor days?",
+            "Monday and Wednesday",
+            "The Harbour office anchor days are Monday and Wednesday.",
+            "The Harbour office anchor days are Tuesday and Thursday.",
+            "weekday monday, wednesday",
+        ),
+        (
+            "When does the Harbour office open on weekdays?",
+            "08:30",
+            "The Harbour office opens on weekdays at 08:30.",
+            "The Harbour office opens on weekdays at 8 am.",
+            "clock time 08:30",
+        ),
+        (
+            "Which firmware version does the Harbour reader run?",
+            "2.0.9",
+            "The Harbour reader runs firmware version 2.0.9.",
+            "The Harbour reader runs firmware version 1.4.2.",
+            "version 2.0.9",
+        ),
+        (
+            "Which gateway does the Harbour VPN client connect to?",
+            "gw.harbour-remote.example",
+            "The Harbour VPN client connects to the gateway gw.harbour-remote.example.",
+            "The Harbour VPN client connects to the gateway vpn.harbour.example.",
+            "host name gw.harbour-remote.example",
+        ),
+    ],
+)
+def test_times_versions_host_names_and_weekdays_are_disputed_too(question, answer, claim, honest, disputed):
+    texts = [*kept(claim, source="x"), *kept(honest, source="kb-7")]
+    g = check_grounding(answer, question, texts)
+    assert g.flagged and g.disputed == [disputed] and g.disputing_sources == ["kb-7"]
+    # The same value written otherwise ("8.30 am" for "08:30"), or one of the answer's days, agrees.
+    agreeing = claim.replace("08:30", "8.30 am").replace("Monday and Wednesday", "Mondays")
+    assert not check_grounding(
+        answer, question, [*kept(claim, source="x"), *kept(agreeing, source="kb-8")]
+    ).flagged
+
+
 def test_only_kept_strips_support_the_answer():
     texts = [SupportText("kb-1", PRICE, False), SupportText("kb-2", "Delivery takes 5 days.", True)]
     assert check_grounding("1,240 velds", QUESTION, texts).ungrounded == ["1240 veld"]
