@@ -356,8 +356,9 @@ def _typed_values(text: str) -> dict[str, set[str]]:
     found = {
         "clock time": clock,
         "version": set(_VERSION.findall(text)),
-        "host name": {w for w in words if "." in w and _IDENTIFIER.fullmatch(w) and not _VERSION.fullmatch(w)}
-        - {w for w in words if not any(c.isalpha() for c in w)},
+        "host name": {
+            w for w in words if "." in w and any(c.isalpha() for c in w) and _IDENTIFIER.fullmatch(w)
+        },
         "weekday": {d for d in _WEEKDAYS if any(w.removesuffix("s") == d for w in words)},
     }
     return {kind: values for kind, values in found.items() if values}
@@ -587,13 +588,14 @@ def check_grounding(
             if others:
                 disputed.append(item.text)
                 disputing |= others
-    for kind, values in _typed_values(_normalize(answer or "")).items() if topic else ():
+    for kind, values in _typed_values(_normalize(answer or "")).items():
         sources = {source for source, text in kept if values & _typed_values(text).get(kind, set())}
+        if not (sources and topic):
+            continue  # ungrounded already, or a question with no words to tell what a sentence is about
         others = {
             s
             for s, t in kept
-            if sources
-            and s not in sources | instructing_sources
+            if s not in sources | instructing_sources
             and _states_another_of_kind(kind, values, t, topic, names)
         }
         if others:
