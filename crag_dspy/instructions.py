@@ -143,7 +143,7 @@ def fit(
     y = np.array([1] * len(positives) + [0] * (len(negatives) + len(lookalikes)))
     kind = np.array([0] * len(positives) + [1] * len(negatives) + [2] * len(lookalikes))
 
-    def features(train: np.ndarray) -> TfidfVectorizer:
+    def vectorizer_of(train: np.ndarray) -> TfidfVectorizer:
         vectorizer = TfidfVectorizer(ngram_range=NGRAMS, min_df=2, sublinear_tf=True, lowercase=True)
         vectorizer.fit([texts[i] for i in train])
         return vectorizer
@@ -167,7 +167,7 @@ def fit(
     for c in c_values:
         p = np.zeros(len(y))
         for train, test in cv.split(texts, y):
-            vectorizer = features(train)
+            vectorizer = vectorizer_of(train)
             model = LogisticRegression(C=c, class_weight="balanced", max_iter=5000)
             model.fit(design(vectorizer, train), y[train])
             p[test] = model.predict_proba(design(vectorizer, test))[:, 1]
@@ -178,7 +178,7 @@ def fit(
     assert best is not None, "c_values is empty"
     recall, c, threshold, p = best
     everything = np.arange(len(y))
-    vectorizer = features(everything)
+    vectorizer = vectorizer_of(everything)
     model = LogisticRegression(C=c, class_weight="balanced", max_iter=5000).fit(
         design(vectorizer, everything), y
     )
