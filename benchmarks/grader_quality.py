@@ -52,7 +52,7 @@ from crag_dspy.embeddings import Embedder, bundled_model_path
 from crag_dspy.judges.evaluator import TrainingConfig, native_bf16, train_evaluator
 from crag_dspy.judges.fusion import fit_linear_score
 from optimize.datasets import answers_by_question, interleave_balanced, relevance_examples, strip_examples
-from optimize.grade_source import measured, program_grades
+from optimize.grade_source import evaluator_pairs, evaluator_split, measured, program_grades
 from optimize.measure import judge_scores
 from optimize.metrics import bootstrap_auc_interval, contains_answer, mcnemar_exact, roc_auc
 
@@ -248,11 +248,6 @@ def report(results: dict[str, Any]) -> None:
 # --- --training: the evaluator's training ---------------------------------------------------------------
 
 
-def as_pairs(examples: Sequence[dspy.Example]) -> list[Pair]:
-    """(question, passage, label) of grader examples, as the evaluator trains on them."""
-    return [(e.question, e.document, int(bool(e.relevant))) for e in examples]
-
-
 def compile_split(
     train: Sequence[dspy.Example], calibration_pairs: int, seed: int = 0
 ) -> tuple[list[Pair], list[Pair]]:
@@ -260,9 +255,7 @@ def compile_split(
     demos: in the compile's seeded, label-balanced order, the questions of the first
     ``calibration_pairs`` examples (the judge's calibration pairs) are held out whole."""
     ordered = interleave_balanced(train, "relevant", seed)
-    held = {e.question for e in ordered[:calibration_pairs]}
-    pairs = as_pairs(ordered)
-    return [t for t in pairs if t[0] not in held], [t for t in pairs if t[0] in held]
+    return evaluator_split(ordered, {e.question for e in ordered[:calibration_pairs]})
 
 
 def train_and_score(
@@ -312,7 +305,7 @@ def timing_run(
 
 def training(args: Any, argv: Sequence[str] | None, domain: Any) -> dict[str, Any]:
     """``--training``: both settings on the compile's split, and the timing run if asked."""
-    val = as_pairs(relevance_examples(domain.relevance, args.split))
+    val = evaluator_pairs(relevance_examples(domain.relevance, args.split))
     fit, holdout = compile_split(relevance_examples(domain.relevance, "train"), args.calibration_pairs)
     print(
         f"{domain.name}: {len(fit)} training pairs, {len(holdout)} held out, {len(val)} {args.split}; "

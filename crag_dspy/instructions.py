@@ -81,7 +81,8 @@ class InstructionClassifier:
     flagged at ``threshold`` or above."""
 
     weights: tuple[float, ...]
-    ngrams: Mapping[str, tuple[float, float]]  # n-gram -> (idf, weight)
+    idf: Mapping[str, float]  # the n-gram vocabulary, with each n-gram's idf
+    ngram_weights: Mapping[str, float]
     bias: float
     threshold: float
     embedder: Embedder
@@ -89,10 +90,10 @@ class InstructionClassifier:
     @classmethod
     def load(cls, path: Path = WEIGHTS, embedder: Embedder | None = None) -> InstructionClassifier:
         state = json.loads(path.read_text(encoding="utf-8"))
-        ngrams = {gram: (float(idf), float(w)) for gram, (idf, w) in state["ngrams"].items()}
         return cls(
             tuple(state["weights"]),
-            ngrams,
+            {gram: float(idf) for gram, (idf, _) in state["ngrams"].items()},
+            {gram: float(w) for gram, (_, w) in state["ngrams"].items()},
             float(state["bias"]),
             float(state["threshold"]),
             embedder or Embedder(),
@@ -103,8 +104,9 @@ class InstructionClassifier:
             return []
         vectors = np.asarray(self.embedder.encode([mask_specifics(s) for s in sentences]))
         z = vectors @ np.asarray(self.weights) + self.bias
-        idf = {gram: pair[0] for gram, pair in self.ngrams.items()}
-        z += [sum(v * self.ngrams[g][1] for g, v in ngram_features(s, idf).items()) for s in sentences]
+        z += [
+            sum(v * self.ngram_weights[g] for g, v in ngram_features(s, self.idf).items()) for s in sentences
+        ]
         return [1.0 / (1.0 + math.exp(-float(v))) for v in z]
 
     def __call__(self, sentences: Sequence[str]) -> list[bool]:

@@ -40,6 +40,8 @@ __all__ = [
     "JudgeScores",
     "choose_grade_source",
     "evaluator_on_strips",
+    "evaluator_pairs",
+    "evaluator_split",
     "measured",
     "program_grades",
 ]
@@ -72,8 +74,20 @@ def measured(scores: Sequence[float | None], gold: Sequence[int], questions: Seq
     return report
 
 
-def _pairs(examples: Sequence[dspy.Example], label: str) -> list[tuple[str, str, int]]:
+def evaluator_pairs(examples: Sequence[dspy.Example], label: str = "relevant") -> list[tuple[str, str, int]]:
+    """(question, passage, label) of grader examples, as the evaluator trains on them."""
     return [(e.question, e.document, int(bool(e[label]))) for e in examples]
+
+
+def evaluator_split(
+    train: Sequence[dspy.Example], held_questions: set[str]
+) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+    """(fit, held-out) evaluator pairs: the train pairs of ``held_questions`` (the judge's calibration
+    questions) choose the epoch and fit the logit map, the others train; no question feeds both."""
+    return (
+        evaluator_pairs([e for e in train if e.question not in held_questions]),
+        evaluator_pairs([e for e in train if e.question in held_questions]),
+    )
 
 
 def _cache_key(train: list, holdout: list, config: TrainingConfig, base: Path) -> str:
@@ -152,9 +166,7 @@ def choose_grade_source(
         "llm": measured(llm.val, gold, questions),
     }
     report: dict[str, Any] = {"candidates": candidates}
-    held_questions = {e.question for e in llm.held_out}
-    holdout = _pairs([e for e in train if e.question in held_questions], "relevant")
-    fit_pairs = _pairs([e for e in train if e.question not in held_questions], "relevant")
+    fit_pairs, holdout = evaluator_split(train, {e.question for e in llm.held_out})
     labels = [y for *_, y in fit_pairs]
     reason = None
     if choice == "llm":
