@@ -59,9 +59,9 @@ from optimize.metrics import bootstrap_auc_interval, contains_answer, mcnemar_ex
 SCRIPT = "grader_quality"
 TRAINING_SCRIPT = "evaluator_training"
 JUDGES = ("grader", "strip_filter")
-# "previous": the evaluator's training before length-grouped batches and bf16.
+# "previous": the evaluator's training before length-grouped batches, bf16 and frozen lower layers.
 TRAINING_SETTINGS = {
-    "previous": TrainingConfig(precision="fp32", bucket_batches=1),
+    "previous": TrainingConfig(precision="fp32", bucket_batches=1, frozen_layers=0, learning_rate=5e-5),
     "current": TrainingConfig(),
 }
 Pair = tuple[str, str, int]
@@ -300,6 +300,7 @@ def timing_run(
         "epochs_run": len(report.epochs),
         "seconds": round(time.perf_counter() - started, 1),
         "precision": report.precision,
+        "frozen_layers": report.frozen_layers,
     }
 
 

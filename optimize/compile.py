@@ -273,6 +273,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=TrainingConfig().max_epochs,
         help="most evaluator epochs",
     )
+    parser.add_argument(
+        "--evaluator-frozen-layers",
+        type=at_least(0),
+        default=TrainingConfig().frozen_layers,
+        help="lowest encoder layers the evaluator keeps as loaded, their outputs computed once so an "
+        "epoch trains only the layers above; 0 trains every layer (default: %(default)s)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
     # Whole splits by default: a handful of questions cannot tell a gain from noise (docs/compile.md).
@@ -333,7 +340,9 @@ def main(argv: list[str] | None = None) -> int:
             num_threads=check_num_threads(args.num_threads, "--num-threads"),
             grader=args.grader,
             evaluator_base=args.evaluator_base,
-            evaluator_training=TrainingConfig(max_epochs=args.evaluator_epochs),
+            evaluator_training=TrainingConfig(
+                max_epochs=args.evaluator_epochs, frozen_layers=args.evaluator_frozen_layers
+            ),
         )
     except user_error_types() as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)  # e.g. a --chroma-host with user:password@

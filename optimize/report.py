@@ -124,10 +124,12 @@ def _grade_source_lines(g: dict[str, Any] | None) -> list[str]:
     if t:
         epochs = ", ".join(f"{e['epoch']}: {e['holdout_auc']:.3f}" for e in t["epochs"])
         how = "reused from the cache" if t.get("cached") else f"{t['seconds']:.0f} s"
+        frozen = t.get("frozen_layers", 0)
+        layers = f"the lowest {frozen} encoder layers frozen" if frozen else "every layer trained"
         lines += [
             "",
             (
-                f"Evaluator: fine-tuned on {t['train_pairs']} train pairs, epoch chosen on {t['holdout_pairs']} "
+                f"Evaluator: fine-tuned on {t['train_pairs']} train pairs ({layers}), epoch chosen on {t['holdout_pairs']} "
                 f"pairs of held-out train questions (held-out AUC by epoch {epochs}; kept epoch {t['best_epoch']}); "
                 f"{how}. Intervals: Wilson for accuracy, bootstrap over questions for AUC."
             ),

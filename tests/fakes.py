@@ -77,13 +77,13 @@ def render(result: object, want_logprobs: bool) -> tuple[str, dict | None]:
 
 def field(user: str, name: str) -> str:
     """Extract an input field's value from a LabelAdapter or ChatAdapter user message."""
-    fenced = re.search(rf"{name}:\n<<<\n(.*?)\n>>>", user, re.S)
+    fenced = re.search(rf"{name}:\n<<<\n(.*?)\n>>>", user, re.DOTALL)
     if fenced:
         return fenced.group(1)
-    chat = re.search(rf"\[\[ ## {name} ## \]\]\n(.*?)(?:\n\n\[\[|\n\nRespond with|\Z)", user, re.S)
+    chat = re.search(rf"\[\[ ## {name} ## \]\]\n(.*?)(?:\n\n\[\[|\n\nRespond with|\Z)", user, re.DOTALL)
     if chat:
         return chat.group(1)
-    plain = re.search(rf"^{name}: (.*)$", user, re.M)
+    plain = re.search(rf"^{name}: (.*)$", user, re.MULTILINE)
     return plain.group(1) if plain else ""
 
 
@@ -126,3 +126,17 @@ __all__ = [
     "render",
     "yes_no_logprobs",
 ]
+
+
+def compile_report(**fields: object) -> dict:
+    """The least a compile report holds for ``optimize.report.write_report``, plus ``fields``."""
+    return {
+        "domain": "d",
+        "lm": "openai/m",
+        "optimizer": "none",
+        "seed": 0,
+        "seconds": 1.0,
+        "lm_usage": {"calls": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0},
+        "stages": {},
+        **fields,
+    }

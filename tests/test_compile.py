@@ -532,6 +532,10 @@ def test_an_lm_that_is_down_stops_the_compile_fast_with_one_line(tmp_path, capsy
         (["--judge-val-limit", "-1"], "argument --judge-val-limit: must be at least 0, got -1"),
         (["--test-limit", "-2"], "argument --test-limit: must be at least 0, got -2"),
         (["--evaluator-epochs", "0"], "argument --evaluator-epochs: must be at least 1, got 0"),
+        (
+            ["--evaluator-frozen-layers", "-1"],
+            "argument --evaluator-frozen-layers: must be at least 0, got -1",
+        ),
         (["--num-threads", "0"], "argument --num-threads: must be at least 1, got 0"),
         (["--demos", "many"], "argument --demos: 'many' is not a whole number"),
         (

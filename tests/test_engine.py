@@ -5,6 +5,7 @@ from __future__ import annotations
 import platform
 
 import pytest
+from fakes import compile_report
 
 from crag_dspy.lm.engine import (
     EngineBuild,
@@ -111,16 +112,7 @@ def test_the_ik_llama_engine_needs_no_rebuild(tmp_path):
 
 
 def test_report_shows_the_engine_and_its_hint(tmp_path):
-    report = {
-        "domain": "d",
-        "lm": "openai/m",
-        "optimizer": "none",
-        "seed": 0,
-        "seconds": 1.0,
-        "lm_usage": {"calls": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0},
-        "stages": {},
-        "engine": EngineBuild("2026.10.1", ("AVX", "AVX2"), ("AVX512_VNNI",)).as_dict(),
-    }
+    report = compile_report(engine=EngineBuild("2026.10.1", ("AVX", "AVX2"), ("AVX512_VNNI",)).as_dict())
     _, md = write_report(report, tmp_path / "program.json")
     text = md.read_text()
     assert "Engine: xllamacpp 2026.10.1, CPU features AVX, AVX2." in text

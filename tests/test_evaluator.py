@@ -11,7 +11,7 @@ from pathlib import Path
 
 import dspy
 import pytest
-from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
+from fakes import ListRetriever, ListWebSearch, ScriptedLM, compile_report, field
 
 from crag_dspy import CRAG
 from crag_dspy.config import CRAGConfig, GraderView
@@ -30,7 +30,10 @@ from optimize.grade_source import JudgeScores, choose_grade_source
 from optimize.metrics import roc_auc
 
 TESTS = Path(__file__).parent
-FAST = TrainingConfig(learning_rate=1e-3, max_epochs=3, max_length=32, batch_size=16, threads=1)
+# Every layer trains here: the tiny encoder has two, and frozen layers are tested on their own below.
+FAST = TrainingConfig(
+    learning_rate=1e-3, max_epochs=3, max_length=32, batch_size=16, threads=1, frozen_layers=0
+)
 WORDS = ["river", "mountain", "city", "lake", "forest", "bridge", "tower", "market", "harbor", "valley"]
 
 
@@ -111,6 +114,76 @@ def test_training_in_either_precision_learns_and_says_which(tiny_encoder, precis
     test = keyword_pairs(40, 3)
     logits = evaluator.logits([(q, p) for q, p, _ in test])
     assert roc_auc(logits, [y for *_, y in test]) > 0.9
+
+
+def _tiny_folder(tmp_path: Path, model: object) -> Path:
+    """A random encoder of another family with the bundled MiniLM's tokenizer."""
+    import shutil
+
+    from crag_dspy.embeddings import bundled_model_path
+
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (bundled_model_path() / name).is_file():
+            shutil.copy(bundled_model_path() / name, tmp_path / name)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    return tmp_path
+
+
+def test_frozen_layers_keep_their_weights_while_the_layers_above_learn(tiny_encoder):
+    import torch
+
+    config = FAST.model_copy(
+        update={"frozen_layers": 1, "learning_rate": 3e-3, "max_epochs": 6, "patience": 6}
+    )
+    evaluator, report = train_evaluator(
+        keyword_pairs(160, 1), keyword_pairs(40, 2), base=tiny_encoder, config=config
+    )
+    assert report.frozen_layers == 1 and report.as_dict()["frozen_layers"] == 1
+    losses = [e["train_loss"] for e in report.epochs]
+    assert losses[-1] < losses[0] - 0.2  # the upper layer and head learn from the cached lower outputs
+    untrained = RelevanceEvaluator.from_base(tiny_encoder, max_length=32, seed=config.seed).model.state_dict()
+    trained_state = evaluator.model.state_dict()
+    frozen = [k for k in untrained if k.startswith(("bert.embeddings.", "bert.encoder.layer.0."))]
+    upper = [k for k in untrained if k.startswith("bert.encoder.layer.1.")]
+    assert frozen and upper
+    assert all(torch.equal(untrained[k], trained_state[k]) for k in frozen)
+    assert not all(torch.equal(untrained[k], trained_state[k]) for k in upper)
+    # The model is whole again: every layer, its embeddings, trainable as loaded.
+    assert len(evaluator.model.bert.encoder.layer) == 2
+    assert type(evaluator.model.bert.embeddings).__name__ == "BertEmbeddings"
+    assert all(p.requires_grad for p in evaluator.model.parameters())
+    again, _ = train_evaluator(keyword_pairs(160, 1), keyword_pairs(40, 2), base=tiny_encoder, config=config)
+    assert again.fingerprint == evaluator.fingerprint
+
+
+def test_frozen_layers_leave_at_least_one_layer_to_train(tiny_encoder):
+    config = FAST.model_copy(update={"frozen_layers": 50})
+    _, report = train_evaluator(keyword_pairs(40, 1), keyword_pairs(20, 2), base=tiny_encoder, config=config)
+    assert report.frozen_layers == 1  # of the tiny encoder's 2
+
+
+@pytest.mark.parametrize("family", ["albert", "electra"])
+def test_an_encoder_whose_layers_cannot_run_apart_trains_whole(tmp_path, family):
+    """ALBERT shares its layers (no ``encoder.layer``); ELECTRA projects its embeddings after them, so
+    cached lower outputs would not reproduce it. Both train every layer, and the report says so."""
+    import torch
+    from transformers import AlbertConfig, AlbertModel, ElectraConfig, ElectraModel
+
+    torch.manual_seed(0)
+    sizes = {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2}
+    sizes["intermediate_size"] = 64
+    model = (
+        AlbertModel(AlbertConfig(embedding_size=16, **sizes))
+        if family == "albert"
+        else ElectraModel(ElectraConfig(embedding_size=16, max_position_embeddings=128, **sizes))
+    )
+    folder = _tiny_folder(tmp_path, model)
+    config = FAST.model_copy(update={"frozen_layers": 1})
+    evaluator, report = train_evaluator(
+        keyword_pairs(40, 1), keyword_pairs(20, 2), base=folder, config=config
+    )
+    assert report.frozen_layers == 0
+    assert len(evaluator.logits([("a question", "a passage")])) == 1
 
 
 def test_batched_logits_keep_the_callers_order(trained):
@@ -254,6 +327,36 @@ def test_evaluator_ships_when_it_beats_the_llm_on_val(tiny_encoder, embedder):
     assert crag.grading.evaluator is not None
     low, high = result["candidates"]["evaluator"]["accuracy_ci"]
     assert low < 1.0 == high  # Wilson interval of 40/40
+
+
+@pytest.mark.parametrize("frozen", [0, 3])
+def test_the_compile_report_says_how_the_evaluator_was_trained(tmp_path, frozen):
+    from optimize.report import write_report
+
+    training = {
+        "train_pairs": 200,
+        "holdout_pairs": 40,
+        "best_epoch": 2,
+        "seconds": 12.0,
+        "frozen_layers": frozen,
+    }
+    training["epochs"] = [{"epoch": 1, "holdout_auc": 0.7}, {"epoch": 2, "holdout_auc": 0.8}]
+    measured = {"accuracy": 0.8, "accuracy_ci": [0.7, 0.9], "precision": 0.8, "recall": 0.8, "roc_auc": 0.85}
+    report = compile_report(
+        stages={
+            "grade_source": {
+                "shipped": "evaluator",
+                "why": "highest val accuracy",
+                "candidates": {"evaluator": measured},
+                "training": training,
+            }
+        }
+    )
+    _, md = write_report(report, tmp_path / "program.json")
+    text = md.read_text()
+    layers = "the lowest 3 encoder layers frozen" if frozen else "every layer trained"
+    assert f"fine-tuned on 200 train pairs ({layers}), epoch chosen on 40 pairs" in text
+    assert "held-out AUC by epoch 1: 0.700, 2: 0.800; kept epoch 2); 12 s." in text
 
 
 def test_llm_is_kept_when_it_is_better_on_val(tiny_encoder, embedder):

@@ -63,7 +63,7 @@ class TrainingConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    learning_rate: float = Field(5e-5, gt=0, le=1e-2)
+    learning_rate: float = Field(1.5e-4, gt=0, le=1e-2)
     max_epochs: int = Field(3, ge=1, le=50)
     patience: int = Field(
         1, ge=1, description="epochs in a row without a better held-out AUC that stop training"
@@ -85,6 +85,14 @@ class TrainingConfig(BaseModel):
         "similar lengths; 1 keeps the plain shuffled order. Wider windows train faster but rank "
         "slightly worse (docs/evaluator.md)",
     )
+    frozen_layers: int = Field(
+        3,
+        ge=0,
+        description="the embeddings and this many of the lowest encoder layers keep their loaded weights; "
+        "their outputs are computed once and every epoch trains only the layers above (at most all but "
+        "one layer; 0 fine-tunes everything). Applies to encoders whose layers can run apart (BERT-like); "
+        "others train whole",
+    )
 
 
 @dataclass
@@ -97,6 +105,7 @@ class TrainingReport:
     best_epoch: int = 0
     seconds: float = 0.0
     precision: str = "fp32"
+    frozen_layers: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -106,6 +115,7 @@ class TrainingReport:
             "best_epoch": self.best_epoch,
             "seconds": round(self.seconds, 1),
             "precision": self.precision,
+            "frozen_layers": self.frozen_layers,
         }
 
 
@@ -358,7 +368,9 @@ def train_evaluator(
     After every epoch the held-out AUC is measured; training stops after ``config.patience`` epochs
     without a better one, and the weights of the best epoch are kept. Batches group pairs of similar
     length (:func:`length_batches`) and, where the CPU has native bf16, run under bf16 autocast
-    (``config.precision``). Seeded and deterministic on CPU.
+    (``config.precision``). The embeddings and the lowest ``config.frozen_layers`` layers keep their
+    weights; their outputs are computed once, so an epoch runs only the layers above
+    (``TrainingReport.frozen_layers`` says how many were frozen). Seeded and deterministic on CPU.
     ``progress(done_steps, total_steps)`` is called after every step.
     """
     config = config or TrainingConfig()
@@ -397,7 +409,31 @@ def _train(
     model = evaluator.model
     rng = random.Random(config.seed)
     torch.manual_seed(config.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, weight_decay=0.01)
+    bf16 = config.precision == "bf16" or (config.precision == "auto" and native_bf16())
+    report = TrainingReport(
+        train_pairs=len(train), holdout_pairs=len(holdout), precision="bf16" if bf16 else "fp32"
+    )
+    holdout_pairs = [(q, p) for q, p, _ in holdout]
+    lengths = [
+        len(ids)
+        for ids in evaluator.tokenizer(
+            [q for q, _, _ in train],
+            [p for _, p, _ in train],
+            truncation="only_second",
+            max_length=config.max_length,
+        )["input_ids"]
+    ]
+    split = _SplitEncoder.of(evaluator, config.frozen_layers, holdout_pairs[:4])
+    features = split.lower_outputs(evaluator, train, lengths, bf16) if split else None
+    report.frozen_layers = split.frozen if split else 0
+
+    def inputs(idx: list[int]) -> dict[str, Any]:
+        if features is None:
+            return dict(evaluator._batch([train[j][0] for j in idx], [train[j][1] for j in idx]))
+        return _padded([features[j] for j in idx])
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=0.01)
     steps_per_epoch = math.ceil(len(train) / config.batch_size)
     total = steps_per_epoch * config.max_epochs
     warmup = max(1, int(total * config.warmup))
@@ -408,38 +444,25 @@ def _train(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     # Balanced loss: most retrieved passages are negatives (70% of popqa-dev's train pairs).
     loss_fn = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor((len(labels) - positives) / positives))
-    report = TrainingReport(train_pairs=len(train), holdout_pairs=len(holdout))
-    holdout_pairs = [(q, p) for q, p, _ in holdout]
     best_auc, best_state, stale, step = -1.0, None, 0, 0
-    lengths = [
-        len(ids)
-        for ids in evaluator.tokenizer(
-            [q for q, _, _ in train],
-            [p for _, p, _ in train],
-            truncation="only_second",
-            max_length=config.max_length,
-        )["input_ids"]
-    ]
-    bf16 = config.precision == "bf16" or (config.precision == "auto" and native_bf16())
-    report.precision = "bf16" if bf16 else "fp32"
     for epoch in range(1, config.max_epochs + 1):
         model.train()
         running = 0.0
-        for idx in length_batches(lengths, config.batch_size, config.bucket_batches, rng):
-            batch = evaluator._batch([train[j][0] for j in idx], [train[j][1] for j in idx])
-            target = torch.tensor([float(labels[j]) for j in idx])
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                logits = model(**batch).logits.squeeze(-1)
-            loss = loss_fn(logits.float(), target)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad()
-            running += loss.item() * len(idx)
-            step += 1
-            if progress is not None:
-                progress(step, total)
+        with split.upper_only() if split else contextlib.nullcontext():
+            for idx in length_batches(lengths, config.batch_size, config.bucket_batches, rng):
+                target = torch.tensor([float(labels[j]) for j in idx])
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                    logits = model(**inputs(idx)).logits.squeeze(-1)
+                loss = loss_fn(logits.float(), target)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                running += loss.item() * len(idx)
+                step += 1
+                if progress is not None:
+                    progress(step, total)
         model.eval()
         auc = _auc(evaluator.logits(holdout_pairs), holdout_labels) or 0.0
         report.epochs.append(
@@ -455,5 +478,122 @@ def _train(
                 break
     model.load_state_dict(best_state)
     model.eval()
+    for p in model.parameters():
+        p.requires_grad_(True)
     report.seconds = time.perf_counter() - started
     return evaluator, report
+
+
+def _padded(rows: Sequence[Any]) -> dict[str, Any]:
+    """Hidden-state rows of different lengths as one zero-padded batch with its attention mask."""
+    torch = _torch()
+    longest = max(len(r) for r in rows)
+    states = torch.zeros(len(rows), longest, rows[0].shape[-1])
+    mask = torch.zeros(len(rows), longest, dtype=torch.long)
+    for i, r in enumerate(rows):
+        states[i, : len(r)] = r
+        mask[i, : len(r)] = 1
+    return {"inputs_embeds": states, "attention_mask": mask}
+
+
+@functools.cache
+def _passthrough_type() -> type:
+    class Passthrough(_torch().nn.Module):
+        """Stands in for the embeddings while the upper layers train: their input is already hidden states."""
+
+        def forward(self, *args: Any, inputs_embeds: Any = None, **kwargs: Any) -> Any:
+            return inputs_embeds
+
+    return Passthrough
+
+
+@dataclass
+class _SplitEncoder:
+    """A classifier whose encoder runs as two stacks: the frozen lower layers (with the embeddings),
+    whose outputs are computed once, and the trained upper ones. An epoch then costs only the upper
+    layers' forward and backward passes."""
+
+    base: Any
+    layers: Any
+    frozen: int
+
+    @classmethod
+    def of(
+        cls, evaluator: RelevanceEvaluator, frozen: int, probe: Sequence[tuple[str, str]]
+    ) -> _SplitEncoder | None:
+        """The split with ``frozen`` layers below (at most all but one), or None: nothing to freeze, or
+        an encoder whose stacks do not reproduce the whole model on ``probe`` (e.g. ALBERT's shared
+        layers, DistilBERT's layout, ELECTRA's projection)."""
+        model = evaluator.model
+        base = getattr(model, getattr(model, "base_model_prefix", ""), None)
+        layers = getattr(getattr(base, "encoder", None), "layer", None)
+        if (
+            not frozen
+            or base is None
+            or not hasattr(base, "embeddings")
+            or not isinstance(layers, _torch().nn.ModuleList)
+            or len(layers) < 2
+        ):
+            return None
+        split = cls(base, layers, min(frozen, len(layers) - 1))
+        batch = evaluator._batch([q for q, _ in probe], [p for _, p in probe])
+        torch = _torch()
+        with torch.inference_mode():
+            whole = model.eval()(**batch).logits
+            try:
+                lower = split._lower(batch)
+                with split.upper_only():
+                    apart = model(inputs_embeds=lower, attention_mask=batch["attention_mask"]).logits
+                same = torch.allclose(whole, apart, atol=1e-4)
+            except (RuntimeError, TypeError, ValueError) as exc:  # a layout this split does not fit
+                log.info("evaluator: %s's layers cannot run apart (%s)", type(model).__name__, exc)
+                same = False
+        if not same:
+            log.info(
+                "evaluator: %s's stacks differ from the whole model; every layer is trained",
+                type(model).__name__,
+            )
+            return None
+        for module in (base.embeddings, *layers[: split.frozen]):
+            module.requires_grad_(False)
+        return split
+
+    def _lower(self, batch: Any) -> Any:
+        whole = self.base.encoder.layer
+        self.base.encoder.layer = self.layers[: self.frozen]
+        try:
+            return self.base(**batch).last_hidden_state
+        finally:
+            self.base.encoder.layer = whole
+
+    def lower_outputs(
+        self,
+        evaluator: RelevanceEvaluator,
+        pairs: Sequence[tuple[str, str, int]],
+        lengths: Sequence[int],
+        bf16: bool,
+    ) -> list[Any]:
+        """Each pair's hidden states after the frozen layers (unpadded), as the training's precision
+        computes them."""
+        torch = _torch()
+        out: list[Any] = [None] * len(pairs)
+        order = sorted(range(len(pairs)), key=lambda i: lengths[i])
+        self.base.eval()
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            for start in range(0, len(order), 64):
+                idx = order[start : start + 64]
+                states = self._lower(evaluator._batch([pairs[j][0] for j in idx], [pairs[j][1] for j in idx]))
+                for row, j in enumerate(idx):
+                    out[j] = states[row, : lengths[j]].clone()
+        return out
+
+    @contextlib.contextmanager
+    def upper_only(self):
+        """While inside, the model reads hidden states (``inputs_embeds``) and runs the upper layers only."""
+        embeddings, whole = self.base.embeddings, self.base.encoder.layer
+        self.base.embeddings = _passthrough_type()()
+        self.base.encoder.layer = self.layers[self.frozen :]
+        try:
+            yield
+        finally:
+            self.base.embeddings, self.base.encoder.layer = embeddings, whole
