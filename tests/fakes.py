@@ -117,17 +117,6 @@ class ListWebSearch:
         return self.results[:max_results]
 
 
-__all__ = [
-    "ListRetriever",
-    "ListWebSearch",
-    "ScriptedLM",
-    "WebSearchError",
-    "field",
-    "render",
-    "yes_no_logprobs",
-]
-
-
 def compile_report(**fields: object) -> dict:
     """The least a compile report holds for ``optimize.report.write_report``, plus ``fields``."""
     return {
@@ -140,3 +129,15 @@ def compile_report(**fields: object) -> dict:
         "stages": {},
         **fields,
     }
+
+
+__all__ = [
+    "ListRetriever",
+    "ListWebSearch",
+    "ScriptedLM",
+    "WebSearchError",
+    "compile_report",
+    "field",
+    "render",
+    "yes_no_logprobs",
+]

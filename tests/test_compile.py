@@ -523,6 +523,20 @@ def test_an_lm_that_is_down_stops_the_compile_fast_with_one_line(tmp_path, capsy
     assert not (tmp_path / "out" / "program.json").exists()
 
 
+def test_evaluator_flags_reach_its_training_config(monkeypatch, tmp_path):
+    seen = {}
+
+    def record(settings, **kwargs):  # stands in for the compile: only what main passes it matters here
+        seen.update(kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("optimize.compile.compile_program", record)
+    argv = ["--evaluator-frozen-layers", "0", "--evaluator-epochs", "2", "--out", str(tmp_path / "p.json")]
+    with pytest.raises(KeyboardInterrupt):
+        main(argv)
+    assert seen["evaluator_training"].frozen_layers == 0 and seen["evaluator_training"].max_epochs == 2
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
