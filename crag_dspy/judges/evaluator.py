@@ -558,13 +558,21 @@ class _SplitEncoder:
             module.requires_grad_(False)
         return split
 
-    def _lower(self, batch: Any) -> Any:
-        whole = self.base.encoder.layer
-        self.base.encoder.layer = self.layers[: self.frozen]
+    @contextlib.contextmanager
+    def _running(self, layers: Any, embeddings: Any = None):
+        """While inside, the base model runs only ``layers`` (and, given, ``embeddings`` instead of its own)."""
+        saved = self.base.embeddings, self.base.encoder.layer
+        self.base.encoder.layer = layers
+        if embeddings is not None:
+            self.base.embeddings = embeddings
         try:
-            return self.base(**batch).last_hidden_state
+            yield
         finally:
-            self.base.encoder.layer = whole
+            self.base.embeddings, self.base.encoder.layer = saved
+
+    def _lower(self, batch: Any) -> Any:
+        with self._running(self.layers[: self.frozen]):
+            return self.base(**batch).last_hidden_state
 
     def lower_outputs(
         self,
@@ -587,13 +595,6 @@ class _SplitEncoder:
                     out[j] = states[row, : lengths[j]].clone()
         return out
 
-    @contextlib.contextmanager
-    def upper_only(self):
+    def upper_only(self) -> contextlib.AbstractContextManager[None]:
         """While inside, the model reads hidden states (``inputs_embeds``) and runs the upper layers only."""
-        embeddings, whole = self.base.embeddings, self.base.encoder.layer
-        self.base.embeddings = _passthrough_type()()
-        self.base.encoder.layer = self.layers[self.frozen :]
-        try:
-            yield
-        finally:
-            self.base.embeddings, self.base.encoder.layer = embeddings, whole
+        return self._running(self.layers[self.frozen :], _passthrough_type()())
