@@ -373,25 +373,21 @@ def _about_the_question(sentence: str, topic: set[str], names: Sequence[KeyItem]
     )
 
 
-def _states_another_value(item: KeyItem, text: str, topic: set[str], names: Sequence[KeyItem]) -> bool:
-    """Whether a sentence of ``text`` (normalised) about what was asked states a number with ``item``'s
-    unit and another value."""
-    return any(
-        _values(sentence, item.unit) - {item.value} and _about_the_question(sentence, topic, names)
-        for sentence in split_sentences(text)
-    )
-
-
-def _states_another_of_kind(
-    kind: str, values: set[str], text: str, topic: set[str], names: Sequence[KeyItem]
-) -> bool:
-    """Whether a sentence of ``text`` (normalised) about what was asked states values of ``kind`` and
-    none of ``values`` (the answer's)."""
-    for sentence in split_sentences(text):
-        stated = _typed_values(sentence).get(kind, set())
-        if stated and not stated & values and _about_the_question(sentence, topic, names):
-            return True
-    return False
+def _disputing_sources(
+    kept: Sequence[tuple[str, str]],
+    excluded: set[str],
+    topic: set[str],
+    names: Sequence[KeyItem],
+    states_another: Callable[[str], bool],
+) -> set[str]:
+    """The kept sources outside ``excluded`` with a sentence (normalised) about what was asked for which
+    ``states_another`` holds."""
+    return {
+        source
+        for source, text in kept
+        if source not in excluded
+        and any(states_another(s) and _about_the_question(s, topic, names) for s in split_sentences(text))
+    }
 
 
 # --- instructions addressed to the model ------------------------------------------------------------
@@ -580,11 +576,13 @@ def check_grounding(
             by_instruction.append(item.text)
         if sources and item.kind == "number" and item.unit and topic:
             # An instructing source is no more knowledge against a value than for one.
-            others = {
-                s
-                for s, t in kept
-                if s not in sources | instructing_sources and _states_another_value(item, t, topic, names)
-            }
+            others = _disputing_sources(
+                kept,
+                sources | instructing_sources,
+                topic,
+                names,
+                lambda sentence, item=item: bool(_values(sentence, item.unit) - {item.value}),
+            )
             if others:
                 disputed.append(item.text)
                 disputing |= others
@@ -592,12 +590,12 @@ def check_grounding(
         sources = {source for source, text in kept if values & _typed_values(text).get(kind, set())}
         if not (sources and topic):
             continue  # ungrounded already, or a question with no words to tell what a sentence is about
-        others = {
-            s
-            for s, t in kept
-            if s not in sources | instructing_sources
-            and _states_another_of_kind(kind, values, t, topic, names)
-        }
+
+        def another_of_kind(sentence: str, kind: str = kind, values: set[str] = values) -> bool:
+            stated = _typed_values(sentence).get(kind, set())
+            return bool(stated) and not stated & values
+
+        others = _disputing_sources(kept, sources | instructing_sources, topic, names, another_of_kind)
         if others:
             disputed.append(f"{kind} {', '.join(sorted(values))}")
             disputing |= others
