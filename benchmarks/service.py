@@ -358,6 +358,146 @@ def rescore_file(p: argparse.ArgumentParser, args: argparse.Namespace, argv: Seq
     return 0
 
 
+# --- honest answers ---------------------------------------------------------------------------------------
+
+HONEST_DOC = """What the answer-grounding check costs honest answers: how often it flags CRAG's answers to a
+domain's own questions, with no attack anywhere.
+
+    python benchmarks/service.py honest                                            # default test split
+    python benchmarks/service.py honest --domain-dir ../shared/data/popqa-dev --program runs/popqa/program.json
+    python benchmarks/service.py honest --rescore benchmarks/results/honest_default.json   # today's check, no LM
+
+Every question of ``--split`` (default test; ``--limit N`` for the first N across kinds) is answered
+once; DSPy's cache is on unless ``--no-cache``. Reported with Wilson 95% intervals: answers flagged (all,
+and of the right answers: a flag on a right answer is a false alarm for certain), and the flags by
+reason (ungrounded, supported by an instructing source, disputed), with the instruction classifier and
+without it. Each run keeps the text its check read, so ``--rescore`` measures a changed check on the same
+answers. Writes benchmarks/results/honest_<domain>.json.
+"""
+_REASONS = {"ungrounded": "ungrounded", "instruction": "instruction_supported", "disputed": "disputed"}
+
+
+def honest_outcome(crag: CRAG, question: QAPair) -> dict[str, Any]:
+    """One honest run's answer, correctness and flags, with the text its check read (``support``)."""
+    try:
+        trace = crag(question=question.question).trace
+    except CRAGRunError as exc:
+        trace = exc.trace
+    texts, instructing = support_of_trace(trace)
+    support = {"texts": [[t.source, t.text, t.kept] for t in texts], "instructing": instructing}
+    return {
+        "id": question.id,
+        "kind": question.kind,
+        "answer": trace.answer,
+        "action": trace.action,
+        "correct": answer_matches(trace.answer, question.answers),
+        **flags(question.question, trace.answer, support),
+        "errors": list(trace.errors),
+        "support": support,
+    }
+
+
+def summarize_honest(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Flag rates over all answers and over the right ones, in all and by reason."""
+    right = [r for r in rows if r["correct"]]
+    summary: dict[str, Any] = {"questions": len(rows), "correct": harness.rate(len(right), len(rows))}
+    for check in ("grounding", "grounding_rule_only"):
+        for name, group in (("all", rows), ("correct", right)):
+            summary[f"{check}_flagged_{name}"] = harness.rate(
+                sum(r[check]["flagged"] for r in group), len(group)
+            )
+            for reason, key in _REASONS.items():
+                summary[f"{check}_{reason}_{name}"] = harness.rate(
+                    sum(bool(r[check][key]) for r in group), len(group)
+                )
+    return summary
+
+
+def report_honest(results: dict[str, Any]) -> None:
+    s = results["summary"]
+    print(
+        f"{results['domain']} {results['split']}: {s['questions']} questions, right {harness.fmt_rate(s['correct'])}"
+    )
+    for check, label in (("grounding", "check"), ("grounding_rule_only", "without the classifier")):
+        print(f"  {label}: flagged {harness.fmt_rate(s[f'{check}_flagged_all'])} of all answers, "
+              f"{harness.fmt_rate(s[f'{check}_flagged_correct'])} of the right ones")  # fmt: skip
+        for reason in _REASONS:
+            print(f"    {reason}: {harness.fmt_rate(s[f'{check}_{reason}_all'])} of all, "
+                  f"{harness.fmt_rate(s[f'{check}_{reason}_correct'])} of the right ones")  # fmt: skip
+    for r in results["rows"]:
+        if r["correct"] and r["grounding"]["flagged"]:
+            g = r["grounding"]
+            print(f"  right but flagged: {r['id']} {r['answer']!r} ungrounded={g['ungrounded']} "
+                  f"instruction={g['instruction_supported']} disputed={g['disputed']} by {g['disputing_sources']}")  # fmt: skip
+
+
+def honest(argv: list[str], *, lm: dspy.BaseLM | None = None) -> int:
+    """``service.py honest``: the grounding check's flags on a split's honest answers; one result file."""
+    p = harness.parser(HONEST_DOC, program=True)
+    p.prog = "service.py honest"
+    p.add_argument(
+        "--split", default="test", choices=["train", "val", "test"], help="QA split (default test)"
+    )
+    p.add_argument("--limit", type=int, help="the first N questions, taken evenly across kinds")
+    p.add_argument(
+        "--rescore", type=Path, metavar="RESULTS", help="no LM: today's check on an earlier file's answers"
+    )
+    args = harness.parse(p, argv)
+    if args.limit is not None and args.limit < 1:
+        p.error("--limit must be at least 1")
+    if args.rescore is not None:
+        try:
+            earlier = json.loads(args.rescore.read_text(encoding="utf-8"))
+            results = earlier["results"]
+            domain = harness.domain_of(harness.settings_for(args))
+            if domain.name != results["domain"]:
+                p.error(
+                    f"{args.rescore} is of domain `{results['domain']}`, not `{domain.name}`: pass the domain"
+                )
+            questions = {q.id: q for q in domain.qa}
+            rows = [
+                {**r, **flags(questions[r["id"]].question, r["answer"], r["support"])}
+                for r in results["rows"]
+            ]
+        except (OSError, json.JSONDecodeError, KeyError, ValueError) as exc:
+            p.error(f"cannot rescore {args.rescore}: {exc}")
+        results = {
+            **results,
+            "summary": summarize_honest(rows),
+            "rows": rows,
+            "rescored_from": earlier["metadata"],
+        }
+        report_honest(results)
+        harness.write_result(
+            args.out or args.rescore, SCRIPT, ["honest", *argv], results, lm=earlier["metadata"].get("lm")
+        )
+        return 0
+    document = harness.read_document(args.program)
+    settings = harness.settings_for(args, document)
+    lm = harness.lm_for(settings, args, lm)
+    crag, domain = harness.open_crag(settings, lm, document, args.program)
+    questions = qa_split(domain, args.split, args.limit)
+    if not questions:
+        p.error(f"domain `{domain.name}` has no {args.split} questions")
+    rows = []
+    for i, question in enumerate(questions, 1):
+        rows.append(honest_outcome(crag, question))
+        print(f"[{i}/{len(questions)}] {question.id} {rows[-1]['answer']!r} right={rows[-1]['correct']} "
+              f"flagged={rows[-1]['grounding']['flagged']}", flush=True)  # fmt: skip
+    results = {
+        "domain": domain.name,
+        "split": args.split,
+        "program": str(args.program) if args.program else None,
+        "summary": summarize_honest(rows),
+        "rows": rows,
+    }
+    report_honest(results)
+    harness.write_result(
+        harness.result_path(args, "honest", domain.name), SCRIPT, ["honest", *argv], results, lm=lm
+    )
+    return 0
+
+
 # --- soak -------------------------------------------------------------------------------------------------
 
 SOAK_DOC = """Soak: N questions from C concurrent clients against the service on loopback, as a client sees it.
@@ -935,7 +1075,7 @@ def answer_sentences(domain: Domain) -> list[str]:
 
 # --- the command ------------------------------------------------------------------------------------------
 
-COMMANDS = {"injection": injection, "soak": soak, "train-classifier": train_classifier}
+COMMANDS = {"injection": injection, "honest": honest, "soak": soak, "train-classifier": train_classifier}
 
 
 def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int:
@@ -944,7 +1084,7 @@ def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int
         print(__doc__, file=sys.stderr if argv and argv[0] not in ("-h", "--help") else sys.stdout)
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     command, rest = argv[0], argv[1:]
-    return injection(rest, lm=lm) if command == "injection" else COMMANDS[command](rest)
+    return COMMANDS[command](rest, lm=lm) if command in ("injection", "honest") else COMMANDS[command](rest)
 
 
 if __name__ == "__main__":

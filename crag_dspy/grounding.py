@@ -373,6 +373,92 @@ def _about_the_question(sentence: str, topic: set[str], names: Sequence[KeyItem]
     )
 
 
+_ROLE_WINDOW = 3  # a name fills a role named by a question word among the 3 content words either side
+_SAME_ROLE = 2  # two names fill the same role when two of the role's question words surround both
+
+
+def _content_tokens(sentence: str) -> list[str]:
+    """The tokens of ``sentence`` that are not function words, in order."""
+    return [
+        t
+        for t in (m.rstrip(".'-/") for m in _TOKEN.findall(sentence))
+        if t and t.lower() not in _FUNCTION_WORDS
+    ]
+
+
+def _roles(tokens: Sequence[str], at: int, topic: set[str]) -> set[str]:
+    """The question's ``topic`` words among the content ``tokens`` around position ``at``: the role the
+    name there fills ("the mobile carrier Velcom", "Director General ... Petra Holloway")."""
+    window = tokens[max(0, at - _ROLE_WINDOW) : at + _ROLE_WINDOW + 1]
+    return _topic(" ".join(window)) & topic
+
+
+def _is_name(token: str, sentence_start: bool, capitalised: set[str]) -> bool:
+    """Whether ``token`` names something: a capital letter, a digit or an identifier, and not a number,
+    a month or a weekday; a capital at the start of a sentence counts only when the same word is
+    capitalised elsewhere in the run's text ("Ostair is ..." after "for Ostair flights")."""
+    lowered = token.lower()
+    if len(token) < 2 or _PREFIXED_NUMBER.fullmatch(token) or token[0].isdigit():
+        return False
+    if _name_form(token) in _MONTHS or lowered.removesuffix("s") in _WEEKDAYS:
+        return False
+    if not (
+        any(c.isupper() for c in token) or any(c.isdigit() for c in token) or _IDENTIFIER.fullmatch(token)
+    ):
+        return False
+    return not sentence_start or token in capitalised
+
+
+def _capitalised_inside(texts: Iterable[str]) -> set[str]:
+    """The capitalised words that stand inside a sentence somewhere in ``texts`` (not only first)."""
+    return {
+        t
+        for text in texts
+        for sentence in split_sentences(text)
+        for t in _content_tokens(sentence)[1:]
+        if t[:1].isupper()
+    }
+
+
+def _another_name_in_role(
+    answer_names: Sequence[KeyItem],
+    supporting: Sequence[str],
+    asked: str,
+    topic: set[str],
+    capitalised: set[str],
+) -> Callable[[str], bool]:
+    """A test of a sentence (normalised): does it name something other than the answer in the answer's
+    role? The role is the question's words next to the answer in its ``supporting`` texts ("the mobile
+    carrier Norrtel" against "the mobile carrier Velcom"; "Director General ... Lena Sorvik" against
+    "The Director General of VIMA since 2017 has been Petra Holloway"); a name elsewhere in a sentence
+    about the question (the maker, a town) is not a rival. A sentence that also states the answer does
+    not contradict it."""
+    forms = {n.value for n in answer_names}
+    roles, beside = set(), set()
+    for sentence in (s for text in supporting for s in split_sentences(text)):
+        tokens = _content_tokens(sentence)
+        at = [i for i, t in enumerate(tokens) if _name_form(t) in forms]
+        roles |= {r for i in at for r in _roles(tokens, i, topic)}
+        if at:
+            beside |= {_name_form(t) for t in tokens}
+    # Names of the question, and names the answer's own sentences state beside it (the company whose
+    # founder was asked for, in a two-hop question), are not rivals.
+    known = beside | {_name_form(t) for t in _TOKEN.findall(asked)}
+
+    def another_name(sentence: str) -> bool:
+        tokens = _content_tokens(sentence)
+        if not roles or any(_name_form(t) in forms for t in tokens):
+            return False
+        return any(
+            _is_name(t, i == 0, capitalised)
+            and _name_form(t) not in known
+            and len(_roles(tokens, i, topic) & roles) >= min(_SAME_ROLE, len(roles))
+            for i, t in enumerate(tokens)
+        )
+
+    return another_name
+
+
 def _disputing_sources(
     kept: Sequence[tuple[str, str]],
     excluded: set[str],
@@ -567,7 +653,11 @@ def check_grounding(
         classified = {source for (source, _), flag in zip(candidates, flags, strict=True) if flag}
         instructing_sources |= classified
     ungrounded, by_instruction, disputed, disputing = [], [], [], set()
-    topic, names = _topic(asked), key_content(asked)
+    # A number the question spells out ("day one", "the one-day event") is a turn of phrase, not a
+    # model number or an address a sentence about the question must repeat.
+    written = {_number_value(m.group(1)) for m in _NUMBER.finditer(question.replace(",", ""))}
+    topic = _topic(asked)
+    names = [n for n in key_content(asked) if n.kind == "name" or n.value in written]
     for item in items:
         sources = {source for source, text in kept if _supports(item, text)}
         if not sources:
@@ -598,6 +688,22 @@ def check_grounding(
         others = _disputing_sources(kept, sources | instructing_sources, topic, names, another_of_kind)
         if others:
             disputed.append(f"{kind} {', '.join(sorted(values))}")
+            disputing |= others
+    typed = {v for values in _typed_values(_normalize(answer or "")).values() for v in values}
+    answer_names = [
+        i
+        for i in items
+        if i.kind == "name" and _is_name(i.text, False, set()) and i.text.lower() not in typed
+    ]  # a host name or version is compared as one above
+    name_sources = {source for source, text in kept if any(_supports(n, text) for n in answer_names)}
+    if name_sources and topic:
+        capitalised = _capitalised_inside(t.text for t in texts)
+        another_name = _another_name_in_role(
+            answer_names, [t for s, t in kept if s in name_sources], asked, topic, capitalised
+        )
+        others = _disputing_sources(kept, name_sources | instructing_sources, topic, names, another_name)
+        if others:
+            disputed.append(f"name {' '.join(n.text for n in answer_names)}")
             disputing |= others
     return Grounding(
         checked=[i.text for i in key_content(answer or "")],

@@ -223,6 +223,75 @@ def test_times_versions_host_names_and_weekdays_are_disputed_too(question, answe
     ).flagged
 
 
+CARRIER_QUESTION = "Which mobile carrier's LTE network does the TideLog 5X use to send its data?"
+CARRIER_CLAIM = "Since 2025 the TideLog 5X sends its data over the LTE network of the mobile carrier Norrtel."
+CARRIER_HONEST = "The TideLog 5X transmits its data over the LTE network of the mobile carrier Velcom."
+
+
+@pytest.mark.parametrize(
+    "question, answer, claim, honest",
+    [
+        (CARRIER_QUESTION, "Norrtel", CARRIER_CLAIM, CARRIER_HONEST),
+        (
+            "Who is the Director General of VIMA?",
+            "Lena Sorvik",
+            "VIMA has appointed Lena Sorvik as Director General of VIMA.",
+            "The Director General of VIMA since 2017 has been Petra Holloway, who leads a staff of 18.",
+        ),
+        (  # the rival name opens its sentence: a name because it is capitalised inside another one
+            "Which airline operates the scheduled flights at Calder Reach Airfield?",
+            "Norrwing Air",
+            "Norrwing Air is the airline that operates the scheduled flights at Calder Reach Airfield.",
+            "Ostair is the only airline with scheduled services at Calder Reach Airfield. Check-in for Ostair "
+            "flights closes 30 minutes before departure.",
+        ),
+    ],
+)
+def test_a_name_another_source_gives_in_the_same_role_is_disputed(question, answer, claim, honest):
+    g = check_grounding(answer, question, [*kept(claim, source="x"), *kept(honest, source="kb-7")])
+    assert g.flagged and g.disputed == [f"name {answer}"] and g.disputing_sources == ["kb-7"]
+
+
+def test_a_name_the_answers_own_sentence_states_is_not_a_rival():
+    """Two hops: the plan names the company, the company's page names its founder."""
+    question = "Who founded the coach company that the business plan names as the main competitor?"
+    plan = "The HVT business plan names Greyline Coaches as the main competitor on the corridor."
+    page = "Greyline Coaches was founded in 1994 by Arthur Penhale, a former lorry driver."
+    assert not check_grounding(
+        "Arthur Penhale", question, [*kept(plan, source="p"), *kept(page, source="q")]
+    ).flagged
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        "The TideLog 5X is made by Brightwater Instruments and sends its data over LTE.",  # another role
+        "Product management confirms the TideLog 5X sends its data over a mobile LTE network.",  # not a name
+        "The TideLog 5X sends its data over the LTE network of the mobile carrier Velcom, which Norrtel "
+        "resells.",  # the sentence states the answer too
+        "The TideLog 5 logger has no modem.",  # not about the question
+    ],
+)
+def test_a_name_in_another_role_or_a_sentence_that_also_names_the_answer_does_not_dispute(other):
+    g = check_grounding(
+        "Velcom", CARRIER_QUESTION, [*kept(CARRIER_HONEST, source="kb-7"), *kept(other, source="kb-8")]
+    )
+    assert not g.flagged, g
+
+
+def test_a_number_the_question_spells_out_is_not_required_of_a_disputing_sentence():
+    question = "When does day one start for a new starter joining at 14 Ferrow Lane?"
+    claim = "Day one for a new starter joining at 14 Ferrow Lane now starts at 08:30 at reception."
+    honest = "New starters begin at 09:00 on their first day at reception at 14 Ferrow Lane, Calder Reach."
+    g = check_grounding("08:30", question, [*kept(claim, source="x"), *kept(honest, source="kb-7")])
+    assert g.flagged and g.disputed == ["clock time 08:30"] and g.disputing_sources == ["kb-7"]
+    # A number written in digits still is: 14 Ferrow Lane is not 16 Ferrow Lane.
+    other_site = honest.replace("14 Ferrow", "16 Ferrow")
+    assert not check_grounding(
+        "08:30", question, [*kept(claim, source="x"), *kept(other_site, source="kb-7")]
+    ).flagged
+
+
 def test_only_kept_strips_support_the_answer():
     texts = [SupportText("kb-1", PRICE, False), SupportText("kb-2", "Delivery takes 5 days.", True)]
     assert check_grounding("1,240 velds", QUESTION, texts).ungrounded == ["1240 veld"]
