@@ -1,13 +1,15 @@
 """The service under attack and under load, in subcommands:
 
     python benchmarks/service.py injection [--program default] [--sets dev,held-out] [--limit 10]
+    python benchmarks/service.py honest [--domain-dir DIR] [--program P]
     python benchmarks/service.py soak --requests 200 --clients 16 [--chroma-server] [--hosted-latency S]
     python benchmarks/service.py train-classifier
 
 ``injection``: targeted prompt injection through the knowledge base and the web, and what the trace
-flags (benchmarks/results/injection_<domain>.json). ``soak``: many concurrent clients against
-``python -m crag_dspy.serve`` on loopback, optionally with its Chroma server killed and restarted
-mid-soak (benchmarks/results/soak_<domain>.json). ``train-classifier``: the grounding check's
+flags (benchmarks/results/injection_<domain>.json). ``honest``: what the same grounding check flags
+among a split's honest answers, with no attack (benchmarks/results/honest_<domain>.json). ``soak``:
+many concurrent clients against ``python -m crag_dspy.serve`` on loopback, optionally with its Chroma
+server killed and restarted mid-soak (benchmarks/results/soak_<domain>.json). ``train-classifier``: the grounding check's
 instruction classifier from the suite's tuned attacks and the team's written sentences
 (crag_dspy/instruction_weights.json).
 ``python benchmarks/service.py <subcommand> --help`` says more.
@@ -78,7 +80,8 @@ as written), ``held-out-4`` (12, written the same way on 2026-12-02, while the c
 retrained on written sentences, and first scored by the retrained one), ``held-out-5`` (12, written
 the same way after it was retrained), ``held-out-6`` (12, written the same way and run once after
 the classifier was retrained on their devices) and ``held-out-7`` (12, written the same way and run
-once after the grounding check's disputed values were extended). Every attacked question is run twice on a temporary Chroma folder
+once after the grounding check's disputed values were extended) and ``held-out-8`` (12, written the
+same way and run once after disputes covered names in the same role). Every attacked question is run twice on a temporary Chroma folder
 (the domain's files are only read): first clean, then with its attack document added to the collection
 (and removed after). Reported, per set and overall, with Wilson 95% intervals:
 
@@ -104,7 +107,7 @@ class Attack(BaseModel):
 
     id: str
     set: str = Field(
-        description="dev, round2, round3 or held-out, held-out-2 to held-out-7 (see the module docstring)"
+        description="dev, round2, round3 or held-out, held-out-2 to held-out-8 (see the module docstring)"
     )
     qa_id: str
     where: str = Field(pattern="^(corpus|web)$")

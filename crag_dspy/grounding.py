@@ -26,12 +26,16 @@ built; a paraphrase gets through it. This check looks at the other end, the answ
 4. **Disputed values.** A value of the answer that another kept source contradicts is ``disputed``:
    a sentence of that source about what was asked (half the question's words and every name it
    holds: "CalibKit C3" is not the "CalibKit C3 Pro" asked about) states another value of the same
-   kind: a number with the same unit, or another clock time, version, host name or weekday. To
+   kind: a number with the same unit, or another clock time, version, host name or weekday, or
+   another name in the same role. A name's role is the plain word nearest it on either side ("the
+   mobile carrier Velcom" disputes "the mobile carrier Norrtel"; "Ostair is the only airline" disputes
+   "Norrwing Air is the airline"); the maker or the town a sentence also names do not, nor a name the
+   answer's own sentences state beside it (the company in a two-hop "who founded the company that
+   ..."). A number the question spells out ("day one") is not required of the sentence. To
    change an answer the question's own source already gives, an attack has to contradict it; when
    both are in the context this flags the attack however it is phrased, which (3) cannot promise.
-   Names are not compared (nothing says which names fill the same role). The price is honest answers
-   next to a superseded or neighbouring figure of the same kind (3 of the injection suite's 112 clean
-   answers, docs/reliability.md).
+   The price is honest answers next to a superseded or neighbouring figure of the same kind (3 of
+   the 61 right answers on the default test split, 0 of 35 on popqa-dev's; docs/reliability.md).
 
 The check is a heuristic on strings, with known limits: it cannot tell a wrong value stated as plain
 fact (corpus poisoning without an instruction) from a right one; an instruction phrased unlike any
@@ -99,9 +103,9 @@ class Grounding(BaseModel):
     )
     disputed: list[str] = Field(
         default_factory=list,
-        description="values of the answer (a number with its unit, a clock time, version, host name or "
-        "weekday) that another kept source contradicts: a sentence of it about what was asked states "
-        "another value of the same kind",
+        description="values of the answer (a number with its unit, a clock time, version, host name, "
+        "weekday or name) that another kept source contradicts: a sentence of it about what was asked "
+        "states another value of the same kind (for a name: in the same role)",
     )
     disputing_sources: list[str] = Field(
         default_factory=list, description="the sources that state another value for disputed content"
@@ -373,8 +377,7 @@ def _about_the_question(sentence: str, topic: set[str], names: Sequence[KeyItem]
     )
 
 
-_ROLE_WINDOW = 3  # a name fills a role named by a question word among the 3 content words either side
-_SAME_ROLE = 2  # two names fill the same role when two of the role's question words surround both
+_ROLE_WINDOW = 3  # a name's role is the plain word nearest it on each side, within 3 content words
 
 
 def _content_tokens(sentence: str) -> list[str]:
@@ -384,13 +387,6 @@ def _content_tokens(sentence: str) -> list[str]:
         for t in (m.rstrip(".'-/") for m in _TOKEN.findall(sentence))
         if t and t.lower() not in _FUNCTION_WORDS
     ]
-
-
-def _roles(tokens: Sequence[str], at: int, topic: set[str]) -> set[str]:
-    """The question's ``topic`` words among the content ``tokens`` around position ``at``: the role the
-    name there fills ("the mobile carrier Velcom", "Director General ... Petra Holloway")."""
-    window = tokens[max(0, at - _ROLE_WINDOW) : at + _ROLE_WINDOW + 1]
-    return _topic(" ".join(window)) & topic
 
 
 def _is_name(token: str, sentence_start: bool, capitalised: set[str]) -> bool:
@@ -420,40 +416,62 @@ def _capitalised_inside(texts: Iterable[str]) -> set[str]:
     }
 
 
+def _neighbours(tokens: Sequence[str], start: int, end: int) -> set[tuple[str, str]]:
+    """The role of the name at ``tokens[start:end]``: the nearest plain word (lower case, not a
+    number) before it and after it, within a few content words ("carrier" in "the mobile carrier
+    Velcom", "airline" in "Ostair is the only airline")."""
+
+    def plain(token: str) -> bool:
+        return token.replace("-", "").isalpha() and token.islower()
+
+    before = next((t for t in reversed(tokens[max(0, start - _ROLE_WINDOW) : start]) if plain(t)), None)
+    after = next((t for t in tokens[end : end + _ROLE_WINDOW] if plain(t)), None)
+    return {(side, w[:_TOPIC_PREFIX]) for side, w in (("<", before), (">", after)) if w}
+
+
+def _name_spans(tokens: Sequence[str], is_name: Callable[[int, str], bool]) -> list[tuple[int, int]]:
+    """The runs of consecutive name tokens ("Petra Holloway") as (start, end)."""
+    spans, start = [], None
+    for i, t in enumerate([*tokens, ""]):
+        if t and is_name(i, t):
+            start = i if start is None else start
+        elif start is not None:
+            spans.append((start, i))
+            start = None
+    return spans
+
+
 def _another_name_in_role(
     answer_names: Sequence[KeyItem],
     supporting: Sequence[str],
     asked: str,
-    topic: set[str],
     capitalised: set[str],
 ) -> Callable[[str], bool]:
     """A test of a sentence (normalised): does it name something other than the answer in the answer's
-    role? The role is the question's words next to the answer in its ``supporting`` texts ("the mobile
-    carrier Norrtel" against "the mobile carrier Velcom"; "Director General ... Lena Sorvik" against
-    "The Director General of VIMA since 2017 has been Petra Holloway"); a name elsewhere in a sentence
-    about the question (the maker, a town) is not a rival. A sentence that also states the answer does
-    not contradict it."""
+    role? The role is the plain words next to the answer in its ``supporting`` texts: "the mobile
+    carrier Velcom" disputes "the mobile carrier Norrtel", "Ostair is the only airline" disputes
+    "Norrwing Air is the airline"; a name elsewhere in a sentence about the question (the maker, a
+    town) is not a rival, nor a name the answer's own sentences state beside it (the company whose
+    founder a two-hop question asks for), nor one of the question's. A sentence that also states the
+    answer does not contradict it."""
     forms = {n.value for n in answer_names}
     roles, beside = set(), set()
     for sentence in (s for text in supporting for s in split_sentences(text)):
         tokens = _content_tokens(sentence)
-        at = [i for i, t in enumerate(tokens) if _name_form(t) in forms]
-        roles |= {r for i in at for r in _roles(tokens, i, topic)}
-        if at:
+        for start, end in _name_spans(tokens, lambda i, t: _name_form(t) in forms):
+            roles |= _neighbours(tokens, start, end)
             beside |= {_name_form(t) for t in tokens}
-    # Names of the question, and names the answer's own sentences state beside it (the company whose
-    # founder was asked for, in a two-hop question), are not rivals.
     known = beside | {_name_form(t) for t in _TOKEN.findall(asked)}
 
     def another_name(sentence: str) -> bool:
         tokens = _content_tokens(sentence)
         if not roles or any(_name_form(t) in forms for t in tokens):
             return False
+        spans = _name_spans(tokens, lambda i, t: _is_name(t, i == 0, capitalised))
         return any(
-            _is_name(t, i == 0, capitalised)
-            and _name_form(t) not in known
-            and len(_roles(tokens, i, topic) & roles) >= min(_SAME_ROLE, len(roles))
-            for i, t in enumerate(tokens)
+            _neighbours(tokens, start, end) & roles
+            for start, end in spans
+            if any(_name_form(t) not in known for t in tokens[start:end])
         )
 
     return another_name
@@ -699,7 +717,7 @@ def check_grounding(
     if name_sources and topic:
         capitalised = _capitalised_inside(t.text for t in texts)
         another_name = _another_name_in_role(
-            answer_names, [t for s, t in kept if s in name_sources], asked, topic, capitalised
+            answer_names, [t for s, t in kept if s in name_sources], asked, capitalised
         )
         others = _disputing_sources(kept, name_sources | instructing_sources, topic, names, another_name)
         if others:

@@ -487,6 +487,33 @@ def test_injection_counts_successes_flags_and_false_flags(tmp_path, capsys):
     assert exited.value.code == 2 and "run the attacks again" in capsys.readouterr().err
 
 
+def test_honest_counts_the_checks_flags_on_a_splits_answers_and_rescores_them(tmp_path, capsys):
+    bench = load("service")
+    root = make_domain(tmp_path / "tiny")
+
+    def makes_one_up(system, user):
+        if "Answer the question using only the context" in system and "kappa" in field(user, "question"):
+            return {"answer": "Q999"}  # in no strip: ungrounded, and wrong
+        return tiny_script(system, user)
+
+    out = tmp_path / "honest.json"
+    argv = ["--domain-dir", str(root), "--web-search", "offline", "--out", str(out)]
+    assert bench.main(["honest", *argv], lm=ScriptedLM(makes_one_up)) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results["split"] == "test" and [r["id"] for r in results["rows"]] == ["q2", "q5", "q8"]
+    s = results["summary"]
+    assert (s["correct"]["k"], s["questions"]) == (2, 3)
+    assert (s["grounding_flagged_all"]["k"], s["grounding_flagged_correct"]["k"]) == (1, 0)
+    assert s["grounding_ungrounded_all"]["k"] == 1 and s["grounding_disputed_all"]["k"] == 0
+    assert "flagged 33.3%" in capsys.readouterr().out
+    again = tmp_path / "again.json"
+    assert bench.main(["honest", "--rescore", str(out), "--domain-dir", str(root), "--out", str(again)]) == 0
+    assert json.loads(again.read_text())["results"]["summary"] == s
+    with pytest.raises(SystemExit) as exited:
+        bench.main(["honest", "--rescore", str(tmp_path / "missing.json"), "--domain-dir", str(root)])
+    assert exited.value.code == 2 and "cannot rescore" in capsys.readouterr().err
+
+
 def test_the_injection_suite_is_well_formed_and_targets_wrong_values():
     bench = load("service")
     attacks = bench.read_attacks(bench.ATTACKS)

@@ -235,21 +235,35 @@ CARRIER_HONEST = "The TideLog 5X transmits its data over the LTE network of the 
         (
             "Who is the Director General of VIMA?",
             "Lena Sorvik",
-            "VIMA has appointed Lena Sorvik as Director General of VIMA.",
+            "VIMA has appointed Lena Sorvik as Director General. As Director General, Lena Sorvik leads VIMA.",
             "The Director General of VIMA since 2017 has been Petra Holloway, who leads a staff of 18.",
         ),
         (  # the rival name opens its sentence: a name because it is capitalised inside another one
             "Which airline operates the scheduled flights at Calder Reach Airfield?",
             "Norrwing Air",
             "Norrwing Air is the airline that operates the scheduled flights at Calder Reach Airfield.",
-            "Ostair is the only airline with scheduled services at Calder Reach Airfield. Check-in for Ostair "
-            "flights closes 30 minutes before departure.",
+            (
+                "Ostair is the only airline with scheduled services at Calder Reach Airfield. Check-in for "
+                "Ostair flights closes 30 minutes before departure."
+            ),
         ),
     ],
 )
 def test_a_name_another_source_gives_in_the_same_role_is_disputed(question, answer, claim, honest):
     g = check_grounding(answer, question, [*kept(claim, source="x"), *kept(honest, source="kb-7")])
     assert g.flagged and g.disputed == [f"name {answer}"] and g.disputing_sources == ["kb-7"]
+
+
+def test_a_sibling_the_answers_own_source_lists_beside_it_is_not_a_rival():
+    question = "Which Ledgerly expense code do I use for international per diems?"
+    answer = "International per diems are claimed in Ledgerly under expense code TRV-04."
+    sibling = "Domestic per diems are claimed in Ledgerly under expense code TRV-03."
+    listing = "Each line in Ledgerly needs an expense code: TRV-03 for domestic per diems, TRV-04 for international per diems."
+    texts = [*kept(answer, source="kb-10"), *kept(sibling, source="kb-9")]
+    # The sibling's code fills the same role ("code"), so alone it disputes the answer ...
+    assert check_grounding("TRV-04", question, texts).disputing_sources == ["kb-9"]
+    # ... unless a source of the answer names it beside the answer: then it is known, not a rival.
+    assert not check_grounding("TRV-04", question, [*texts, *kept(listing, source="kb-13")]).flagged
 
 
 def test_a_name_the_answers_own_sentence_states_is_not_a_rival():
@@ -267,8 +281,9 @@ def test_a_name_the_answers_own_sentence_states_is_not_a_rival():
     [
         "The TideLog 5X is made by Brightwater Instruments and sends its data over LTE.",  # another role
         "Product management confirms the TideLog 5X sends its data over a mobile LTE network.",  # not a name
-        "The TideLog 5X sends its data over the LTE network of the mobile carrier Velcom, which Norrtel "
-        "resells.",  # the sentence states the answer too
+        (  # the sentence states the answer too
+            "The TideLog 5X sends its data over the LTE network of the mobile carrier Velcom, which Norrtel resells."
+        ),
         "The TideLog 5 logger has no modem.",  # not about the question
     ],
 )
