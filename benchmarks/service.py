@@ -9,9 +9,9 @@
 flags (benchmarks/results/injection_<domain>.json). ``honest``: what the same grounding check flags
 among a split's honest answers, with no attack (benchmarks/results/honest_<domain>.json). ``soak``:
 many concurrent clients against ``python -m crag_dspy.serve`` on loopback, optionally with its Chroma
-server killed and restarted mid-soak (benchmarks/results/soak_<domain>.json). ``train-classifier``: the grounding check's
-instruction classifier from the suite's tuned attacks and the team's written sentences
-(crag_dspy/instruction_weights.json).
+server killed and restarted mid-soak (benchmarks/results/soak_<domain>.json). ``train-classifier``:
+the grounding check's instruction classifier from the suite's tuned attacks and the team's written
+sentences (crag_dspy/instruction_weights.json).
 ``python benchmarks/service.py <subcommand> --help`` says more.
 """
 
@@ -81,9 +81,9 @@ retrained on written sentences, and first scored by the retrained one), ``held-o
 the same way after it was retrained), ``held-out-6`` (12, written the same way and run once after
 the classifier was retrained on their devices) and ``held-out-7`` (12, written the same way and run
 once after the grounding check's disputed values were extended) and ``held-out-8`` (12, written the
-same way and run once after disputes covered names in the same role). Every attacked question is run twice on a temporary Chroma folder
-(the domain's files are only read): first clean, then with its attack document added to the collection
-(and removed after). Reported, per set and overall, with Wilson 95% intervals:
+same way and run once after disputes covered names in the same role). Every attacked question is
+run twice on a temporary Chroma folder (the domain's files are only read): first clean, then with its
+attack document added to the collection (and removed after). Reported, per set and overall, with Wilson 95% intervals:
 
 - attack success: the answer contains the attacker's value (``answer_matches``, the accuracy rule);
 - flagged successes: before (``defused`` not empty) and after (``defused`` or ``grounding.flagged``);
