@@ -143,16 +143,22 @@ def flags(question: str, answer: str | None, support: dict[str, Any]) -> dict[st
     }
 
 
-def outcome(crag: CRAG, question: QAPair, attack: Attack) -> dict[str, Any]:
-    """One run's answer and flags; a run that fails is recorded, not raised. The text the grounding
-    check read is kept (``support``), so that ``--rescore`` can check the same answers again without
-    the LM."""
+def run_with_support(crag: CRAG, question: QAPair) -> tuple[Any, dict[str, Any]]:
+    """The run's trace (a failed run's too, not raised) and the text its grounding check read, kept so
+    that ``--rescore`` can check the same answer again without the LM."""
     try:
         trace = crag(question=question.question).trace
     except CRAGRunError as exc:
         trace = exc.trace
     texts, instructing = support_of_trace(trace)
-    support = {"texts": [[t.source, t.text, t.kept] for t in texts], "instructing": instructing}
+    return trace, {"texts": [[t.source, t.text, t.kept] for t in texts], "instructing": instructing}
+
+
+def outcome(crag: CRAG, question: QAPair, attack: Attack) -> dict[str, Any]:
+    """One run's answer and flags; a run that fails is recorded, not raised. The text the grounding
+    check read is kept (``support``), so that ``--rescore`` can check the same answers again without
+    the LM."""
+    trace, support = run_with_support(crag, question)
     retrieved = {d.doc_id for d in trace.documents} | {r.url for r in trace.web_results}
     return {
         "answer": trace.answer,
@@ -302,7 +308,7 @@ def injection(argv: list[str], *, lm: dspy.BaseLM | None = None) -> int:
     if args.limit is not None and args.limit < 1:
         p.error("--limit must be at least 1")
     if args.rescore is not None:
-        return rescore_file(p, args, argv)
+        return rescore_file(p, args, argv, "injection", rescore, summaries, report)
     attacks = read_attacks(args.attacks)
     if args.sets:
         wanted = set(args.sets.split(","))
@@ -343,21 +349,33 @@ def summaries(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"all": summarize(rows), **by_set}
 
 
-def rescore_file(p: argparse.ArgumentParser, args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """``injection --rescore RESULTS``: the same answers, today's grounding check, a new summary."""
+def rescore_file(
+    p: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    argv: Sequence[str],
+    command: str,
+    recheck: Callable[[list[dict[str, Any]], dict[str, QAPair]], list[dict[str, Any]]],
+    summarize_rows: Callable[[Sequence[dict[str, Any]]], dict[str, Any]],
+    show: Callable[[dict[str, Any]], None],
+) -> int:
+    """``<command> --rescore RESULTS``: the same answers, today's grounding check (``recheck`` of the
+    file's rows against the domain's questions), a new summary; written to --out, else back to RESULTS."""
     try:
         earlier = json.loads(args.rescore.read_text(encoding="utf-8"))
         results = earlier["results"]
         domain = harness.domain_of(harness.settings_for(args))
         if domain.name != results["domain"]:
-            p.error(f"{args.rescore} is of domain `{results['domain']}`, not `{domain.name}`: pass --domain")
-        rows = rescore(results["rows"], {q.id: q for q in domain.qa})
+            p.error(
+                f"{args.rescore} is of domain `{results['domain']}`, not `{domain.name}`: "
+                "pass --domain or --domain-dir"
+            )
+        rows = recheck(results["rows"], {q.id: q for q in domain.qa})
     except (OSError, json.JSONDecodeError, KeyError, ValueError) as exc:
         p.error(f"cannot rescore {args.rescore}: {exc}")
-    results = {**results, "summary": summaries(rows), "rows": rows, "rescored_from": earlier["metadata"]}
-    report(results)
+    results = {**results, "summary": summarize_rows(rows), "rows": rows, "rescored_from": earlier["metadata"]}
+    show(results)
     path = args.out or args.rescore
-    harness.write_result(path, SCRIPT, ["injection", *argv], results, lm=earlier["metadata"].get("lm"))
+    harness.write_result(path, SCRIPT, [command, *argv], results, lm=earlier["metadata"].get("lm"))
     return 0
 
 
@@ -382,12 +400,7 @@ _REASONS = {"ungrounded": "ungrounded", "instruction": "instruction_supported", 
 
 def honest_outcome(crag: CRAG, question: QAPair) -> dict[str, Any]:
     """One honest run's answer, correctness and flags, with the text its check read (``support``)."""
-    try:
-        trace = crag(question=question.question).trace
-    except CRAGRunError as exc:
-        trace = exc.trace
-    texts, instructing = support_of_trace(trace)
-    support = {"texts": [[t.source, t.text, t.kept] for t in texts], "instructing": instructing}
+    trace, support = run_with_support(crag, question)
     return {
         "id": question.id,
         "kind": question.kind,
@@ -398,6 +411,11 @@ def honest_outcome(crag: CRAG, question: QAPair) -> dict[str, Any]:
         "errors": list(trace.errors),
         "support": support,
     }
+
+
+def recheck_honest(rows: Sequence[dict[str, Any]], questions: dict[str, QAPair]) -> list[dict[str, Any]]:
+    """``rows`` of an earlier honest run with their grounding checked again by today's check."""
+    return [{**r, **flags(questions[r["id"]].question, r["answer"], r["support"])} for r in rows]
 
 
 def summarize_honest(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -449,32 +467,7 @@ def honest(argv: list[str], *, lm: dspy.BaseLM | None = None) -> int:
     if args.limit is not None and args.limit < 1:
         p.error("--limit must be at least 1")
     if args.rescore is not None:
-        try:
-            earlier = json.loads(args.rescore.read_text(encoding="utf-8"))
-            results = earlier["results"]
-            domain = harness.domain_of(harness.settings_for(args))
-            if domain.name != results["domain"]:
-                p.error(
-                    f"{args.rescore} is of domain `{results['domain']}`, not `{domain.name}`: pass the domain"
-                )
-            questions = {q.id: q for q in domain.qa}
-            rows = [
-                {**r, **flags(questions[r["id"]].question, r["answer"], r["support"])}
-                for r in results["rows"]
-            ]
-        except (OSError, json.JSONDecodeError, KeyError, ValueError) as exc:
-            p.error(f"cannot rescore {args.rescore}: {exc}")
-        results = {
-            **results,
-            "summary": summarize_honest(rows),
-            "rows": rows,
-            "rescored_from": earlier["metadata"],
-        }
-        report_honest(results)
-        harness.write_result(
-            args.out or args.rescore, SCRIPT, ["honest", *argv], results, lm=earlier["metadata"].get("lm")
-        )
-        return 0
+        return rescore_file(p, args, argv, "honest", recheck_honest, summarize_honest, report_honest)
     document = harness.read_document(args.program)
     settings = harness.settings_for(args, document)
     lm = harness.lm_for(settings, args, lm)
