@@ -271,6 +271,19 @@ def _name_form(token: str) -> str:
     return _stem(word)
 
 
+def _names_something(token: str) -> bool:
+    """Whether ``token`` is a name: a capital letter, a digit or a lower-case identifier, two characters
+    or more, and neither a function word nor a number (numbers are checked as numbers)."""
+    if (
+        len(token) < 2
+        or token.lower() in _FUNCTION_WORDS
+        or _PREFIXED_NUMBER.fullmatch(token)
+        or token[0].isdigit()
+    ):
+        return False
+    return any(c.isupper() or c.isdigit() for c in token) or bool(_IDENTIFIER.fullmatch(token))
+
+
 def key_content(answer: str) -> list[KeyItem]:
     """The answer's numbers (with the unit right after each) and names, in order, without repeats."""
     text = _normalize(answer)
@@ -287,14 +300,8 @@ def key_content(answer: str) -> list[KeyItem]:
         items.append(KeyItem(shown, "number", _number_value(m.group(1)), unit))
     for m in _TOKEN.finditer(text):
         token = m.group(0).rstrip(".'-/").removesuffix("'s")
-        lowered = token.lower()
-        if not token or lowered in _FUNCTION_WORDS or _PREFIXED_NUMBER.fullmatch(token):
-            continue  # a function word, or a number (checked as one above)
-        if token[0].isdigit() or any(start <= m.start() < end for start, end in units):
-            continue  # "60-day", "m3/s": a number with its unit, checked as one above
-        has_capital = any(c.isupper() for c in token)
-        has_digit = any(c.isdigit() for c in token)
-        if (has_capital or has_digit or _IDENTIFIER.fullmatch(token)) and len(token) > 1:
+        # A unit's span holds no name: "60-day", "m3/s" are a number with its unit, checked above.
+        if _names_something(token) and not any(start <= m.start() < end for start, end in units):
             items.append(KeyItem(token, "name", _name_form(token)))
     unique: dict[tuple[str, str, str], KeyItem] = {}
     for item in items:
@@ -389,31 +396,26 @@ def _content_tokens(sentence: str) -> list[str]:
     ]
 
 
-def _is_name(token: str, sentence_start: bool, capitalised: set[str]) -> bool:
-    """Whether ``token`` names something: a capital letter, a digit or an identifier, and not a number,
-    a month or a weekday; a capital at the start of a sentence counts only when the same word is
-    capitalised elsewhere in the run's text ("Ostair is ..." after "for Ostair flights")."""
-    lowered = token.lower()
-    if len(token) < 2 or _PREFIXED_NUMBER.fullmatch(token) or token[0].isdigit():
+def _is_name(token: str, sentence_start: bool = False, capitalised: frozenset[str] = frozenset()) -> bool:
+    """Whether ``token`` is a name (:func:`_names_something`) other than a month or a weekday; a capital
+    at the start of a sentence counts only when the same word is capitalised elsewhere in the run's
+    text (in ``capitalised``: "Ostair is ..." after "for Ostair flights")."""
+    if not _names_something(token):
         return False
-    if _name_form(token) in _MONTHS or lowered.removesuffix("s") in _WEEKDAYS:
-        return False
-    if not (
-        any(c.isupper() for c in token) or any(c.isdigit() for c in token) or _IDENTIFIER.fullmatch(token)
-    ):
+    if _name_form(token) in _MONTHS or token.lower().removesuffix("s") in _WEEKDAYS:
         return False
     return not sentence_start or token in capitalised
 
 
-def _capitalised_inside(texts: Iterable[str]) -> set[str]:
+def _capitalised_inside(texts: Iterable[str]) -> frozenset[str]:
     """The capitalised words that stand inside a sentence somewhere in ``texts`` (not only first)."""
-    return {
+    return frozenset(
         t
         for text in texts
         for sentence in split_sentences(text)
         for t in _content_tokens(sentence)[1:]
         if t[:1].isupper()
-    }
+    )
 
 
 def _neighbours(tokens: Sequence[str], start: int, end: int) -> set[tuple[str, str]]:
@@ -445,7 +447,7 @@ def _another_name_in_role(
     answer_names: Sequence[KeyItem],
     supporting: Sequence[str],
     asked: str,
-    capitalised: set[str],
+    capitalised: frozenset[str],
 ) -> Callable[[str], bool]:
     """A test of a sentence (normalised): does it name something other than the answer in the answer's
     role? The role is the plain words next to the answer in its ``supporting`` texts: "the mobile
@@ -694,7 +696,8 @@ def check_grounding(
             if others:
                 disputed.append(item.text)
                 disputing |= others
-    for kind, values in _typed_values(_normalize(answer or "")).items():
+    answer_typed = _typed_values(_normalize(answer or ""))
+    for kind, values in answer_typed.items():
         sources = {source for source, text in kept if values & _typed_values(text).get(kind, set())}
         if not (sources and topic):
             continue  # ungrounded already, or a question with no words to tell what a sentence is about
@@ -707,11 +710,9 @@ def check_grounding(
         if others:
             disputed.append(f"{kind} {', '.join(sorted(values))}")
             disputing |= others
-    typed = {v for values in _typed_values(_normalize(answer or "")).values() for v in values}
+    typed = {v for values in answer_typed.values() for v in values}
     answer_names = [
-        i
-        for i in items
-        if i.kind == "name" and _is_name(i.text, False, set()) and i.text.lower() not in typed
+        i for i in items if i.kind == "name" and _is_name(i.text) and i.text.lower() not in typed
     ]  # a host name or version is compared as one above
     name_sources = {source for source, text in kept if any(_supports(n, text) for n in answer_names)}
     if name_sources and topic:
