@@ -30,6 +30,20 @@ for 2,000 pairs" target; its scores are not reported (the split is in it).
     python benchmarks/grader_quality.py --training --domain-dir ../shared/data/popqa-dev --timing-pairs 2000
 
 Writes benchmarks/results/evaluator_training_<domain>.json.
+
+``--distill`` measures distillation (issue 22: what teaches the evaluator a domain whose labelled pairs
+are too few or too hard). The program's calibrated LLM judge (the teacher) grades each train question's
+top-k retrieved passages that no relevance label covers (never a held-out calibration question or one
+labelled outside train); the evaluator is trained on the compile's fit pairs alone and with the teacher's
+labels at 0.5 added, split, epoch and logit map as the compile's. On the split's labelled pairs: the
+teacher, both evaluators and the teacher fused with the distilled evaluator (fitted on the held-out
+pairs, as the compile fits it), with intervals and exact McNemar p. The teacher's calls go through
+DSPy's cache.
+
+    python benchmarks/grader_quality.py --distill --program data/default/program.json --frozen-layers 0
+    python benchmarks/grader_quality.py --distill --program runs/popqa/program.json --domain-dir ../shared/data/popqa-dev
+
+Writes benchmarks/results/distillation_<domain>.json.
 """
 
 from __future__ import annotations
@@ -43,21 +57,28 @@ from typing import Any
 
 import dspy
 import harness
-import numpy as np
 from tqdm.auto import tqdm
 
 from crag_dspy import CRAG
 from crag_dspy.config import CRAGConfig
+from crag_dspy.domain import Domain, QAPair, load_jsonl
 from crag_dspy.embeddings import Embedder, bundled_model_path
 from crag_dspy.judges.evaluator import TrainingConfig, native_bf16, train_evaluator
-from crag_dspy.judges.fusion import fit_linear_score
+from crag_dspy.judges.fusion import fit_linear_score, fused_signals
 from optimize.datasets import answers_by_question, interleave_balanced, relevance_examples, strip_examples
-from optimize.grade_source import evaluator_pairs, evaluator_split, measured, program_grades
+from optimize.grade_source import (
+    evaluator_pairs,
+    evaluator_split,
+    measured,
+    program_grades,
+    retrieval_similarities,
+)
 from optimize.measure import judge_scores
 from optimize.metrics import bootstrap_auc_interval, contains_answer, mcnemar_exact, roc_auc
 
 SCRIPT = "grader_quality"
 TRAINING_SCRIPT = "evaluator_training"
+DISTILL_SCRIPT = "distillation"
 JUDGES = ("grader", "strip_filter")
 # "previous": the evaluator's training before length-grouped batches, bf16 and frozen lower layers.
 TRAINING_SETTINGS = {
@@ -109,9 +130,7 @@ def _spread(seconds: Sequence[float]) -> dict[str, float] | None:
 
 def cosine_baseline(embedder: Embedder, examples: Sequence[dspy.Example]) -> dict[str, Any]:
     """ROC AUC (bootstrap interval over questions) of the question/passage cosine similarity: no LM."""
-    q = np.asarray(embedder.encode([e.question for e in examples]))
-    d = np.asarray(embedder.encode([e.document for e in examples]))
-    scores = [float(x) for x in (q * d).sum(axis=1)]  # the vectors are normalised
+    scores = retrieval_similarities(embedder, examples)
     gold = [int(bool(e.relevant)) for e in examples]
     return {
         "roc_auc": roc_auc(scores, gold),
@@ -266,11 +285,10 @@ def train_and_score(
     started = time.perf_counter()
     evaluator, report = train_evaluator(fit, holdout, base=bundled_model_path(), config=config)
     seconds = time.perf_counter() - started
-    score = fit_linear_score(
-        [{"evaluator": x} for x in evaluator.logits([(q, p) for q, p, _ in holdout])],
-        [y for *_, y in holdout],
-    )
-    probabilities = [score({"evaluator": x}) for x in evaluator.logits([(q, p) for q, p, _ in val])]
+    held_logits = evaluator.logits([(q, p) for q, p, _ in holdout])
+    val_logits = evaluator.logits([(q, p) for q, p, _ in val])
+    score = fit_linear_score([{"evaluator": x} for x in held_logits], [y for *_, y in holdout])
+    probabilities = [score({"evaluator": x}) for x in val_logits]
     gold = [y for *_, y in val]
     return {
         "config": config.model_dump(),
@@ -281,6 +299,7 @@ def train_and_score(
         "best_epoch": report.best_epoch,
         "val": measured(probabilities, gold, [q for q, _, _ in val]),
         "_right": [(p >= 0.5) == bool(y) for p, y in zip(probabilities, gold)],
+        "_logits": {"holdout": held_logits, "val": val_logits},
     }
 
 
@@ -329,7 +348,7 @@ def training(args: Any, argv: Sequence[str] | None, domain: Any) -> dict[str, An
         "holdout_pairs": len(holdout),
         "speedup": round(previous["seconds"] / current["seconds"], 2),
         "accuracy_mcnemar_p": mcnemar_exact(current["_right"], previous["_right"]),
-        "runs": {name: {k: v for k, v in r.items() if k != "_right"} for name, r in runs.items()},
+        "runs": {name: public(r) for name, r in runs.items()},
     }
     print(
         f"current / previous: {results['speedup']}x faster; {args.split} accuracy McNemar p = "
@@ -349,8 +368,138 @@ def training(args: Any, argv: Sequence[str] | None, domain: Any) -> dict[str, An
     return results
 
 
+def public(run: dict[str, Any]) -> dict[str, Any]:
+    """A run's result without the per-pair working keys (``_right``, ``_logits``)."""
+    return {k: v for k, v in run.items() if not k.startswith("_")}
+
+
+# --- --distill: the LLM judge's labels as the evaluator's training data --------------------------------
+
+
+def train_questions(domain: Domain, excluded: set[str]) -> list[str]:
+    """The domain's train questions (QA, the relevance questions file, the relevance pairs), in order of
+    first appearance, none of ``excluded``."""
+    questions = [q.question for q in domain.qa if q.split == "train"]
+    extra = domain.root / "relevance_questions.jsonl"
+    if extra.exists():
+        questions += [q.question for q in load_jsonl(extra, QAPair) if q.split == "train"]
+    questions += [r.question for r in domain.relevance if r.split == "train"]
+    return [q for q in dict.fromkeys(questions) if q not in excluded]
+
+
+def unlabelled_combinations(
+    crag: CRAG, questions: Sequence[str], labelled: set[tuple[str, str]]
+) -> list[dspy.Example]:
+    """Each question's top-k retrieved passages that no relevance label covers, as grader examples."""
+    return [
+        as_example(question, passage.text)
+        for question in questions
+        for passage in crag.retriever.retrieve(question, crag.config.k)
+        if (question, passage.text) not in labelled
+    ]
+
+
+def as_example(question: str, document: str, relevant: bool = False) -> dspy.Example:
+    return dspy.Example(question=question, document=document, relevant=relevant).with_inputs(
+        "question", "document"
+    )
+
+
+def distillation(args: Any, argv: Sequence[str] | None, lm: dspy.BaseLM | None) -> dict[str, Any]:
+    """``--distill``: the evaluator trained on the compile's fit pairs alone and with the teacher's (the
+    program's calibrated LLM judge) hard labels on the unlabelled combinations of the train questions;
+    both, the teacher and the teacher fused with the distilled evaluator, measured on the split."""
+    document = harness.read_document(args.program)
+    settings = harness.settings_for(args, document)
+    lm = harness.lm_for(settings, args, lm)
+    crag, domain = harness.open_crag(settings, lm, document, args.program)
+    crag.grading.use("llm")  # the teacher, whatever grade source the program shipped
+    overrides = {"frozen_layers": args.frozen_layers, "max_epochs": args.max_epochs}
+    config = TrainingConfig(**{k: v for k, v in overrides.items() if v is not None})
+    val_examples = relevance_examples(domain.relevance, args.split)
+    val = evaluator_pairs(val_examples)
+    fit, holdout = compile_split(relevance_examples(domain.relevance, "train"), args.calibration_pairs)
+    # Neither a held-out (calibration) question nor a question with labels outside train is distilled.
+    excluded = {q for q, _, _ in holdout} | {r.question for r in domain.relevance if r.split != "train"}
+    questions = train_questions(domain, excluded)
+    combos = unlabelled_combinations(crag, questions, {(r.question, r.passage) for r in domain.relevance})
+    print(f"{domain.name}: {len(questions)} train questions, {len(combos)} unlabelled combinations")
+    held_examples = [as_example(q, d, bool(y)) for q, d, y in holdout]
+    started = time.perf_counter()
+    with dspy.context(lm=lm):
+        teacher = program_grades(crag, combos, crag.embedder, progress=args.progress)
+        llm_val = program_grades(crag, val_examples, crag.embedder, progress=args.progress)
+        llm_held = program_grades(crag, held_examples, crag.embedder, progress=args.progress)
+    label_seconds = time.perf_counter() - started
+    distilled = [(e.question, e.document, int(s >= 0.5)) for e, s in zip(combos, teacher) if s is not None]
+    print(
+        f"teacher labels: {len(distilled)} ({sum(y for *_, y in distilled)} relevant, "
+        f"{len(combos) - len(distilled)} failed) in {label_seconds:.0f} s"
+    )
+    runs = {
+        "base evaluator": train_and_score(fit, holdout, val, config),
+        "distilled evaluator": train_and_score(fit + distilled, holdout, val, config),
+    }
+    logits = runs["distilled evaluator"]["_logits"]
+    fused = fit_linear_score(
+        [
+            fused_signals(s, x, c)
+            for s, x, c in zip(
+                llm_held, logits["holdout"], retrieval_similarities(crag.embedder, held_examples)
+            )
+        ],
+        [y for *_, y in holdout],
+    )
+    fused_val = [
+        None if s is None else fused(fused_signals(s, x, c))
+        for s, x, c in zip(llm_val, logits["val"], retrieval_similarities(crag.embedder, val_examples))
+    ]
+    gold, questions_of = [y for *_, y in val], [q for q, _, _ in val]
+    candidates = {name: run["val"] for name, run in runs.items()} | {
+        "llm judge": measured(llm_val, gold, questions_of),
+        "fused (llm judge + distilled evaluator)": measured(fused_val, gold, questions_of),
+    }
+    right = {name: run["_right"] for name, run in runs.items()} | {
+        name: [s is not None and (s >= 0.5) == bool(y) for s, y in zip(scores, gold)]
+        for name, scores in (("llm judge", llm_val), ("fused (llm judge + distilled evaluator)", fused_val))
+    }
+    pairs = [
+        ("distilled evaluator", "base evaluator"),
+        ("distilled evaluator", "llm judge"),
+        ("fused (llm judge + distilled evaluator)", "llm judge"),
+    ]
+    tests = {f"{a} vs {b}": mcnemar_exact(right[a], right[b]) for a, b in pairs}
+    for name, r in candidates.items():
+        auc, acc = r["roc_auc_ci"], r["accuracy_ci"]
+        print(
+            f"{name:40} ROC AUC {r['roc_auc']:.3f} [{auc[0]:.3f}, {auc[1]:.3f}], "
+            f"accuracy {r['accuracy']:.1%} [{acc[0]:.1%}, {acc[1]:.1%}]"
+        )
+    for name, pval in tests.items():
+        print(f"exact McNemar p, {name}: {pval:.2g}")
+    results = {
+        "domain": domain.name,
+        "split": args.split,
+        "program": str(args.program),
+        "fit_pairs": len(fit),
+        "holdout_pairs": len(holdout),
+        "train_questions": len(questions),
+        "unlabelled_combinations": len(combos),
+        "distilled_pairs": len(distilled),
+        "distilled_relevant": sum(y for *_, y in distilled),
+        "label_seconds": round(label_seconds, 1),
+        "runs": {name: public(run) for name, run in runs.items()},
+        "candidates": candidates,
+        "mcnemar_p": tests,
+    }
+    harness.write_result(
+        harness.result_path(args, DISTILL_SCRIPT, domain.name), DISTILL_SCRIPT, argv, results, lm=lm
+    )
+    return results
+
+
 def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int:
-    p = harness.parser(__doc__, program=True, store=False)
+    p = harness.parser(__doc__, program=True, store=True)  # --distill retrieves
     p.add_argument("--split", default="val", help="relevance split (default val)")
     p.add_argument(
         "--judges", default="grader", help="comma-separated: grader, strip_filter (default grader)"
@@ -359,9 +508,21 @@ def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int
     t.add_argument("--training", action="store_true", help="measure the evaluator's training instead")
     t.add_argument("--calibration-pairs", type=int, default=64, help="as the compile's flag (default: 64)")
     t.add_argument("--timing-pairs", type=int, default=0, help="also time every epoch on this many pairs")
+    d = p.add_argument_group("--distill: the program's LLM judge labels unlabelled pairs for the evaluator")
+    d.add_argument("--distill", action="store_true", help="measure distillation instead (needs --program)")
+    d.add_argument("--frozen-layers", type=int, help="TrainingConfig.frozen_layers (default: the compile's)")
+    d.add_argument("--max-epochs", type=int, help="TrainingConfig.max_epochs (default: the compile's)")
+    d.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars")
     args = harness.parse(p, argv)
+    if args.training and args.distill:
+        p.error("--training and --distill are separate runs")
     if args.training:
         training(args, argv, harness.domain_of(harness.settings_for(args)))
+        return 0
+    if args.distill:
+        if args.program is None:
+            p.error("--distill needs --program: its LLM judge is the teacher")
+        distillation(args, argv, lm)
         return 0
     judges = [j.strip() for j in args.judges.split(",") if j.strip()]
     if not judges or set(judges) - set(JUDGES) or "grader" not in judges:

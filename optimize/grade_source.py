@@ -135,7 +135,7 @@ def trained_evaluator(
     return evaluator, {**info, "cached": False}
 
 
-def _similarities(embedder: Embedder, examples: Sequence[dspy.Example]) -> list[float]:
+def retrieval_similarities(embedder: Embedder, examples: Sequence[dspy.Example]) -> list[float]:
     """Cosine similarity of question and passage, as the retriever measures it (normalised MiniLM)."""
     vectors = embedder.encode([e.question for e in examples] + [e.document for e in examples])
     n = len(examples)
@@ -209,7 +209,7 @@ def choose_grade_source(
     logit_of = {(q, p): x for (q, p, _), x in zip(holdout, held_logits)}
     fit_rows, fit_labels, fused_score = [], [], None
     for example, llm_score, sim in zip(
-        llm.held_out, llm.held_out_scores, _similarities(embedder, llm.held_out)
+        llm.held_out, llm.held_out_scores, retrieval_similarities(embedder, llm.held_out)
     ):
         if llm_score is not None:
             fit_rows.append(fused_signals(llm_score, logit_of[(example.question, example.document)], sim))
@@ -221,7 +221,7 @@ def choose_grade_source(
     if fused_score is not None:
         fused = [
             None if llm_score is None else fused_score(fused_signals(llm_score, logit, sim))
-            for llm_score, logit, sim in zip(llm.val, val_logits, _similarities(embedder, val))
+            for llm_score, logit, sim in zip(llm.val, val_logits, retrieval_similarities(embedder, val))
         ]
         candidates["fused"] = measured(fused, gold, questions)
     report["maps"] = {
@@ -261,7 +261,7 @@ def program_grades(
         else [None] * len(val)
     )
     logits = grading.evaluator_logits_for([(e.question, e.document) for e in val])
-    similarities = _similarities(embedder, val) if grading.mode == "fused" else [0.0] * len(val)
+    similarities = retrieval_similarities(embedder, val) if grading.mode == "fused" else [0.0] * len(val)
     return [
         grading.combine(
             j.score if j else None,

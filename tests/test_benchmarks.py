@@ -683,3 +683,59 @@ def test_grader_quality_training_compares_both_settings_on_the_compiles_split(
     assert results["speedup"] > 0 and 0 <= results["accuracy_mcnemar_p"] <= 1
     assert results["timing"]["pairs"] == 12 and results["timing"]["epochs_run"] == 2  # every epoch
     assert "current / previous" in capsys.readouterr().out
+
+
+def test_grader_quality_distill_trains_with_the_teachers_labels_on_unlabelled_combinations(
+    tmp_path, tiny_encoder, monkeypatch, capsys
+):
+    gq = load("grader_quality")
+    monkeypatch.setattr(gq, "bundled_model_path", lambda: tiny_encoder)
+    root = make_domain(tmp_path / "tiny")
+    lm = ScriptedLM(tiny_script)
+    crag = CRAG(ListRetriever([]), ListWebSearch(), lm=lm)
+    path = save_program(crag, tmp_path / "program.json", {"domain": "tiny"})
+    out = tmp_path / "distill.json"
+    argv = ["--distill", "--program", str(path), "--domain-dir", str(root), "--chroma-path", str(tmp_path / "c")]
+    argv += ["--calibration-pairs", "2", "--max-epochs", "1", "--no-progress", "--out", str(out)]
+    assert gq.main(argv, lm=lm) == 0
+    results = json.loads(out.read_text())["results"]
+    tiny = load_domain(root)
+    from optimize.datasets import relevance_examples
+
+    _, holdout = gq.compile_split(relevance_examples(tiny.relevance, "train"), 2)
+    excluded = {q for q, *_ in holdout} | {r.question for r in tiny.relevance if r.split != "train"}
+    questions = gq.train_questions(tiny, excluded)
+    assert questions and not set(questions) & excluded
+    # The program's k passages per question, minus the labelled ones; the scripted teacher never fails.
+    assert results["train_questions"] == len(questions)
+    assert 0 < results["unlabelled_combinations"] <= crag.config.k * len(questions)
+    assert results["distilled_pairs"] == results["unlabelled_combinations"]
+    assert 0 < results["distilled_relevant"] < results["distilled_pairs"]
+    base, distilled = results["runs"]["base evaluator"], results["runs"]["distilled evaluator"]
+    assert (base["config"]["max_epochs"], len(base["epochs"])) == (1, 1)
+    assert {"_right", "_logits"}.isdisjoint(base) and {"_right", "_logits"}.isdisjoint(distilled)
+    n = sum(r.split == "val" for r in tiny.relevance)
+    assert {c["n"] for c in results["candidates"].values()} == {n}
+    assert results["candidates"]["llm judge"]["accuracy"] == 1.0  # the scripted judge is always right
+    assert set(results["mcnemar_p"]) == {
+        "distilled evaluator vs base evaluator",
+        "distilled evaluator vs llm judge",
+        "fused (llm judge + distilled evaluator) vs llm judge",
+    }
+    assert all(0 <= p <= 1 for p in results["mcnemar_p"].values())
+    assert "teacher labels" in capsys.readouterr().out
+
+
+def test_distilled_combinations_are_the_top_k_no_label_covers():
+    gq = load("grader_quality")
+    retriever = ListRetriever([("a", "labelled"), ("b", "new"), ("c", "beyond k")])
+    crag = CRAG(retriever, ListWebSearch(), CRAGConfig(k=2), lm=ScriptedLM(tiny_script))
+    combos = gq.unlabelled_combinations(crag, ["q1", "q2"], {("q1", "labelled")})
+    assert [(e.question, e.document) for e in combos] == [("q1", "new"), ("q2", "labelled"), ("q2", "new")]
+    assert set(combos[0].inputs().keys()) == {"question", "document"}
+
+
+def test_grader_quality_distill_needs_a_program(capsys):
+    with pytest.raises(SystemExit):
+        load("grader_quality").main(["--distill"])
+    assert "--distill needs --program" in capsys.readouterr().err

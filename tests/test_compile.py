@@ -113,7 +113,7 @@ def compiled(tmp_path_factory):
 
 
 def test_compile_writes_program_report_and_plot(compiled):
-    report, out, lm, _ = compiled
+    report, out, _lm, _ = compiled
     program = json.loads(out.read_text())
     assert program["metadata"]["format"] == "crag-dspy-program" and program["metadata"]["domain"] == "tiny"
     assert set(program["metadata"]["dataset_hashes"]) >= {"corpus.jsonl", "qa.jsonl", "relevance.jsonl"}

@@ -218,7 +218,7 @@ def test_long_documents_are_decomposed_and_filtered():
 
 def test_web_failure_degrades_to_internal_knowledge_and_says_so():
     web = ListWebSearch(error=WebSearchError("Tavily search failed: TimeoutError"))
-    pred, lm = run([("kb-1", BAD)], make_script({}, {}, answer="I don't know"), web=web)
+    pred, _ = run([("kb-1", BAD)], make_script({}, {}, answer="I don't know"), web=web)
     assert pred.action == Action.INCORRECT.value
     assert any("web search failed" in f for f in pred.trace.fallbacks)
     assert any("answered from internal knowledge" in f for f in pred.trace.fallbacks)

@@ -97,7 +97,7 @@ def test_format_context_tags_sources_internal_first():
 
 def test_chunk_text_respects_paragraphs_and_limits():
     para = " ".join(["word"] * 50) + "."
-    text = "\n\n".join([para, para, "Short one."])
+    text = f"{para}\n\n{para}\n\nShort one."
     chunks = chunk_text(text, 60)
     assert len(chunks) == 2 and chunks[1].endswith("Short one.")  # the short tail merges into its neighbour
     long_para = " ".join(f"Sentence {i} has five words." for i in range(40))
