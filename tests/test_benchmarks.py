@@ -696,7 +696,15 @@ def test_grader_quality_distill_trains_with_the_teachers_labels_on_unlabelled_co
     path = save_program(crag, tmp_path / "program.json", {"domain": "tiny"})
     out = tmp_path / "distill.json"
     argv = ["--distill", "--program", str(path), "--domain-dir", str(root), "--out", str(out)]
-    argv += ["--chroma-path", str(tmp_path / "c"), "--calibration-pairs", "2", "--max-epochs", "1", "--no-progress"]
+    argv += [
+        "--chroma-path",
+        str(tmp_path / "c"),
+        "--calibration-pairs",
+        "2",
+        "--max-epochs",
+        "1",
+        "--no-progress",
+    ]
     assert gq.main(argv, lm=lm) == 0
     results = json.loads(out.read_text())["results"]
     tiny = load_domain(root)
