@@ -57,6 +57,7 @@ from typing import Any
 
 import dspy
 import harness
+from pydantic import ValidationError
 from tqdm.auto import tqdm
 
 from crag_dspy import CRAG
@@ -405,7 +406,9 @@ def as_example(question: str, document: str, relevant: bool = False) -> dspy.Exa
     )
 
 
-def distillation(args: Any, argv: Sequence[str] | None, lm: dspy.BaseLM | None) -> dict[str, Any]:
+def distillation(
+    args: Any, argv: Sequence[str] | None, lm: dspy.BaseLM | None, config: TrainingConfig
+) -> dict[str, Any]:
     """``--distill``: the evaluator trained on the compile's fit pairs alone and with the teacher's (the
     program's calibrated LLM judge) hard labels on the unlabelled combinations of the train questions;
     both, the teacher and the teacher fused with the distilled evaluator, measured on the split."""
@@ -414,8 +417,6 @@ def distillation(args: Any, argv: Sequence[str] | None, lm: dspy.BaseLM | None) 
     lm = harness.lm_for(settings, args, lm)
     crag, domain = harness.open_crag(settings, lm, document, args.program)
     crag.grading.use("llm")  # the teacher, whatever grade source the program shipped
-    overrides = {"frozen_layers": args.frozen_layers, "max_epochs": args.max_epochs}
-    config = TrainingConfig(**{k: v for k, v in overrides.items() if v is not None})
     val_examples = relevance_examples(domain.relevance, args.split)
     val = evaluator_pairs(val_examples)
     fit, holdout = compile_split(relevance_examples(domain.relevance, "train"), args.calibration_pairs)
@@ -522,7 +523,16 @@ def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int
     if args.distill:
         if args.program is None:
             p.error("--distill needs --program: its LLM judge is the teacher")
-        distillation(args, argv, lm)
+        overrides = {"frozen_layers": args.frozen_layers, "max_epochs": args.max_epochs}
+        try:  # before the LM starts and the store opens
+            config = TrainingConfig(**{k: v for k, v in overrides.items() if v is not None})
+        except ValidationError as exc:
+            p.error(
+                "; ".join(
+                    f"--{'-'.join(map(str, e['loc'])).replace('_', '-')}: {e['msg']}" for e in exc.errors()
+                )
+            )
+        distillation(args, argv, lm, config)
         return 0
     judges = [j.strip() for j in args.judges.split(",") if j.strip()]
     if not judges or set(judges) - set(JUDGES) or "grader" not in judges:

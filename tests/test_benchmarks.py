@@ -743,7 +743,12 @@ def test_distilled_combinations_are_the_top_k_no_label_covers():
     assert set(combos[0].inputs().keys()) == {"question", "document"}
 
 
-def test_grader_quality_distill_needs_a_program(capsys):
+def test_grader_quality_distill_needs_a_program_and_a_valid_training(capsys):
+    gq = load("grader_quality")
     with pytest.raises(SystemExit):
-        load("grader_quality").main(["--distill"])
+        gq.main(["--distill"])
     assert "--distill needs --program" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # refused before any LM or store is opened (the program is never read)
+        gq.main(["--distill", "--program", "missing.json", "--frozen-layers", "-1", "--max-epochs", "0"])
+    err = capsys.readouterr().err
+    assert "--frozen-layers: Input should be greater than or equal to 0" in err and "--max-epochs" in err
