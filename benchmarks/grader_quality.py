@@ -62,11 +62,17 @@ from tqdm.auto import tqdm
 
 from crag_dspy import CRAG
 from crag_dspy.config import CRAGConfig
-from crag_dspy.domain import Domain, QAPair, load_jsonl
+from crag_dspy.domain import Domain
 from crag_dspy.embeddings import Embedder, bundled_model_path
 from crag_dspy.judges.evaluator import TrainingConfig, native_bf16, train_evaluator
 from crag_dspy.judges.fusion import fit_linear_score, fused_signals
-from optimize.datasets import answers_by_question, interleave_balanced, relevance_examples, strip_examples
+from optimize.datasets import (
+    answers_by_question,
+    domain_questions,
+    interleave_balanced,
+    relevance_examples,
+    strip_examples,
+)
 from optimize.grade_source import (
     evaluator_pairs,
     evaluator_split,
@@ -127,6 +133,11 @@ def _spread(seconds: Sequence[float]) -> dict[str, float] | None:
     if not seconds:
         return None
     return {"median": statistics.median(seconds), "max": max(seconds), "n": len(seconds)}
+
+
+def right_at_half(scores: Sequence[float | None], gold: Sequence[int]) -> list[bool]:
+    """Per pair, whether the score read at 0.5 gives the gold label (a missing score is wrong)."""
+    return [s is not None and (s >= 0.5) == bool(y) for s, y in zip(scores, gold, strict=True)]
 
 
 def cosine_baseline(embedder: Embedder, examples: Sequence[dspy.Example]) -> dict[str, Any]:
@@ -210,7 +221,7 @@ def measure(
                 else:
                     scores = judge_scores(crag.strip_filter, exs, desc=f"{judge} ({name})", progress=progress)
             results.setdefault(judge, {})[name] = measured(scores, gold, [e.question for e in exs]) | timing
-            right[name] = [s is not None and (s >= 0.5) == bool(g) for s, g in zip(scores, gold, strict=True)]
+            right[name] = right_at_half(scores, gold)
         if "compiled" in right:  # paired: the same examples judged by both
             results[judge]["compiled"]["mcnemar_p"] = mcnemar_exact(right["compiled"], right["uncompiled"])
     return results
@@ -299,7 +310,7 @@ def train_and_score(
         "epochs": report.epochs,
         "best_epoch": report.best_epoch,
         "val": measured(probabilities, gold, [q for q, _, _ in val]),
-        "_right": [(p >= 0.5) == bool(y) for p, y in zip(probabilities, gold)],
+        "_right": right_at_half(probabilities, gold),
         "_logits": {"holdout": held_logits, "val": val_logits},
     }
 
@@ -380,10 +391,7 @@ def public(run: dict[str, Any]) -> dict[str, Any]:
 def train_questions(domain: Domain, excluded: set[str]) -> list[str]:
     """The domain's train questions (QA, the relevance questions file, the relevance pairs), in order of
     first appearance, none of ``excluded``."""
-    questions = [q.question for q in domain.qa if q.split == "train"]
-    extra = domain.root / "relevance_questions.jsonl"
-    if extra.exists():
-        questions += [q.question for q in load_jsonl(extra, QAPair) if q.split == "train"]
+    questions = [q.question for q in domain_questions(domain) if q.split == "train"]
     questions += [r.question for r in domain.relevance if r.split == "train"]
     return [q for q in dict.fromkeys(questions) if q not in excluded]
 
@@ -461,7 +469,7 @@ def distillation(
         "fused (llm judge + distilled evaluator)": measured(fused_val, gold, questions_of),
     }
     right = {name: run["_right"] for name, run in runs.items()} | {
-        name: [s is not None and (s >= 0.5) == bool(y) for s, y in zip(scores, gold)]
+        name: right_at_half(scores, gold)
         for name, scores in (("llm judge", llm_val), ("fused (llm judge + distilled evaluator)", fused_val))
     }
     pairs = [

@@ -54,13 +54,18 @@ def relevance_examples(pairs: Sequence[RelevancePair], split: str) -> list[dspy.
     ]
 
 
-def answers_by_question(domain: Domain) -> dict[str, list[str]]:
-    """Gold aliases for every question text known to the domain (qa.jsonl and relevance_questions.jsonl)."""
+def domain_questions(domain: Domain) -> list[QAPair]:
+    """Every question record of the domain: qa.jsonl's, then relevance_questions.jsonl's when it exists."""
     questions: list[QAPair] = list(domain.qa)
     extra = domain.root / "relevance_questions.jsonl"
     if extra.is_file():
         questions.extend(load_jsonl(extra, QAPair))
-    return {q.question: q.answers for q in questions if q.kind != "none"}
+    return questions
+
+
+def answers_by_question(domain: Domain) -> dict[str, list[str]]:
+    """Gold aliases for every question text known to the domain (:func:`domain_questions`)."""
+    return {q.question: q.answers for q in domain_questions(domain) if q.kind != "none"}
 
 
 def strip_examples(domain: Domain, split: str, sentences_per_strip: int) -> list[dspy.Example]:
