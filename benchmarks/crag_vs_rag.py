@@ -1,6 +1,7 @@
 """CRAG vs plain RAG on the same questions, model and machine, in one run: accuracy (Wilson 95% intervals,
-exact McNemar p), wall time, LM calls and prompt tokens per question with their ratios, where CRAG's
-time goes (by stage and by action), and a check that no identical LM request repeats within a question.
+exact McNemar p), wall time, LM calls and prompt tokens per question with their ratios (paired bootstrap
+95% intervals over questions), where CRAG's time goes (by stage and by action), and a check that no
+identical LM request repeats within a question.
 
     python benchmarks/crag_vs_rag.py --program runs/default/program.json --limit 24
     python benchmarks/crag_vs_rag.py --program runs/popqa/program.json --domain-dir ../shared/data/popqa-dev
@@ -47,7 +48,7 @@ from crag_dspy.domain import QAPair
 from crag_dspy.lm import OpenAIServer
 from crag_dspy.trace import usage_from_tracker
 from optimize.datasets import qa_split
-from optimize.metrics import answer_matches, mcnemar_exact
+from optimize.metrics import answer_matches, bootstrap_ratio_interval, mcnemar_exact
 from optimize.parallel import map_questions
 
 SCRIPT = "crag_vs_rag"
@@ -162,7 +163,10 @@ def summarize(rows: dict[str, list[dict[str, Any]]], stages: dict[str, float]) -
     summary: dict[str, Any] = {}
     for key in ("seconds", *USAGE):
         r, c = (statistics.fmean(row[key] for row in rows[name]) for name in ("rag", "crag"))
-        summary[key] = {"rag": r, "crag": c, "ratio": c / r if r else None}
+        interval = bootstrap_ratio_interval(
+            [row[key] for row in rows["crag"]], [row[key] for row in rows["rag"]]
+        )
+        summary[key] = {"rag": r, "crag": c, "ratio": c / r if r else None, "ratio_ci": interval}
     right = {name: [bool(row["correct"]) for row in rows[name]] for name in ("rag", "crag")}
     for name in ("rag", "crag"):
         summary[f"{name}_accuracy"] = harness.rate(sum(right[name]), len(right[name]))
@@ -196,7 +200,9 @@ def report(results: dict[str, Any]) -> None:
     print(f"{'per question':<22} {'plain RAG':>10} {'CRAG':>10} {'ratio':>7}")
     for key in ("seconds", *USAGE):
         r, c, ratio = s[key]["rag"], s[key]["crag"], s[key]["ratio"]
-        print(f"{key:<22} {r:10.1f} {c:10.1f} {ratio if ratio is not None else float('nan'):7.2f}x")
+        ci = s[key].get("ratio_ci")
+        interval = f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else ""
+        print(f"{key:<22} {r:10.1f} {c:10.1f} {ratio if ratio is not None else float('nan'):7.2f}x{interval}")
     print(
         f"accuracy: plain RAG {harness.fmt_rate(s['rag_accuracy'])}, CRAG {harness.fmt_rate(s['crag_accuracy'])}"
     )

@@ -31,12 +31,12 @@ from typing import Any
 import dspy
 
 from crag_dspy import CRAG, Domain, Settings, load_domain
-from crag_dspy.app import assemble, program_settings
+from crag_dspy.app import assemble, program_settings, resolve_program
 from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args
 from crag_dspy.config import CRAGConfig
 from crag_dspy.embeddings import Embedder
 from crag_dspy.lm import Completion, TokenLogprob, build_lm
-from crag_dspy.program import apply_program, check_domain, read_program
+from crag_dspy.program import ProgramError, apply_program, check_domain, read_program
 from crag_dspy.redaction import configure_logging
 from optimize.metrics import wilson_interval
 
@@ -83,7 +83,10 @@ def parser(
         )
     if program:
         p.add_argument(
-            "--program", type=Path, help="a compiled program JSON (default: the uncompiled default program)"
+            "--program",
+            type=Path,
+            help="a compiled program JSON, or a bundled domain's name for the program it ships "
+            "(default: the uncompiled default program)",
         )
     p.add_argument(
         "--out", type=Path, help="the result file (default: benchmarks/results/<script>[_<domain>].json)"
@@ -92,9 +95,19 @@ def parser(
 
 
 def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """``p``'s arguments, with the CLIs' logging (INFO under ``--verbose``, API keys redacted)."""
+    """``p``'s arguments, with the CLIs' logging (INFO under ``--verbose``, API keys redacted).
+
+    ``--program`` takes a bundled domain's name as the CLI does (``--program default``: the program
+    that domain ships), and a program file that cannot be used is refused here, as a usage error
+    naming the file, before any model or store starts."""
     args = p.parse_args(argv)
     configure_logging(getattr(args, "verbose", False))
+    if isinstance(getattr(args, "program", None), Path):
+        try:
+            args.program = resolve_program(args.program)
+            read_program(args.program)
+        except ProgramError as exc:
+            p.error(f"--program: {exc}")
     return args
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "beats_beyond_noise",
     "binary_report",
     "bootstrap_auc_interval",
+    "bootstrap_ratio_interval",
     "contains_answer",
     "is_answerable",
     "mcnemar_exact",
@@ -165,6 +166,43 @@ def bootstrap_auc_interval(
             aucs.append(roc_auc_score(y[idx], s[idx]))
     alpha = (1 - confidence) / 2
     return float(np.quantile(aucs, alpha)), float(np.quantile(aucs, 1 - alpha))
+
+
+def bootstrap_ratio_interval(
+    numerator: Sequence[float],
+    denominator: Sequence[float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """A paired percentile bootstrap interval (scipy's) of ``mean(numerator) / mean(denominator)``, the
+    two measured on the same items (e.g. CRAG's and plain RAG's seconds per question): items are
+    resampled whole, so what varies from question to question varies in both. None for fewer than two
+    items; the ratio itself when every item gives the same one."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    top = np.asarray(numerator, dtype=float)
+    bottom = np.asarray(denominator, dtype=float)
+    if top.shape != bottom.shape:
+        raise ValueError(f"paired values differ in length: {top.size} and {bottom.size}")
+    if top.size < 2 or bottom.sum() <= 0:
+        return None
+    if np.allclose(top * bottom.sum(), bottom * top.sum()):  # one ratio throughout: nothing to resample
+        ratio = float(top.sum() / bottom.sum())
+        return ratio, ratio
+    result = bootstrap(
+        (top, bottom),
+        lambda a, b, axis=-1: np.mean(a, axis=axis) / np.mean(b, axis=axis),
+        paired=True,
+        vectorized=True,
+        n_resamples=resamples,
+        confidence_level=confidence,
+        method="percentile",
+        random_state=np.random.default_rng(seed),
+    )
+    return float(result.confidence_interval.low), float(result.confidence_interval.high)
 
 
 def mcnemar_exact(first: Sequence[bool], second: Sequence[bool]) -> float:

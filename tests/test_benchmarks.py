@@ -87,6 +87,23 @@ def test_a_program_brings_its_domain_unless_a_flag_names_one(tmp_path):
     assert harness.settings_for(args).resolved_domain_dir == Settings().resolved_domain_dir
 
 
+def test_program_flag_takes_a_bundled_name_and_refuses_a_bad_file_as_a_usage_error(tmp_path, capsys):
+    harness = load("harness")
+    p = harness.parser("doc", program=True)
+    shipped = harness.parse(p, ["--program", "default"]).program
+    assert shipped == BENCHMARKS.parent / "data" / "default" / "program.json"
+    (tmp_path / "broken.json").write_text("{not json")
+    for program, reason in (
+        (tmp_path / "missing.json", "cannot read program"),
+        (tmp_path / "broken.json", ""),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            harness.parse(p, ["--program", str(program)])
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and f"error: --program: {program}" in err and reason in err
+        assert "Traceback" not in err
+
+
 def test_the_result_file_says_where_when_how_and_with_which_lm(tmp_path):
     harness = load("harness")
     args = harness.parser("doc").parse_args(["--out", str(tmp_path / "r.json")])
@@ -153,7 +170,11 @@ def test_crag_vs_rag_summary_ratios_accuracies_and_actions():
         [(2.0, 4, True, "CORRECT"), (1.0, 3, True, "CORRECT"), (3.0, 8, True, "INCORRECT")],
     )
     summary = bench.summarize(r, {"grade": 2.0, "answer": 4.0})
-    assert summary["seconds"] == pytest.approx({"rag": 4 / 3, "crag": 2.0, "ratio": 1.5})
+    seconds = summary["seconds"]
+    assert (seconds["rag"], seconds["crag"], seconds["ratio"]) == pytest.approx((4 / 3, 2.0, 1.5))
+    low, high = seconds["ratio_ci"]  # paired bootstrap over the three questions
+    assert 1.0 <= low < 1.5 < high <= 2.0
+    assert summary["prompt_tokens"]["ratio_ci"] == (1.0, 1.0)  # every question the same: nothing varies
     assert summary["calls"]["ratio"] == 5.0
     assert summary["rag_accuracy"]["k"] == 1 and summary["crag_accuracy"]["k"] == 3
     assert summary["mcnemar_p"] == 0.5  # two questions right only by CRAG: 2 of 2, two-sided
@@ -748,7 +769,7 @@ def test_grader_quality_distill_needs_a_program_and_a_valid_training(capsys):
     with pytest.raises(SystemExit):
         gq.main(["--distill"])
     assert "--distill needs --program" in capsys.readouterr().err
-    with pytest.raises(SystemExit):  # refused before any LM or store is opened (the program is never read)
-        gq.main(["--distill", "--program", "missing.json", "--frozen-layers", "-1", "--max-epochs", "0"])
+    with pytest.raises(SystemExit):  # refused before any LM or store is opened
+        gq.main(["--distill", "--program", "default", "--frozen-layers", "-1", "--max-epochs", "0"])
     err = capsys.readouterr().err
     assert "--frozen-layers: Input should be greater than or equal to 0" in err and "--max-epochs" in err

@@ -187,6 +187,22 @@ def test_bootstrap_auc_interval_resamples_questions():
     assert bootstrap_auc_interval([0.1, None], [1, 0], ["a", "b"]) is None
 
 
+def test_bootstrap_ratio_interval_resamples_pairs():
+    from optimize.metrics import bootstrap_ratio_interval
+
+    # Two items: a resample holds the first twice (ratio 1), the second twice (3) or one of each (2).
+    assert bootstrap_ratio_interval([1.0, 3.0], [1.0, 1.0]) == pytest.approx((1.0, 3.0))
+    # Paired: a slow question is slow for both systems, so the ratio stays near 1 although the
+    # questions' times differ tenfold (resampled unpaired, the ratio would range from ~0.2 to ~5).
+    low, high = bootstrap_ratio_interval([10.5, 1.0, 5.0, 2.1], [10.0, 1.05, 5.2, 2.0])
+    assert 0.95 < low < 1.0 < high < 1.06
+    assert bootstrap_ratio_interval([2.0, 4.0, 6.0], [1.0, 2.0, 3.0]) == (2.0, 2.0)
+    assert bootstrap_ratio_interval([1.0], [1.0]) is None
+    assert bootstrap_ratio_interval([1.0, 2.0], [0.0, 0.0]) is None
+    with pytest.raises(ValueError, match="differ in length"):
+        bootstrap_ratio_interval([1.0, 2.0], [1.0])
+
+
 def test_a_gain_ships_only_beyond_noise():
     from optimize.metrics import beats_beyond_noise
 
