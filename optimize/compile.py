@@ -44,7 +44,7 @@ from .grade_source import GRADER_CHOICES
 from .measure import evaluate_program
 from .optimizer import STAGES, CRAGOptimizer, StageClock
 from .parallel import check_num_threads
-from .report import write_report
+from .report import check_writable, write_report
 from .teleprompters import OPTIMIZERS
 
 __all__ = ["compile_program", "domain_examples", "main"]
@@ -87,11 +87,12 @@ def compile_program(
         raise DomainDataError(guidance(domain.root, missing))
     if warning := synthetic_grader_warning(domain, stages):
         log.warning(warning)
+    out = out or Path("runs") / domain.name / "program.json"
+    check_writable(out, "the program")  # an hour of LM work must not end where it cannot be saved
+    out.parent.mkdir(parents=True, exist_ok=True)  # the threshold study's journal goes beside it
     lm = lm or build_lm(settings)
     crag, backends = assemble(settings, lm, progress, domain=domain)
     ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed
-    out = out or Path("runs") / domain.name / "program.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
         "domain": domain.name,
         "lm": getattr(lm, "model", lm_identity(settings)),

@@ -15,15 +15,26 @@ from typing import Any
 
 from dspy.utils.saving import get_dependency_versions
 
-from crag_dspy.program import PROGRAM_FORMAT, PROGRAM_FORMAT_VERSION, read_program
+from crag_dspy.program import PROGRAM_FORMAT, PROGRAM_FORMAT_VERSION, ProgramError, read_program
 
 __all__ = ["convert", "main"]
+
+_FORMAT_6_KEYS = ("state", "config", "metadata", "dspy_version", "crag_dspy_version", "created")
 
 
 def convert(document: dict[str, Any]) -> dict[str, Any]:
     """A format-6 program document (state, config and metadata in an envelope) as format 7."""
-    if document.get("format") != PROGRAM_FORMAT or document.get("format_version") != 6:
+    if (
+        not isinstance(document, dict)
+        or document.get("format") != PROGRAM_FORMAT
+        or document.get("format_version") != 6
+    ):
         raise ValueError("not a format-6 crag-dspy program")
+    missing = [key for key in _FORMAT_6_KEYS if key not in document]
+    if missing:
+        raise ValueError(f"a format-6 program needs {', '.join(missing)}")
+    if not all(isinstance(document[key], dict) for key in ("state", "config", "metadata")):
+        raise ValueError("a format-6 program's state, config and metadata are objects")
     versions = {**get_dependency_versions(), "dspy": document["dspy_version"]}
     return {
         **document["state"],
@@ -47,10 +58,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("new", type=Path, nargs="?", help="where to write it (default: in place)")
     args = parser.parse_args(argv)
     new = args.new or args.old
-    converted = convert(json.loads(args.old.read_text(encoding="utf-8")))
+    try:
+        old = json.loads(args.old.read_text(encoding="utf-8"))
+    except OSError as exc:
+        parser.error(f"{args.old}: cannot read program ({exc.strerror})")
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        parser.error(f"{args.old}: corrupt or truncated program JSON ({exc or type(exc).__name__})")
+    try:
+        converted = convert(old)
+    except ValueError as exc:
+        parser.error(f"{args.old}: cannot convert: {exc}")
     new.parent.mkdir(parents=True, exist_ok=True)
-    new.write_text(json.dumps(converted, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    read_program(new)  # the converted file must be one this crag-dspy reads
+    # Written beside NEW and checked there first: a conversion this crag-dspy cannot read must not
+    # replace a file, least of all the old program when converting in place.
+    tmp = new.with_name(new.name + ".converting")
+    tmp.write_text(json.dumps(converted, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    try:
+        read_program(tmp)
+    except ProgramError as exc:
+        tmp.unlink()
+        parser.error(f"{args.old}: the converted program would not load: {str(exc).split(': ', 1)[-1]}")
+    tmp.replace(new)
     print(f"{args.old} -> {new} (format {PROGRAM_FORMAT_VERSION})")
     return 0
 

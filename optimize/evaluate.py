@@ -39,7 +39,7 @@ from .datasets import qa_split, relevance_examples
 from .grade_source import program_grades
 from .metrics import answer_matches, binary_report, contains_answer, is_answerable, wilson_interval
 from .parallel import check_num_threads, map_questions
-from .report import plot_accuracy_bars, write_evaluation_report
+from .report import check_writable, plot_accuracy_bars, write_evaluation_report
 from .shared_work import Cost, CRAGPieces, SharedWork, state_key
 from .variants import ROW_SETS, Outcome, Variant, run_variant, table_variants
 
@@ -260,6 +260,8 @@ def evaluate_domain(
     document = read_program(program, domain=domain.name) if program else None
     if document:
         check_dataset(document, domain.file_hashes(), program, force=force)
+    out = out or Path("runs") / "eval" / f"{domain.name}-{split}"
+    check_writable(out.with_suffix(".md"), "the report")
     started = time.perf_counter()
     lm = lm or build_lm(settings, cache=cache)
     default_crag, backends = assemble(settings, lm, progress, domain=domain)
@@ -328,7 +330,6 @@ def evaluate_domain(
         },
         "rows": rows,
     }
-    out = out or Path("runs") / "eval" / f"{domain.name}-{split}"
     out.parent.mkdir(parents=True, exist_ok=True)
     report["plot"] = str(plot_accuracy_bars(table, out.with_suffix(".png"), f"{domain.name} / {split}"))
     report["files"] = [str(p) for p in write_evaluation_report(report, out)] + [report["plot"]]

@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
 from crag_dspy.chunking import chunk_document
+from crag_dspy.cli import user_error_types
 from crag_dspy.domain import CorpusDoc, Domain, QAPair, load_domain, load_jsonl
 from crag_dspy.embeddings import Embedder
 
@@ -100,12 +102,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", type=Path, help="default: <domain-dir>/relevance.jsonl")
     args = parser.parse_args(argv)
-    domain = load_domain(args.domain_dir)
-    # Synthetic questions already have their pairs (optimize.synthesize), which a rewrite must keep.
-    questions = [q for q in domain.qa if q.source != "synthetic"]
-    for path in args.questions:
-        questions.extend(load_jsonl(path, QAPair))
-    pairs = build_relevance_pairs(domain, questions, Embedder())
+    try:
+        domain = load_domain(args.domain_dir)
+        # Synthetic questions already have their pairs (optimize.synthesize), which a rewrite must keep.
+        questions = [q for q in domain.qa if q.source != "synthetic"]
+        for path in args.questions:
+            questions.extend(load_jsonl(path, QAPair))
+        pairs = build_relevance_pairs(domain, questions, Embedder())
+    except user_error_types() as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     out = args.out or args.domain_dir / "relevance.jsonl"
     # Rewriting the domain's own file keeps its synthetic pairs; another --out gets the derived ones only.
     own_file = out == args.domain_dir / "relevance.jsonl"
@@ -115,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         else []
     )
     lines = [*pairs, *kept]
-    out.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in lines), encoding="utf-8")
+    # Written whole, then moved over the old file: a failed write must not leave a domain half-labelled.
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text("".join(json.dumps(p, ensure_ascii=False) + "\n" for p in lines), encoding="utf-8")
+    tmp.replace(out)
     if kept:
         print(f"kept {len(kept)} synthetic pairs (optimize.synthesize) after the derived ones")
     counts = {

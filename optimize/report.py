@@ -5,13 +5,41 @@ from __future__ import annotations
 
 import json
 import math
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .metrics import mcnemar_exact, wilson_interval
 
-__all__ = ["plot_accuracy_bars", "plot_landscape", "write_evaluation_report", "write_report"]
+__all__ = [
+    "OutputPathError",
+    "check_writable",
+    "plot_accuracy_bars",
+    "plot_landscape",
+    "write_evaluation_report",
+    "write_report",
+]
+
+
+class OutputPathError(ValueError):
+    """An output path where nothing can be written (a folder, a path under a file, no permission)."""
+
+
+def check_writable(path: Path, what: str) -> None:
+    """Check that ``what`` (e.g. "the program") can be written at ``path``: a long run checks where
+    its results go before any work starts. Nothing is created: the nearest existing folder on the
+    way takes a probe file, removed at once (permissions alone can mislead, e.g. for root)."""
+    if path.is_dir():
+        raise OutputPathError(f"{path}: is a folder; --out names the file {what} is written to")
+    existing = next(p for p in path.absolute().parents if p.exists())
+    if not existing.is_dir():
+        raise OutputPathError(f"{path}: cannot write {what} there ({existing} is a file, not a folder)")
+    try:
+        with tempfile.NamedTemporaryFile(dir=existing, prefix=f".{path.name}.", suffix=".check"):
+            pass
+    except OSError as exc:
+        raise OutputPathError(f"{path}: cannot write {what} there ({exc.strerror or exc})") from None
 
 
 def _pyplot():

@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -586,3 +587,30 @@ def test_a_documents_only_domain_is_refused_before_any_lm_call_with_guidance(tmp
     assert f"python -m optimize.synthesize --domain-dir {domain}" in err  # the command that makes it
     assert "python -m optimize.relevance_pairs" in err and "Traceback" not in err
     assert not (tmp_path / "chroma").exists()  # nothing opened, nothing asked
+
+
+def test_an_out_path_that_cannot_be_written_is_refused_before_the_lm_starts(tmp_path, capsys, monkeypatch):
+    root = make_domain(tmp_path / "tiny")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the compile built its LM")
+
+    monkeypatch.setattr("optimize.compile.build_lm", refuse)
+    argv = ["--domain-dir", str(root), "--chroma-path", str(tmp_path / "chroma"), *NO_LM]
+    (tmp_path / "a-file").write_text("")
+    cases = [
+        (tmp_path, "is a folder; --out names the file the program is written to"),
+        (
+            tmp_path / "a-file" / "p.json",
+            f"cannot write the program there ({tmp_path / 'a-file'} is a file, not a folder)",
+        ),
+    ]
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    if not os.access(locked, os.W_OK):  # as root every folder is writable: nothing to refuse there
+        cases.append((locked / "p.json", "cannot write the program there (Permission denied)"))
+    for out, reason in cases:
+        assert main([*argv, "--out", str(out)]) == 2
+        assert capsys.readouterr().err == f"error: {out}: {reason}\n"
+    assert not (tmp_path / "chroma").exists()  # nothing opened, nothing asked
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".check")] == []

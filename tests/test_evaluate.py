@@ -319,3 +319,21 @@ def test_an_lm_that_is_down_stops_the_run_fast_with_one_line(setup, tmp_path, ca
     err = capsys.readouterr().err  # progress bars, then the one line
     assert err.splitlines()[-1].startswith("error: the LM scripted/fake failed 2 calls in a row")
     assert "Traceback" not in err and not (tmp_path / "cli.md").exists()
+
+
+def test_an_out_path_that_cannot_be_written_is_refused_before_the_lm_starts(tmp_path, capsys, monkeypatch):
+    root = make_domain(tmp_path / "tiny")
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the evaluation built its LM")
+
+    monkeypatch.setattr("optimize.evaluate.build_lm", refuse)
+    (tmp_path / "a-file").write_text("")
+    argv = ["--domain-dir", str(root), "--chroma-path", str(tmp_path / "chroma"), *NO_LM]
+    assert main([*argv, "--out", str(tmp_path / "a-file" / "report")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"error: {tmp_path / 'a-file' / 'report.md'}: cannot write the report there "
+        f"({tmp_path / 'a-file'} is a file, not a folder)\n"
+    )
+    assert not (tmp_path / "chroma").exists()  # nothing opened, nothing asked

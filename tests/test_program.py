@@ -573,6 +573,51 @@ def test_a_format_6_program_converts_to_the_same_state(tmp_path):
     )
 
 
+def test_a_program_that_cannot_be_converted_is_a_usage_error_and_loses_nothing(tmp_path, capsys):
+    from optimize.convert_program import main as convert
+
+    state = compiled_crag().dump_state()
+    config = state.pop("config")
+    good = {
+        "format": "crag-dspy-program",
+        "format_version": 6,
+        "crag_dspy_version": "0.1.0",
+        "dspy_version": "3.4.1",
+        "created": "2026-12-01T19:40:18+00:00",
+        "config": config,
+        "metadata": {"domain": "hr"},
+        "state": json.loads(json.dumps(state)),
+    }
+    out_of_range = {**good, "config": {**config, "k": 0}}  # converts, but read_program refuses k = 0
+    cases = [
+        (tmp_path / "missing.json", None, "cannot read program (No such file or directory)"),
+        (tmp_path / "broken.json", "{not json", "corrupt or truncated program JSON"),
+        (tmp_path / "list.json", "[1, 2]", "cannot convert: not a format-6 crag-dspy program"),
+        (tmp_path / "v7.json", json.dumps({**good, "format_version": 7}), "not a format-6 crag-dspy program"),
+        (
+            tmp_path / "partial.json",
+            json.dumps({k: v for k, v in good.items() if k != "state"}),
+            "cannot convert: a format-6 program needs state",
+        ),
+        (
+            tmp_path / "bad.json",
+            json.dumps(out_of_range),
+            "the converted program would not load: invalid program",
+        ),
+    ]
+    for path, text, message in cases:
+        if text is not None:
+            path.write_text(text)
+        with pytest.raises(SystemExit) as exit_:
+            convert([str(path)])  # in place
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and f"error: {path}: " in err and message in err, err
+        assert "Traceback" not in err
+        # The old file is as it was, and no half-converted file is left beside it.
+        assert (path.read_text() if path.exists() else None) == text
+        assert sorted(p.name for p in tmp_path.glob(path.name + "*")) == ([path.name] if text else [])
+
+
 def test_crag_load_finds_a_trained_evaluator_beside_the_file(tmp_path, monkeypatch):
     from crag_dspy.judges.fusion import LinearScore
 

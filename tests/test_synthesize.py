@@ -509,6 +509,23 @@ def test_deriving_relevance_pairs_keeps_the_synthetic_ones_and_leaves_synthetic_
     assert derived and {p["question"] for p in derived} == {hand["question"]}
 
 
+def test_relevance_pairs_on_bad_input_is_one_line_and_keeps_the_labels(tmp_path, capsys):
+    from test_compile import make_domain
+
+    from optimize import relevance_pairs
+
+    assert relevance_pairs.main(["--domain-dir", str(tmp_path / "missing")]) == 2
+    assert capsys.readouterr().err == f"error: {tmp_path / 'missing'}: domain directory not found\n"
+    domain = make_domain(tmp_path / "tiny")
+    before = (domain / "relevance.jsonl").read_text()
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text('{"id": "x", "question": "?"}\n')  # no answers, no split
+    assert relevance_pairs.main(["--domain-dir", str(domain), "--questions", str(extra)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {extra}") and err.count("\n") == 1 and "Traceback" not in err
+    assert (domain / "relevance.jsonl").read_text() == before
+
+
 def test_web_passages_least_covered_by_the_knowledge_base_are_asked_about_first():
     from crag_dspy.protocols import Passage
     from optimize.synthesis.candidates import SourcePassage, least_covered_first
