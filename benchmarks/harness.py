@@ -39,6 +39,7 @@ from crag_dspy.lm import Completion, TokenLogprob, build_lm
 from crag_dspy.program import ProgramError, apply_program, check_domain, read_program
 from crag_dspy.redaction import configure_logging
 from optimize.metrics import wilson_interval
+from optimize.report import OutputPathError, check_writable
 
 BENCHMARKS = Path(__file__).resolve().parent
 RESULTS = BENCHMARKS / "results"
@@ -98,8 +99,8 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Na
     """``p``'s arguments, with the CLIs' logging (INFO under ``--verbose``, API keys redacted).
 
     ``--program`` takes a bundled domain's name as the CLI does (``--program default``: the program
-    that domain ships), and a program file that cannot be used is refused here, as a usage error
-    naming the file, before any model or store starts."""
+    that domain ships); a program file that cannot be used, or an ``--out`` where no result file can
+    be written, is refused here as a usage error naming the file, before any model or store starts."""
     args = p.parse_args(argv)
     configure_logging(getattr(args, "verbose", False))
     if isinstance(getattr(args, "program", None), Path):
@@ -108,6 +109,11 @@ def parse(p: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Na
             read_program(args.program)
         except ProgramError as exc:
             p.error(f"--program: {exc}")
+    if getattr(args, "out", None) is not None:
+        try:
+            check_writable(args.out, "the results")  # before a run of many minutes, not after it
+        except OutputPathError as exc:
+            p.error(f"--out: {exc}")
     return args
 
 

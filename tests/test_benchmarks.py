@@ -87,7 +87,7 @@ def test_a_program_brings_its_domain_unless_a_flag_names_one(tmp_path):
     assert harness.settings_for(args).resolved_domain_dir == Settings().resolved_domain_dir
 
 
-def test_program_flag_takes_a_bundled_name_and_refuses_a_bad_file_as_a_usage_error(tmp_path, capsys):
+def test_program_and_out_flags_are_checked_before_anything_runs(tmp_path, capsys):
     harness = load("harness")
     p = harness.parser("doc", program=True)
     shipped = harness.parse(p, ["--program", "default"]).program
@@ -102,6 +102,12 @@ def test_program_flag_takes_a_bundled_name_and_refuses_a_bad_file_as_a_usage_err
         err = capsys.readouterr().err
         assert exit_.value.code == 2 and f"error: --program: {program}" in err and reason in err
         assert "Traceback" not in err
+    with pytest.raises(SystemExit) as exit_:
+        harness.parse(p, ["--out", str(tmp_path / "broken.json" / "r.json")])
+    err = capsys.readouterr().err
+    assert (
+        exit_.value.code == 2 and f"error: --out: {tmp_path / 'broken.json' / 'r.json'}: cannot write" in err
+    )
 
 
 def test_the_result_file_says_where_when_how_and_with_which_lm(tmp_path):
