@@ -3,7 +3,7 @@ exact McNemar p), wall time, LM calls and prompt tokens per question with their 
 95% intervals over questions), where CRAG's time goes (by stage and by action), and a check that no
 identical LM request repeats within a question.
 
-    python benchmarks/crag_vs_rag.py --program runs/default/program.json --limit 24
+    python benchmarks/crag_vs_rag.py --program default --limit 24
     python benchmarks/crag_vs_rag.py --program runs/popqa/program.json --domain-dir ../shared/data/popqa-dev
     python benchmarks/crag_vs_rag.py --hosted-latency 0.2 --threads 8 --limit 100 --out /tmp/hosted.json
     python benchmarks/crag_vs_rag.py --hosted-latency 0.2 --concurrency 8 --limit 24
