@@ -27,6 +27,7 @@ from .program_file import (
     load_into,
     program_config,
     program_crag_config,
+    read_program_json,
     save_program,
 )
 
@@ -45,6 +46,7 @@ __all__ = [
     "program_config",
     "program_crag_config",
     "read_program",
+    "read_program_json",
     "save_program",
 ]
 

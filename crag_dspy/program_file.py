@@ -52,6 +52,7 @@ __all__ = [
     "program_config",
     "program_crag_config",
     "read_program",
+    "read_program_json",
     "save_program",
 ]
 
@@ -214,13 +215,9 @@ def save_program(crag: dspy.Module, path: Path | str, metadata: dict[str, Any] |
     return path
 
 
-def read_program(
-    path: Path | str, *, domain: str | None = None, schema: type[ProgramFile] = ProgramFile
-) -> dict[str, Any]:
-    """Read and validate a program file (``schema``: :class:`ProgramFile`, or
-    :class:`crag_dspy.program.ProgramFile`, which also checks the thresholds as the module does); with
-    ``domain``, also require that it was compiled for it. Returns the validated document as JSON-able
-    dicts, shaped as the file."""
+def read_program_json(path: Path | str) -> Any:
+    """The parsed JSON of a program file, of any format or version; a file that is missing, a
+    pickle (never unpickled), undecodable or corrupt raises :class:`ProgramError` naming it."""
     path = Path(path)
     if path.suffix.lower() in {".pkl", ".pickle"} or path.is_dir():
         raise ProgramError(f"{path}: crag-dspy programs are JSON files; pickled programs are never loaded")
@@ -231,13 +228,24 @@ def read_program(
     if raw[:2] == b"\x80\x04" or raw[:1] == b"\x80":
         raise ProgramError(f"{path}: this is a pickle, not a program JSON; pickles are never loaded")
     try:
-        document = json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProgramError(f"{path}: corrupt or truncated program JSON ({exc})") from None
     except RecursionError:  # json parses nested arrays/objects recursively
         raise ProgramError(
             f"{path}: corrupt program JSON: nested too deeply to parse (past Python's recursion limit)"
         ) from None
+
+
+def read_program(
+    path: Path | str, *, domain: str | None = None, schema: type[ProgramFile] = ProgramFile
+) -> dict[str, Any]:
+    """Read and validate a program file (``schema``: :class:`ProgramFile`, or
+    :class:`crag_dspy.program.ProgramFile`, which also checks the thresholds as the module does); with
+    ``domain``, also require that it was compiled for it. Returns the validated document as JSON-able
+    dicts, shaped as the file."""
+    path = Path(path)
+    document = read_program_json(path)
     _check_format(document, path)
     if not isinstance(document.get("config"), dict):
         raise ProgramError(f"{path}: program is missing its 'config' section")

@@ -15,7 +15,13 @@ from typing import Any
 
 from dspy.utils.saving import get_dependency_versions
 
-from crag_dspy.program import PROGRAM_FORMAT, PROGRAM_FORMAT_VERSION, ProgramError, read_program
+from crag_dspy.program import (
+    PROGRAM_FORMAT,
+    PROGRAM_FORMAT_VERSION,
+    ProgramError,
+    read_program,
+    read_program_json,
+)
 
 __all__ = ["convert", "main"]
 
@@ -59,14 +65,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     new = args.new or args.old
     try:
-        old = json.loads(args.old.read_text(encoding="utf-8"))
-    except OSError as exc:
-        parser.error(f"{args.old}: cannot read program ({exc.strerror})")
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        parser.error(f"{args.old}: corrupt or truncated program JSON ({exc or type(exc).__name__})")
-    try:
-        converted = convert(old)
-    except ValueError as exc:
+        converted = convert(read_program_json(args.old))
+    except ProgramError as exc:
+        parser.error(str(exc))
+    except ValueError as exc:  # after ProgramError, which is a ValueError too
         parser.error(f"{args.old}: cannot convert: {exc}")
     new.parent.mkdir(parents=True, exist_ok=True)
     # Written beside NEW and checked there first: a conversion this crag-dspy cannot read must not

@@ -543,22 +543,26 @@ def test_crag_save_and_load_never_pickle(tmp_path, method, name, options):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json"]
 
 
-def test_a_format_6_program_converts_to_the_same_state(tmp_path):
-    from optimize.convert_program import main as convert
-
-    crag = compiled_crag()
+def format_6_program(crag: CRAG, metadata: dict) -> dict:
+    """``crag`` saved as format 6 did: state, config and metadata in an envelope."""
     state = crag.dump_state()
-    config = state.pop("config")
-    old = {
+    return {
         "format": "crag-dspy-program",
         "format_version": 6,
         "crag_dspy_version": "0.1.0",
         "dspy_version": "3.4.1",
         "created": "2026-12-01T19:40:18+00:00",
-        "config": config,
-        "metadata": {"domain": "hr", "seed": 2},
+        "config": state.pop("config"),
+        "metadata": metadata,
         "state": json.loads(json.dumps(state)),
     }
+
+
+def test_a_format_6_program_converts_to_the_same_state(tmp_path):
+    from optimize.convert_program import main as convert
+
+    crag = compiled_crag()
+    old = format_6_program(crag, {"domain": "hr", "seed": 2})
     path = _write(tmp_path, "p.json", json.dumps(old))
     with pytest.raises(ProgramError, match="format version 6;.*--domain hr"):
         read_program(path)
@@ -576,19 +580,8 @@ def test_a_format_6_program_converts_to_the_same_state(tmp_path):
 def test_a_program_that_cannot_be_converted_is_a_usage_error_and_loses_nothing(tmp_path, capsys):
     from optimize.convert_program import main as convert
 
-    state = compiled_crag().dump_state()
-    config = state.pop("config")
-    good = {
-        "format": "crag-dspy-program",
-        "format_version": 6,
-        "crag_dspy_version": "0.1.0",
-        "dspy_version": "3.4.1",
-        "created": "2026-12-01T19:40:18+00:00",
-        "config": config,
-        "metadata": {"domain": "hr"},
-        "state": json.loads(json.dumps(state)),
-    }
-    out_of_range = {**good, "config": {**config, "k": 0}}  # converts, but read_program refuses k = 0
+    good = format_6_program(compiled_crag(), {"domain": "hr"})
+    out_of_range = {**good, "config": {**good["config"], "k": 0}}  # converts, but read_program refuses k = 0
     cases = [
         (tmp_path / "missing.json", None, "cannot read program (No such file or directory)"),
         (tmp_path / "broken.json", "{not json", "corrupt or truncated program JSON"),
