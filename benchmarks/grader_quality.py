@@ -74,6 +74,7 @@ from optimize.datasets import (
     strip_examples,
 )
 from optimize.grade_source import (
+    distilled_pairs,
     evaluator_pairs,
     evaluator_split,
     measured,
@@ -396,18 +397,6 @@ def train_questions(domain: Domain, excluded: set[str]) -> list[str]:
     return [q for q in dict.fromkeys(questions) if q not in excluded]
 
 
-def unlabelled_combinations(
-    crag: CRAG, questions: Sequence[str], labelled: set[tuple[str, str]]
-) -> list[dspy.Example]:
-    """Each question's top-k retrieved passages that no relevance label covers, as grader examples."""
-    return [
-        as_example(question, passage.text)
-        for question in questions
-        for passage in crag.retriever.retrieve(question, crag.config.k)
-        if (question, passage.text) not in labelled
-    ]
-
-
 def as_example(question: str, document: str, relevant: bool = False) -> dspy.Example:
     return dspy.Example(question=question, document=document, relevant=relevant).with_inputs(
         "question", "document"
@@ -431,19 +420,23 @@ def distillation(
     # Neither a held-out (calibration) question nor a question with labels outside train is distilled.
     excluded = {q for q, _, _ in holdout} | {r.question for r in domain.relevance if r.split != "train"}
     questions = train_questions(domain, excluded)
-    combos = unlabelled_combinations(crag, questions, {(r.question, r.passage) for r in domain.relevance})
-    print(f"{domain.name}: {len(questions)} train questions, {len(combos)} unlabelled combinations")
     held_examples = [as_example(q, d, bool(y)) for q, d, y in holdout]
-    started = time.perf_counter()
-    with dspy.context(lm=lm):
-        teacher = program_grades(crag, combos, crag.embedder, progress=args.progress)
+    with dspy.context(lm=lm):  # the compile's --evaluator-distill labels exactly these
+        distilled, labelled = distilled_pairs(
+            crag,
+            questions,
+            {(r.question, r.passage) for r in domain.relevance},
+            crag.embedder,
+            progress=args.progress,
+        )
         llm_val = program_grades(crag, val_examples, crag.embedder, progress=args.progress)
         llm_held = program_grades(crag, held_examples, crag.embedder, progress=args.progress)
-    label_seconds = time.perf_counter() - started
-    distilled = [(e.question, e.document, int(s >= 0.5)) for e, s in zip(combos, teacher) if s is not None]
     print(
-        f"teacher labels: {len(distilled)} ({sum(y for *_, y in distilled)} relevant, "
-        f"{len(combos) - len(distilled)} failed) in {label_seconds:.0f} s"
+        f"{domain.name}: {len(questions)} train questions, {labelled['combinations']} unlabelled combinations"
+    )
+    print(
+        f"teacher labels: {labelled['pairs']} ({labelled['relevant']} relevant, "
+        f"{labelled['failed']} failed) in {labelled['seconds']:.0f} s"
     )
     runs = {
         "base evaluator": train_and_score(fit, holdout, val, config),
@@ -493,10 +486,10 @@ def distillation(
         "fit_pairs": len(fit),
         "holdout_pairs": len(holdout),
         "train_questions": len(questions),
-        "unlabelled_combinations": len(combos),
-        "distilled_pairs": len(distilled),
-        "distilled_relevant": sum(y for *_, y in distilled),
-        "label_seconds": round(label_seconds, 1),
+        "unlabelled_combinations": labelled["combinations"],
+        "distilled_pairs": labelled["pairs"],
+        "distilled_relevant": labelled["relevant"],
+        "label_seconds": labelled["seconds"],
         "runs": {name: public(run) for name, run in runs.items()},
         "candidates": candidates,
         "mcnemar_p": tests,

@@ -70,6 +70,7 @@ def compile_program(
     grader: str = "auto",
     evaluator_base: Path | None = None,
     evaluator_training: TrainingConfig | None = None,
+    distill: bool = False,
     progress: bool = True,
     num_threads: int = 1,
 ) -> dict[str, Any]:
@@ -118,6 +119,7 @@ def compile_program(
         grader=grader,
         evaluator_base=evaluator_base,
         evaluator_training=evaluator_training,
+        distill=distill,
         embedder=backends.embedder,
         cache_dir=settings.cache_dir / "evaluators",
         judge_val_limit=judge_val_limit,
@@ -281,6 +283,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="lowest encoder layers the evaluator keeps as loaded, their outputs computed once so an "
         "epoch trains only the layers above; 0 trains every layer (default: %(default)s)",
     )
+    parser.add_argument(
+        "--evaluator-distill",
+        action="store_true",
+        help="the compiled LLM judge also labels the train questions' unlabelled top-k retrieved passages "
+        "for the evaluator's training: for --grader evaluator on a domain with few labelled pairs, "
+        "grading then needs no LM call (docs/evaluator.md)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
     # Whole splits by default: a handful of questions cannot tell a gain from noise (docs/compile.md).
@@ -318,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)  # every handler redacts API keys
+    if args.evaluator_distill and args.grader == "llm":
+        print("error: --evaluator-distill trains the evaluator; --grader llm ships none", file=sys.stderr)
+        return 2
     stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
     unknown = set(stages) - set(STAGES)
     if unknown:
@@ -344,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             evaluator_training=TrainingConfig(
                 max_epochs=args.evaluator_epochs, frozen_layers=args.evaluator_frozen_layers
             ),
+            distill=args.evaluator_distill,
         )
     except user_error_types() as exc:
         print(f"error: {redact(str(exc))}", file=sys.stderr)  # e.g. a --chroma-host with user:password@

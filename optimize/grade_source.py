@@ -11,7 +11,11 @@ its scores on the val pairs and on the held-out train pairs its calibration was 
    the one asked for. An evaluator or fused grade ships under ``auto`` only when it is at least as
    accurate as the uncompiled LLM judge; ties go to fewer LM calls.
 
-No LM call is made here: the LLM judge's answers are the ones the judge stage computed.
+No LM call is made here, with one exception asked for by name: with ``distill`` the program's LLM
+judge labels each given train question's top-k retrieved passages that no relevance label covers
+(:func:`distilled_pairs`), and a second evaluator trains on those labels too; it replaces the first
+only when it ranks the held-out pairs better. That teaches the evaluator where labelled pairs are few
+and the LLM judge is strong (docs/evaluator.md, "Distilling the LLM judge").
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +44,7 @@ __all__ = [
     "MIN_TRAIN_PAIRS",
     "JudgeScores",
     "choose_grade_source",
+    "distilled_pairs",
     "evaluator_on_strips",
     "evaluator_pairs",
     "evaluator_split",
@@ -135,6 +141,47 @@ def trained_evaluator(
     return evaluator, {**info, "cached": False}
 
 
+def distilled_pairs(
+    crag: Any,
+    questions: Sequence[str],
+    labelled: set[tuple[str, str]],
+    embedder: Embedder,
+    *,
+    progress: bool = True,
+) -> tuple[list[tuple[str, str, int]], dict[str, Any]]:
+    """The LLM judge's labels on each of ``questions``' top-k retrieved passages that no (question,
+    passage) of ``labelled`` covers, as evaluator pairs (relevant at a grade of 0.5 or more), and what
+    it took. ``crag`` grades through its LLM judge (its grade source is switched to it); a passage the
+    judge failed on is left out and counted."""
+    crag.grading.use("llm")
+    combinations = [
+        dspy.Example(question=question, document=passage.text).with_inputs("question", "document")
+        for question in dict.fromkeys(questions)
+        for passage in crag.retriever.retrieve(question, crag.config.k)
+        if (question, passage.text) not in labelled
+    ]
+    started = time.perf_counter()
+    grades = program_grades(crag, combinations, embedder, progress=progress)
+    pairs = [
+        (e.question, e.document, int(grade >= 0.5))
+        for e, grade in zip(combinations, grades, strict=True)
+        if grade is not None
+    ]
+    return pairs, {
+        "questions": len(dict.fromkeys(questions)),
+        "combinations": len(combinations),
+        "pairs": len(pairs),
+        "relevant": sum(y for *_, y in pairs),
+        "failed": len(combinations) - len(pairs),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+def _held_out_auc(training: dict[str, Any]) -> float:
+    """The held-out ROC AUC of the epoch a training kept."""
+    return next(e["holdout_auc"] for e in training["epochs"] if e["epoch"] == training["best_epoch"])
+
+
 def retrieval_similarities(embedder: Embedder, examples: Sequence[dspy.Example]) -> list[float]:
     """Cosine similarity of question and passage, as the retriever measures it (normalised MiniLM)."""
     vectors = embedder.encode([e.question for e in examples] + [e.document for e in examples])
@@ -153,9 +200,15 @@ def choose_grade_source(
     config: TrainingConfig | None = None,
     embedder: Embedder,
     cache_dir: Path | None = None,
+    distill: Sequence[str] = (),
     progress: bool = True,
 ) -> dict[str, Any]:
-    """Measure the grade sources on ``val``, switch ``crag.grading`` to the chosen one, report why."""
+    """Measure the grade sources on ``val``, switch ``crag.grading`` to the chosen one, report why.
+
+    ``distill``: train questions (none with labels outside train) whose unlabelled top-k passages the
+    LLM judge labels (:func:`distilled_pairs`; the held-out questions are never distilled, they choose
+    the epoch). An evaluator is then trained with those labels too, and replaces the one trained on
+    labelled pairs alone only when it ranks the held-out pairs better."""
     config = config or TrainingConfig()
     if choice not in GRADER_CHOICES:
         raise ValueError(f"unknown grader {choice!r}; choose from {GRADER_CHOICES}")
@@ -187,6 +240,29 @@ def choose_grade_source(
     evaluator, training = trained_evaluator(
         fit_pairs, holdout, base=base, config=config, cache_dir=cache_dir, progress=progress
     )
+    if distill:
+        held_questions = {q for q, _, _ in holdout}
+        teacher_pairs, report["distillation"] = distilled_pairs(
+            crag,
+            [q for q in distill if q not in held_questions],
+            {(e.question, e.document) for e in train},
+            embedder,
+            progress=progress,
+        )
+        taught, taught_training = trained_evaluator(
+            fit_pairs + teacher_pairs,
+            holdout,
+            base=base,
+            config=config,
+            cache_dir=cache_dir,
+            progress=progress,
+        )
+        # The teacher's labels can teach its errors too (a weak LLM judge): held-out labels decide.
+        before, after = _held_out_auc(training), _held_out_auc(taught_training)
+        kept = after > before
+        report["distillation"].update(held_out_auc_without=before, held_out_auc_with=after, kept=kept)
+        if kept:
+            evaluator, training = taught, taught_training
     report["training"] = training
     held_logits = evaluator.logits([(q, p) for q, p, _ in holdout])
     try:

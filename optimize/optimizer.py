@@ -147,6 +147,9 @@ class CRAGOptimizer(Teleprompter):
         thresholds: tune (lower, upper) on ``valset``; False keeps the program's.
         grader: where grades come from (``auto``, ``llm``, ``evaluator``, ``fused``; docs/evaluator.md).
         evaluator_base, evaluator_training: the encoder the evaluator is fine-tuned from and how.
+        distill: the compiled LLM judge also labels the unlabelled top-k retrieved passages of the QA
+            and relevance train questions (none with val labels) for the evaluator's training: LM calls
+            the evaluator then saves at run time (docs/evaluator.md, "Distilling the LLM judge").
         embedder: sentence embeddings for the retrieval similarity a fused grade weighs (default: the
             program's, else the bundled MiniLM); cache_dir: where trained evaluators are cached.
         judge_val_limit: judge val examples measured (whole questions spread over the split; None: all).
@@ -172,6 +175,7 @@ class CRAGOptimizer(Teleprompter):
         grader: str = "auto",
         evaluator_base: Path | None = None,
         evaluator_training: TrainingConfig | None = None,
+        distill: bool = False,
         embedder: Embedder | None = None,
         cache_dir: Path | None = None,
         judge_val_limit: int | None = 80,
@@ -194,6 +198,7 @@ class CRAGOptimizer(Teleprompter):
         self.optimizer, self.demos, self.calibration_pairs = optimizer, demos, calibration_pairs
         self.stages, self.thresholds, self.grader = tuple(stages), thresholds, grader
         self.evaluator_base, self.evaluator_training = evaluator_base, evaluator_training
+        self.distill = distill
         self.embedder, self.cache_dir = embedder, cache_dir
         self.judge_val_limit, self.val_limit, self.seed = judge_val_limit, val_limit, seed
         self.name, self.out = name, None if out is None else Path(out)
@@ -251,6 +256,7 @@ class CRAGOptimizer(Teleprompter):
                     ),
                     embedder=self.embedder or program.embedder or Embedder(),
                     cache_dir=self.cache_dir,
+                    distill=self._distill_questions(train, relevance_train, relevance_val),
                     progress=self.progress,
                 )
                 evaluator = report["stages"]["grade_source"].pop("_evaluator", None)
@@ -321,6 +327,20 @@ class CRAGOptimizer(Teleprompter):
             raise ValueError(f"stages {sorted(stages)} need {', '.join(needs)}")
         for example in [*train, *val]:
             gold_answers(example)  # every QA example has its gold answers, checked before any LM call
+
+    def _distill_questions(
+        self,
+        train: list[dspy.Example],
+        relevance_train: list[dspy.Example],
+        relevance_val: list[dspy.Example],
+    ) -> list[str]:
+        """With ``distill``, the train questions whose passages the LLM judge may label: the QA and
+        relevance train questions, none that val labels (their pairs must stay unseen)."""
+        if not self.distill:
+            return []
+        in_val = {e.question for e in relevance_val}
+        questions = [e.question for e in [*train, *relevance_train]]
+        return [q for q in dict.fromkeys(questions) if q not in in_val]
 
     def _val_question(self, example: dspy.Example, index: int) -> ValQuestion:
         return ValQuestion(

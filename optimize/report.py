@@ -162,6 +162,19 @@ def _grade_source_lines(g: dict[str, Any] | None) -> list[str]:
                 f"{how}. Intervals: Wilson for accuracy, bootstrap over questions for AUC."
             ),
         ]
+    d = g.get("distillation")
+    if d:
+        verdict = "kept" if d["kept"] else "not kept: the evaluator above is trained on labelled pairs alone"
+        lines += [
+            "",
+            (
+                f"Distillation: the LLM judge labelled {d['pairs']} passages ({d['relevant']} relevant) among the "
+                f"top-k no label covers of {d['questions']} train questions ({d['combinations']} passages, "
+                f"{d['failed']} the judge failed on; {d['seconds']:.0f} s). Trained with them too, the evaluator "
+                f"ranks the held-out pairs at AUC {d['held_out_auc_with']:.3f} against "
+                f"{d['held_out_auc_without']:.3f} without: {verdict}."
+            ),
+        ]
     lines.append("")
     return lines
 

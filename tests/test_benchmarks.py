@@ -761,15 +761,6 @@ def test_grader_quality_distill_trains_with_the_teachers_labels_on_unlabelled_co
     assert "teacher labels" in capsys.readouterr().out
 
 
-def test_distilled_combinations_are_the_top_k_no_label_covers():
-    gq = load("grader_quality")
-    retriever = ListRetriever([("a", "labelled"), ("b", "new"), ("c", "beyond k")])
-    crag = CRAG(retriever, ListWebSearch(), CRAGConfig(k=2), lm=ScriptedLM(tiny_script))
-    combos = gq.unlabelled_combinations(crag, ["q1", "q2"], {("q1", "labelled")})
-    assert [(e.question, e.document) for e in combos] == [("q1", "new"), ("q2", "labelled"), ("q2", "new")]
-    assert set(combos[0].inputs().keys()) == {"question", "document"}
-
-
 def test_grader_quality_distill_needs_a_program_and_a_valid_training(capsys):
     gq = load("grader_quality")
     with pytest.raises(SystemExit):

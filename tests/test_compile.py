@@ -536,6 +536,21 @@ def test_evaluator_flags_reach_its_training_config(monkeypatch, tmp_path):
     with pytest.raises(KeyboardInterrupt):
         main(argv)
     assert seen["evaluator_training"].frozen_layers == 0 and seen["evaluator_training"].max_epochs == 2
+    assert seen["distill"] is False
+    with pytest.raises(KeyboardInterrupt):
+        main(["--evaluator-distill", "--grader", "evaluator", "--out", str(tmp_path / "p.json")])
+    assert seen["distill"] is True and seen["grader"] == "evaluator"
+
+
+def test_distilling_for_the_llm_grade_source_is_a_usage_error(monkeypatch, capsys):
+    monkeypatch.setattr(
+        "optimize.compile.compile_program", lambda *a, **k: pytest.fail("the compile started")
+    )
+    assert main(["--evaluator-distill", "--grader", "llm"]) == 2
+    assert (
+        capsys.readouterr().err
+        == "error: --evaluator-distill trains the evaluator; --grader llm ships none\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -26,7 +26,8 @@ from crag_dspy.judges.evaluator import (
 )
 from crag_dspy.judges.fusion import Grading, LinearScore, fit_linear_score
 from crag_dspy.program import ProgramError, apply_program, read_program, save_program
-from optimize.grade_source import JudgeScores, choose_grade_source
+from crag_dspy.protocols import Passage
+from optimize.grade_source import JudgeScores, choose_grade_source, distilled_pairs
 from optimize.metrics import roc_auc
 
 TESTS = Path(__file__).parent
@@ -357,6 +358,26 @@ def test_the_compile_report_says_how_the_evaluator_was_trained(tmp_path, frozen)
     layers = "the lowest 3 encoder layers frozen" if frozen else "every layer trained"
     assert f"fine-tuned on 200 train pairs ({layers}), epoch chosen on 40 pairs" in text
     assert "held-out AUC by epoch 1: 0.700, 2: 0.800; kept epoch 2); 12 s." in text
+    assert "Distillation" not in text
+    distillation = {
+        "questions": 9,
+        "combinations": 45,
+        "pairs": 44,
+        "relevant": 7,
+        "failed": 1,
+        "seconds": 20.4,
+        "held_out_auc_with": 0.91,
+        "held_out_auc_without": 0.55,
+        "kept": bool(frozen),
+    }
+    report["stages"]["grade_source"]["distillation"] = distillation
+    _, md = write_report(report, tmp_path / "program.json")
+    verdict = "kept" if frozen else "not kept: the evaluator above is trained on labelled pairs alone"
+    assert (
+        "Distillation: the LLM judge labelled 44 passages (7 relevant) among the top-k no label covers of 9 "
+        "train questions (45 passages, 1 the judge failed on; 20 s). Trained with them too, the evaluator "
+        f"ranks the held-out pairs at AUC 0.910 against 0.550 without: {verdict}."
+    ) in md.read_text()
 
 
 def test_llm_is_kept_when_it_is_better_on_val(tiny_encoder, embedder):
@@ -370,6 +391,130 @@ def test_llm_is_kept_when_it_is_better_on_val(tiny_encoder, embedder):
     assert forced["shipped"] == "evaluator" and "below the uncompiled LLM judge" in forced["why"]
     _, asked = _choose(tiny_encoder, embedder, perfect, choice="llm")
     assert asked["shipped"] == "llm" and "evaluator" not in asked["candidates"]
+
+
+def _keyword_judge(system, user):
+    """The LLM judge of a keyword world: a passage is relevant when it says "yes"; "unsure" is no answer."""
+    if "You judge search results" not in system:
+        raise AssertionError(f"unexpected prompt: {system[:60]}")
+    document = field(user, "document")
+    return "unsure" if "unsure" in document else (0.9 if "yes" in document else 0.1)
+
+
+def test_distilled_pairs_are_the_llm_judges_labels_on_the_top_k_no_label_covers(embedder, trained):
+    retriever = ListRetriever(
+        [
+            ("a", "the river answer yes"),
+            ("b", "the lake answer no"),
+            ("c", "the city answer unsure"),
+            ("d", "beyond k"),
+        ]
+    )
+    lm = ScriptedLM(_keyword_judge)
+    crag = CRAG(retriever, ListWebSearch(), CRAGConfig(k=3, grader_view=GraderView(sentences=0)), lm=lm)
+    crag.grading.use("evaluator", trained[0], LinearScore({"evaluator": 1.0}, 0.0))  # the teacher is the LLM
+    with dspy.context(lm=lm):
+        pairs, info = distilled_pairs(
+            crag, ["q1", "q2", "q1"], {("q1", "the river answer yes")}, embedder, progress=False
+        )
+    assert pairs == [
+        ("q1", "the lake answer no", 0),
+        ("q2", "the river answer yes", 1),
+        ("q2", "the lake answer no", 0),
+    ]  # the labelled pair and the passages beyond k are not asked; a failed judgement is no label
+    assert {k: info[k] for k in ("questions", "combinations", "pairs", "relevant", "failed")} == {
+        "questions": 2,
+        "combinations": 5,
+        "pairs": 3,
+        "relevant": 1,
+        "failed": 2,
+    }
+    assert crag.grading.mode == "llm"
+    asked = [field(user, "document") for _, user in lm.calls]
+    assert "beyond k" not in asked and asked.count("the river answer yes") == 1
+
+
+class _QuestionRetriever:
+    """Each question's own passages: unlabelled ones the LLM judge may label."""
+
+    def __init__(self, passages: dict[str, list[str]]):
+        self.passages = passages
+
+    def retrieve(self, query: str, k: int) -> list[Passage]:
+        texts = self.passages.get(query, [])[:k]
+        return [
+            Passage(id=f"{query}-{i}", doc_id=query, title=query, text=x, rank=i, similarity=0.5)
+            for i, x in enumerate(texts)
+        ]
+
+
+def _distil(tiny_encoder, embedder, *, noisy_train: bool, judge):
+    """choose_grade_source with distillation on 100 fresh questions plus a held-out one; with
+    ``noisy_train`` the labelled pairs outside the held-out questions carry random labels."""
+    noise = random.Random(3)
+    train = _examples(keyword_pairs(240, 1))
+    held_out = train[:40]
+    held_questions = {e.question for e in held_out}
+    if noisy_train:
+        for e in train:
+            if e.question not in held_questions:
+                e.relevant = noise.random() < 0.5
+    val = _examples(keyword_pairs(40, 5))
+    fresh = {
+        f"which {word} is fresh {i}": [f"the {word} answer yes", f"the {word} answer no"]
+        for i, word in enumerate(WORDS * 10)
+    }
+    fresh[held_out[0].question] = ["the river answer yes"]
+    lm = ScriptedLM(judge)
+    crag = CRAG(
+        _QuestionRetriever(fresh),
+        ListWebSearch(),
+        CRAGConfig(k=2, grader_view=GraderView(sentences=0)),
+        lm=lm,
+    )
+    llm = JudgeScores(
+        val=[0.9 if e.relevant else 0.1 for e in val],
+        held_out=held_out,
+        held_out_scores=[0.8 if e.relevant else 0.2 for e in held_out],
+        uncompiled_val=[0.9 if e.relevant else 0.1 for e in val],
+    )
+    with dspy.context(lm=lm):
+        result = choose_grade_source(
+            crag,
+            train,
+            val,
+            llm,
+            choice="evaluator",
+            base=tiny_encoder,
+            config=FAST,
+            embedder=embedder,
+            distill=list(fresh),
+            progress=False,
+        )
+    fit = sum(e.question not in held_questions for e in train)
+    return crag, lm, result, fit
+
+
+def test_distilled_labels_train_the_evaluator_when_they_rank_held_out_pairs_better(tiny_encoder, embedder):
+    # The labelled pairs outside the held-out questions are noise; the LLM judge reads the keyword right.
+    crag, lm, result, fit = _distil(tiny_encoder, embedder, noisy_train=True, judge=_keyword_judge)
+    d = result["distillation"]
+    assert d["questions"] == 100 and d["pairs"] == 200 and d["relevant"] == 100  # not the held-out question
+    assert len(lm.calls) == 200  # only the distilled passages: the judge's val and held-out scores are given
+    assert d["held_out_auc_with"] > d["held_out_auc_without"] and d["kept"] is True
+    assert result["training"]["train_pairs"] == fit + 200
+    assert result["shipped"] == "evaluator" and crag.grading.mode == "evaluator"
+
+
+def test_a_teacher_that_ranks_held_out_pairs_worse_is_not_kept(tiny_encoder, embedder):
+    def lying(system, user):  # says the opposite of the keyword
+        return 1.0 - _keyword_judge(system, user)
+
+    _, _, result, fit = _distil(tiny_encoder, embedder, noisy_train=False, judge=lying)
+    d = result["distillation"]
+    assert d["pairs"] == 200 and d["relevant"] == 100
+    assert d["held_out_auc_with"] <= d["held_out_auc_without"] and d["kept"] is False
+    assert result["training"]["train_pairs"] == fit  # the evaluator trained on labelled pairs alone ships
 
 
 def test_too_few_pairs_keep_the_llm_and_say_why(tiny_encoder, embedder):
