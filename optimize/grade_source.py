@@ -154,9 +154,10 @@ def distilled_pairs(
     it took. ``crag`` grades through its LLM judge (its grade source is switched to it); a passage the
     judge failed on is left out and counted."""
     crag.grading.use("llm")
+    unique = list(dict.fromkeys(questions))
     combinations = [
         dspy.Example(question=question, document=passage.text).with_inputs("question", "document")
-        for question in dict.fromkeys(questions)
+        for question in unique
         for passage in crag.retriever.retrieve(question, crag.config.k)
         if (question, passage.text) not in labelled
     ]
@@ -168,7 +169,7 @@ def distilled_pairs(
         if grade is not None
     ]
     return pairs, {
-        "questions": len(dict.fromkeys(questions)),
+        "questions": len(unique),
         "combinations": len(combinations),
         "pairs": len(pairs),
         "relevant": sum(y for *_, y in pairs),
