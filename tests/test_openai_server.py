@@ -189,6 +189,26 @@ def test_health_and_models(served):
         assert json.loads(response.read())["data"][0]["id"] == "test-model"
 
 
+def test_answers_go_out_without_waiting_for_the_clients_ack(served, monkeypatch):
+    # Headers and body are two writes; with Nagle's algorithm on, the body waits for the client's
+    # delayed ACK (~40 ms per call on loopback, measured: 47 ms of overhead per call against 4 ms).
+    _, base = served
+    options = []
+    real = socket.socket.setsockopt
+
+    def recording(sock, level, option, value, *rest):
+        options.append((sock.getsockname()[1], level, option, bool(value)))
+        return real(sock, level, option, value, *rest)
+
+    monkeypatch.setattr(socket.socket, "setsockopt", recording)
+    status, _ = post(
+        base, "/v1/chat/completions", json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()
+    )
+    assert status == 200
+    port = int(base.rsplit(":", 1)[1])  # the server's side of the connection, not the client's
+    assert (port, socket.IPPROTO_TCP, socket.TCP_NODELAY, True) in options
+
+
 # --- the server's key ----------------------------------------------------------------------------------
 OK_BODY = json.dumps({"messages": [{"role": "user", "content": "x"}]}).encode()
 

@@ -142,6 +142,7 @@ def completion_response(completion: Completion, model: str) -> dict[str, Any]:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: LiteLLM's client reuses its connection
+    disable_nagle_algorithm = True  # the answer goes out at once, not after the client's delayed ACK
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:
