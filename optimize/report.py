@@ -325,8 +325,8 @@ def _threshold_lines(t: dict) -> list[str]:
         f"The optimum is exact: {t['grid_points']} valid cells between the observed grades, each one trial of "
         f"an Optuna GridSampler study ({speed}; {t['lm_calls_during_trials']} LM calls during trials); "
         f"{t['tied_fraction'] * 100:.1f}% of the cells tie at the optimum. Ties go to the defaults when they "
-        "are optimal, else to the point deepest inside the optimal region "
-        + (f"(depth {t['depth']:.3f})" if t["depth"] == t["depth"] else "")
+        "are optimal, else to the point deepest inside the optimal region"
+        + (f" (depth {t['depth']:.3f})" if t["depth"] == t["depth"] else "")
         + ", then to fewer LM requests.",
         "",
     ]

@@ -7,9 +7,11 @@ import random
 import numpy as np
 import optuna
 import pytest
+from fakes import compile_report
 
 from crag_dspy.module import Thresholds
 from crag_dspy.routing import QUESTION_TYPES, question_type
+from optimize.report import write_report
 from optimize.threshold_search import RouteTable, accuracy_grid, cell_midpoints, choose_thresholds
 from optimize.thresholds import QuestionRoutes, route_accuracy, route_requests, route_table, tune_thresholds
 
@@ -207,3 +209,46 @@ def test_the_grid_is_an_optuna_study_that_resumes_from_its_journal(tmp_path):
 def test_no_routes_is_an_error():
     with pytest.raises(ValueError, match="no validation questions"):
         tune_thresholds([])
+
+
+def _threshold_report(depth: float) -> dict:
+    return compile_report(
+        thresholds={
+            "cross_validation": {},
+            "trials_per_second": 8000.0,
+            "shipped": "defaults",
+            "reason": "the defaults are optimal",
+            "lower": 0.3,
+            "upper": 0.7,
+            "accuracy": 0.9,
+            "questions": 10,
+            "tuned_lower": 0.3,
+            "tuned_upper": 0.7,
+            "tie_rule": "defaults",
+            "tuned_accuracy": 0.9,
+            "tuned_interval": [0.6, 0.98],
+            "default_accuracy": 0.9,
+            "default_interval": [0.6, 0.98],
+            "default_requests_per_question": 9.0,
+            "requests_per_question": 9.0,
+            "grid_points": 120,
+            "lm_calls_during_trials": 0,
+            "tied_fraction": 0.5,
+            "depth": depth,
+            "precompute_lm_calls": 0,
+            "plot": "program.landscape.png",
+            "storage": "program.optuna.log",
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("depth", "rule"),
+    [
+        (float("nan"), "deepest inside the optimal region, then to fewer LM requests."),
+        (0.165, "deepest inside the optimal region (depth 0.165), then to fewer LM requests."),
+    ],
+)
+def test_report_states_the_tie_rule_with_the_depth_when_there_is_one(tmp_path, depth, rule):
+    _, md = write_report(_threshold_report(depth), tmp_path / "program.json")
+    assert rule in md.read_text()
