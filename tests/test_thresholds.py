@@ -1,5 +1,6 @@
 """Threshold tuning: the exact search over breakpoints (against brute force), its tie rule, the noise
-rule that decides what ships, per-type thresholds and the Optuna journal (what optuna-dashboard reads)."""
+rule that decides what ships, per-type thresholds, the Optuna journal (what optuna-dashboard reads)
+and the compile report's account of them."""
 
 import itertools
 import random
