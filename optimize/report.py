@@ -326,7 +326,7 @@ def _threshold_lines(t: dict) -> list[str]:
         f"an Optuna GridSampler study ({speed}; {t['lm_calls_during_trials']} LM calls during trials); "
         f"{t['tied_fraction'] * 100:.1f}% of the cells tie at the optimum. Ties go to the defaults when they "
         "are optimal, else to the point deepest inside the optimal region"
-        + (f" (depth {t['depth']:.3f})" if t["depth"] == t["depth"] else "")
+        + ("" if math.isnan(t["depth"]) else f" (depth {t['depth']:.3f})")
         + ", then to fewer LM requests.",
         "",
     ]

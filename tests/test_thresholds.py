@@ -212,44 +212,22 @@ def test_no_routes_is_an_error():
         tune_thresholds([])
 
 
-def _threshold_report(depth: float) -> dict:
-    return compile_report(
-        thresholds={
-            "cross_validation": {},
-            "trials_per_second": 8000.0,
-            "shipped": "defaults",
-            "reason": "the defaults are optimal",
-            "lower": 0.3,
-            "upper": 0.7,
-            "accuracy": 0.9,
-            "questions": 10,
-            "tuned_lower": 0.3,
-            "tuned_upper": 0.7,
-            "tie_rule": "defaults",
-            "tuned_accuracy": 0.9,
-            "tuned_interval": [0.6, 0.98],
-            "default_accuracy": 0.9,
-            "default_interval": [0.6, 0.98],
-            "default_requests_per_question": 9.0,
-            "requests_per_question": 9.0,
-            "grid_points": 120,
-            "lm_calls_during_trials": 0,
-            "tied_fraction": 0.5,
-            "depth": depth,
-            "precompute_lm_calls": 0,
-            "plot": "program.landscape.png",
-            "storage": "program.optuna.log",
-        }
-    )
-
-
 @pytest.mark.parametrize(
-    ("depth", "rule"),
+    ("defaults", "rule"),
     [
-        (float("nan"), "deepest inside the optimal region, then to fewer LM requests."),
-        (0.165, "deepest inside the optimal region (depth 0.165), then to fewer LM requests."),
+        ((0.3, 0.7), "deepest inside the optimal region, then to fewer LM requests."),
+        ((0.1, 0.95), "deepest inside the optimal region (depth 0.150), then to fewer LM requests."),
     ],
 )
-def test_report_states_the_tie_rule_with_the_depth_when_there_is_one(tmp_path, depth, rule):
-    _, md = write_report(_threshold_report(depth), tmp_path / "program.json")
+def test_report_states_the_tie_rule_with_the_depth_when_there_is_one(tmp_path, defaults, rule):
+    # Optimal defaults ship with no depth (NaN); otherwise the deepest point's depth is stated.
+    routes = _routes(RECTANGLE)
+    thresholds = tune_thresholds(routes, default=defaults, by_type=False).as_dict()
+    thresholds |= {
+        "questions": len(routes),
+        "plot": "program.landscape.png",
+        "lm_calls_during_trials": 0,
+        "precompute_lm_calls": 0,
+    }
+    _, md = write_report(compile_report(thresholds=thresholds), tmp_path / "program.json")
     assert rule in md.read_text()
