@@ -9,7 +9,7 @@ import os
 # use, which stalls 5 s and warns on machines without network. An explicit user setting wins.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "true")
 
-from .app import build_crag, load_program  # noqa: E402
+from .app import build_crag, load_program
 from .config import CRAGConfig, GraderView, LMCalls
 from .domain import Domain, DomainDataError, load_domain
 from .faults import CRAGRunError, LMUnavailableError, RetrievalError, RunCancelled
@@ -19,7 +19,7 @@ from .retry import route_with_retries
 from .routing import Action, decide_action
 from .settings import Settings
 from .validation import QuestionError, normalize_question
-from .version import __version__ as __version__  # noqa: E402
+from .version import __version__ as __version__
 
 __all__ = [
     "CRAG",

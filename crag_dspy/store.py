@@ -58,7 +58,7 @@ def open_client(settings: Settings) -> chromadb.ClientAPI:
             return client
         settings.resolved_chroma_path.mkdir(parents=True, exist_ok=True)
         return chromadb.PersistentClient(path=str(settings.resolved_chroma_path), settings=chroma_settings)
-    except Exception as exc:  # noqa: BLE001 - every backend failure becomes one actionable error
+    except Exception as exc:  # every backend failure becomes one actionable error
         where = (
             f"server {settings.chroma_host}:{settings.chroma_port}"
             if settings.chroma_host
@@ -74,7 +74,7 @@ def store_errors(what: str) -> Iterator[None]:
         yield
     except StoreError:
         raise
-    except Exception as exc:  # noqa: BLE001 - chroma raises different types per backend and transport
+    except Exception as exc:  # chroma raises different types per backend and transport
         raise StoreError(f"Chroma failed while {what}: {type(exc).__name__}: {exc}") from exc
 
 
@@ -195,7 +195,7 @@ def _get_collection(client: chromadb.ClientAPI, name: str, embedder: Embedder, c
     else:
         try:
             collection = client.get_collection(name, embedding_function=None)
-        except Exception as exc:  # noqa: BLE001 - chroma raises different types per backend
+        except Exception as exc:  # chroma raises different types per backend
             raise StoreError(
                 f"Collection {name!r} not found: run `python -m crag_dspy ingest <domain dir>` first"
             ) from exc

@@ -46,7 +46,7 @@ class TavilyWebSearch:
                 for r in response.get("results") or []
                 if isinstance(r, dict) and str(r.get("content") or "").strip()
             ]
-        except Exception as exc:  # noqa: BLE001 - tavily raises many types; CRAG needs one to degrade on
+        except Exception as exc:  # tavily raises many types; CRAG needs one to degrade on
             # Keys are redacted from every trace message regardless of what a server echoes.
             raise WebSearchError(f"Tavily search failed: {type(exc).__name__}: {exc}") from exc
         return results[:max_results]
@@ -67,7 +67,7 @@ class OfflineWebSearch:
     def search(self, query: str, max_results: int) -> list[WebResult]:
         try:
             passages: list[Passage] = self._retriever.retrieve(query, max_results)
-        except Exception as exc:  # noqa: BLE001 - storage faults degrade like network faults
+        except Exception as exc:  # storage faults degrade like network faults
             raise WebSearchError(f"offline web search failed: {type(exc).__name__}: {exc}") from exc
         return [
             WebResult(title=p.title, url=p.url or f"offline://{p.doc_id}", content=p.text) for p in passages

@@ -261,7 +261,7 @@ class RelevanceEvaluator:
                     folder, num_labels=1, local_files_only=True, use_safetensors=True
                 )
                 tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        except Exception as exc:  # noqa: BLE001 - transformers raises many types; one error names the folder
+        except Exception as exc:  # transformers raises many types; one error names the folder
             raise EvaluatorError(
                 f"{folder}: cannot load the base encoder ({type(exc).__name__}: {exc})"
             ) from exc
@@ -284,7 +284,7 @@ class RelevanceEvaluator:
                     folder, local_files_only=True, use_safetensors=True
                 )
                 tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        except Exception as exc:  # noqa: BLE001 - transformers raises many types; one error names the folder
+        except Exception as exc:  # transformers raises many types; one error names the folder
             raise EvaluatorError(
                 f"{folder}: cannot load the evaluator ({type(exc).__name__}: {exc})"
             ) from exc
