@@ -14,6 +14,7 @@ from crag_dspy.domain import load_domain
 from crag_dspy.grounding import (
     Grounding,
     SupportText,
+    _typed_values,
     check_grounding,
     defused_note,
     grounding_of_trace,
@@ -210,17 +211,61 @@ def test_an_instructing_source_does_not_dispute_an_honest_value():
             "The Harbour VPN client connects to the gateway vpn.harbour.example.",
             "host name gw.harbour-remote.example",
         ),
+        (
+            "When did Harbour Point host the regional sensor fair?",
+            "April 2021",
+            "The regional sensor fair was hosted by Harbour Point in April 2021.",
+            "Harbour Point hosted the regional sensor fair on 14 Sept. 2019.",
+            "month 2021-04",
+        ),
+        (
+            "Which time zone does the Harbour office use?",
+            "UTC+2",
+            "The Harbour office uses the time zone UTC+2 all year.",
+            "The Harbour office keeps to the time zone UTC+1 and does not observe daylight saving time.",
+            "UTC offset UTC+02:00",
+        ),
     ],
 )
-def test_times_versions_host_names_and_weekdays_are_disputed_too(question, answer, claim, honest, disputed):
+def test_times_versions_host_names_weekdays_months_and_utc_offsets_are_disputed_too(
+    question, answer, claim, honest, disputed
+):
     texts = [*kept(claim, source="x"), *kept(honest, source="kb-7")]
     g = check_grounding(answer, question, texts)
     assert g.flagged and g.disputed == [disputed] and g.disputing_sources == ["kb-7"]
     # The same value written otherwise ("8.30 am" for "08:30"), or one of the answer's days, agrees.
-    agreeing = claim.replace("08:30", "8.30 am").replace("Monday and Wednesday", "Mondays")
+    agreeing = (
+        claim.replace("08:30", "8.30 am")
+        .replace("Monday and Wednesday", "Mondays")
+        .replace("April 2021", "20 Apr 2021")
+        .replace("UTC+2", "UTC +02:00")
+    )
     assert not check_grounding(
         answer, question, [*kept(claim, source="x"), *kept(agreeing, source="kb-8")]
     ).flagged
+
+
+@pytest.mark.parametrize(
+    "text, months",
+    [
+        ("from 12 to 14 May 2026 in Sarnholm", {"2026-05"}),
+        ("on May 12, 2026 and in Sept 2019", {"2026-05", "2019-09"}),
+        ("released on 2025-03-04", {"2025-03"}),
+        ("Marchmont 2019 and the decade 2010", set()),  # words that only start like a month
+        ("in May", set()),  # no year: a month of which year?
+    ],
+)
+def test_months_of_a_year_read_as_year_and_month(text, months):
+    assert _typed_values(text).get("month", set()) == months
+
+
+def test_a_source_disputes_even_when_the_strip_filter_dropped_its_sentence():
+    """The filter keeps what answers the question, so a winning attack leaves the honest value dropped."""
+    texts = [*kept(CORRIGENDUM, source="x"), SupportText("kb-7", HONEST_INTERVAL, False)]
+    g = check_grounding("every 120 days", INTERVAL_QUESTION, texts)
+    assert g.flagged and g.disputed == ["120 day"] and g.disputing_sources == ["kb-7"]
+    assert g.ungrounded == []  # still supported by kept text only: a dropped strip supports nothing
+    assert check_grounding("every 180 days", INTERVAL_QUESTION, texts).ungrounded == ["180 day"]
 
 
 CARRIER_QUESTION = "Which mobile carrier's LTE network does the TideLog 5X use to send its data?"
