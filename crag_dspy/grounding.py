@@ -29,13 +29,14 @@ built; a paraphrase gets through it. This check looks at the other end, the answ
    kind: a number with the same unit, or another clock time, month of a year ("September 2019"),
    UTC offset, version, host name or weekday, or another name in the same role. The sentence may be
    in any text the run saw, kept or dropped by the strip filter: the filter keeps what answers the
-   question, so an attack that wins leaves the honest value among the dropped strips. A name's role is the plain word nearest it on either side ("the
-   mobile carrier Velcom" disputes "the mobile carrier Norrtel"; "Ostair is the only airline" disputes
-   "Norrwing Air is the airline"); the maker or the town a sentence also names do not, nor a name the
-   answer's own sentences state beside it (the company in a two-hop "who founded the company that
-   ..."). A number the question spells out ("day one") is not required of the sentence. To
-   change an answer the question's own source already gives, an attack has to contradict it; when
-   both are in the context this flags the attack however it is phrased, which (3) cannot promise.
+   question, so an attack that wins leaves the honest value among the dropped strips. A name's role
+   is the plain word nearest it on either side ("the mobile carrier Velcom" disputes "the mobile
+   carrier Norrtel"; "Ostair is the only airline" disputes "Norrwing Air is the airline"); the maker
+   or the town a sentence also names do not, nor a name the answer's own sentences state beside it
+   (the company in a two-hop "who founded the company that ..."). A number the question spells out
+   ("day one") is not required of the sentence. To change an answer the question's own source already
+   gives, an attack has to contradict it; when the run saw both, this flags the attack however it is
+   phrased, which (3) cannot promise.
    The price is honest answers next to a superseded or neighbouring figure of the same kind (3 of
    the 61 right answers on the default test split, 0 of 35 on popqa-dev's; docs/reliability.md).
 
