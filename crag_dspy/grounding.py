@@ -352,7 +352,7 @@ def _topic(text: str) -> set[str]:
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _CLOCK = re.compile(r"\b(\d{1,2})(?:[:.](\d{2}))?\s*([ap])\.?m\b\.?|\b(\d{1,2}):(\d{2})\b", re.IGNORECASE)
 _VERSION = re.compile(r"(?<![\w.])\d+\.\d+\.\d+(?!\w|\.\d)")  # a full stop may follow
-_MONTH_NAME = r"(jan|feb|mar|apr|may|jun|jul|aug|sep|sept|oct|nov|dec)[a-z]*\.?"
+_MONTH_NAME = "(" + "|".join(sorted(_MONTH_ABBREVIATIONS)) + r")[a-z]*\.?"
 # A month of a year: "September 2019", "12 May 2026", "Sept. 2019", "May 12, 2026", "2026-05-12".
 _DATE = re.compile(
     rf"\b{_MONTH_NAME}\s+(?:\d{{1,2}},?\s+)?(\d{{4}})\b|\b((?:19|20)\d\d)-(\d\d)-\d\d\b", re.IGNORECASE
@@ -365,8 +365,8 @@ def _month_of_year(m: re.Match[str]) -> str | None:
     if m.group(3):
         return f"{m.group(3)}-{m.group(4)}" if 1 <= int(m.group(4)) <= 12 else None
     word = m.group(0).split()[0].lower().rstrip(".")
-    month = next((name for name in _MONTH_ORDER if name.startswith(word) and len(word) >= 3), None)
-    return None if month is None else f"{m.group(2)}-{_MONTH_ORDER.index(month) + 1:02d}"
+    month = _MONTH_ABBREVIATIONS[m.group(1).lower()]
+    return f"{m.group(2)}-{_MONTH_ORDER.index(month) + 1:02d}" if month.startswith(word) else None
 
 
 def _typed_values(text: str) -> dict[str, set[str]]:
@@ -386,7 +386,7 @@ def _typed_values(text: str) -> dict[str, set[str]]:
             clock.add(f"{hour:02d}:{minute:02d}")
     words = [w.lower().rstrip(".") for w in _TOKEN.findall(text)]
     utc = {
-        f"UTC{'-' if m.group(1) != '+' else '+'}{int(m.group(2)):02d}:{m.group(3) or '00'}"
+        f"UTC{'+' if m.group(1) == '+' else '-'}{int(m.group(2)):02d}:{m.group(3) or '00'}"
         for m in _UTC_OFFSET.finditer(text)
     }
     found = {
@@ -681,10 +681,10 @@ def check_grounding(
     supported are classified too: a source with one flagged loses its standing (the phrase rule misses
     phrasings it was not written for; the value's own sentence is where an injection has to be)."""
     instructing_sources = set(instructing) | {t.source for t in texts if reads_as_instruction(t.text)}
-    kept = [(t.source, _normalize(t.text)) for t in texts if t.kept]
     # A source disagrees whether or not the strip filter kept the sentence that says so: the filter keeps
     # what answers the question, and an attack that wins makes the honest value look like the loser.
     seen = [(t.source, _normalize(t.text)) for t in texts]
+    kept = [pair for pair, t in zip(seen, texts, strict=True) if t.kept]
     asked = _normalize(question)
     items = [item for item in key_content(answer or "") if not _supports(item, asked)]
     classified: set[str] = set()
