@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .config import describe_validation_error
 from .faults import CRAGRunError
 from .grounding import warning_line
 from .lm import EMBEDDED_MODELS, ENGINE_CHOICES, WeightsError
@@ -24,6 +25,7 @@ __all__ = [
     "add_program_arguments",
     "add_storage_arguments",
     "build_parser",
+    "error_line",
     "format_trace",
     "main",
     "program_from_args",
@@ -334,11 +336,23 @@ def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | Non
     try:
         return {"ingest": _ingest, "ask": _ask, "engine": _engine}[args.command](args)
     except user_error_types() as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
     except CRAGRunError as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 1
+
+
+def error_line(exc: BaseException) -> str:
+    """The one ``error: ...`` line a command prints for ``exc``, secrets redacted. A pydantic error
+    (a setting out of range, from a flag or a ``CRAG_*`` variable) is flattened to one line naming the
+    setting and the value given, without pydantic's documentation links."""
+    text = (
+        f"invalid {exc.title}: {describe_validation_error(exc)}"
+        if isinstance(exc, ValidationError)
+        else str(exc)
+    )
+    return f"error: {redact(text)}"
 
 
 def user_error_types() -> tuple[type[Exception], ...]:

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["CRAGConfig", "GraderView", "LMCalls"]
+__all__ = ["CRAGConfig", "GraderView", "LMCalls", "describe_validation_error"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -108,3 +108,36 @@ class CRAGConfig(BaseModel):
         for key, value in changes.items():
             data[key] = value.model_dump() if isinstance(value, BaseModel) else value
         return type(self).model_validate(data)
+
+
+def describe_validation_error(exc: ValidationError, whole: str | None = None) -> str:
+    """A pydantic error as one line, ``where: what (got value)`` per problem, for an error message.
+
+    pydantic's own text spans several lines with a documentation link per problem; a CLI prints one
+    line, and a file's problem names its field. ``whole`` names the location of a problem with the
+    whole input ("line", "file"; without it such a problem has no prefix). A dict or list input is not
+    repeated: it is the section the message is about.
+
+        >>> try:
+        ...     CRAGConfig(k=0)
+        ... except ValidationError as exc:
+        ...     print(describe_validation_error(exc))
+        k: Input should be greater than or equal to 1 (got 0)
+    """
+
+    def got(value: Any) -> str:
+        if isinstance(value, (dict, list)):
+            return ""
+        text = repr(value)
+        return f" (got {text[:60]}{'...' if len(text) > 60 else ''})"
+
+    def where(loc: tuple[Any, ...]) -> str:
+        name = ".".join(map(str, loc)) or whole
+        return f"{name}: " if name else ""
+
+    return "; ".join(
+        where(e["loc"])
+        + e["msg"].removeprefix("Value error, ")
+        + (got(e.get("input")) if e["type"] != "missing" else "")
+        for e in exc.errors()
+    )

@@ -25,7 +25,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .config import CRAGConfig
+from .config import CRAGConfig, describe_validation_error
 from .loaders import SUFFIXES, load_folder
 from .records import CorpusDoc, DomainDataError, Record
 
@@ -140,10 +140,7 @@ def load_jsonl(path: Path, model: type[R]) -> list[R]:
         except RecursionError:
             raise DomainDataError(f"{path}:{number}: {_TOO_DEEP}") from None
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(map(str, e['loc'])) or 'line'}: {e['msg']}" for e in exc.errors()
-            )
-            raise DomainDataError(f"{path}:{number}: {problems}") from None
+            raise DomainDataError(f"{path}:{number}: {describe_validation_error(exc, 'line')}") from None
     return records
 
 
@@ -370,8 +367,10 @@ def load_domain(root: Path | str, *, lazy: bool = False) -> Domain:
     if toml_path.is_file():
         try:
             config = DomainConfig.model_validate(tomllib.loads(_read_text(toml_path)))
-        except (tomllib.TOMLDecodeError, ValidationError) as exc:
+        except tomllib.TOMLDecodeError as exc:
             raise DomainDataError(f"{toml_path}: {exc}") from None
+        except ValidationError as exc:
+            raise DomainDataError(f"{toml_path}: {describe_validation_error(exc, 'file')}") from None
         except RecursionError:
             raise DomainDataError(f"{toml_path}: {_TOO_DEEP}") from None
     else:

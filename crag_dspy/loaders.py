@@ -149,11 +149,17 @@ class LoadedFolder:
 def load_folder(folder: Path) -> LoadedFolder:
     """Every supported file under ``folder`` (recursively, in path order), ids = paths relative to it.
 
-    An unreadable file is logged, skipped and listed in :attr:`LoadedFolder.skipped`; an empty Markdown
-    or text file is skipped silently, as before.
+    An unreadable file, or one of a type no reader reads (a slide deck, a spreadsheet), is logged,
+    skipped and listed in :attr:`LoadedFolder.skipped`, so that a document the user put there is never
+    missing without a word. Hidden files and folders (``.DS_Store``, ``.git/``) are not documents and an
+    empty Markdown or text file is nothing to report: both are passed over silently.
     """
     docs, skipped = [], []
-    paths = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
+    paths = sorted(
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
     for path in paths:
         try:
             docs.append(load_document(path, doc_id=str(path.relative_to(folder))))

@@ -32,7 +32,7 @@ import dspy
 from dspy.utils.saving import get_dependency_versions
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .config import CRAGConfig
+from .config import CRAGConfig, describe_validation_error
 from .domain import check_domain_name
 from .judges.evaluator import EvaluatorError, RelevanceEvaluator
 from .version import __version__
@@ -138,19 +138,7 @@ class ProgramFile(BaseModel):
 
 
 def _problems(exc: ValidationError) -> str:
-    """A pydantic error as one line: ``where: what (got value)`` per problem."""
-
-    def got(value: Any) -> str:
-        if isinstance(value, (dict, list)):  # the whole section: the message says what is wrong with it
-            return ""
-        text = repr(value)
-        return f" (got {text[:60]}{'...' if len(text) > 60 else ''})"
-
-    return "; ".join(
-        f"{'.'.join(map(str, e['loc'])) or 'file'}: {e['msg'].removeprefix('Value error, ')}"
-        + (got(e.get("input")) if e["type"] != "missing" else "")
-        for e in exc.errors()
-    )
+    return describe_validation_error(exc, whole="file")
 
 
 def program_config(crag: dspy.Module) -> dict[str, Any]:

@@ -199,6 +199,17 @@ class Settings(BaseSettings):
                 ) from exc
         return value
 
+    @field_validator("lm_api_base")
+    @classmethod
+    def _base_url_needs_a_served_model(cls, value: str | None, info: ValidationInfo) -> str | None:
+        # Ignoring it would answer from the embedded model while the user believes their server does.
+        if value is not None and info.data.get("lm") == "embedded":
+            raise ValueError(
+                "a base URL is for a served model, and the LM is the embedded one: name the served "
+                "model too (--lm openai/<model name>, or CRAG_LM), or drop the base URL"
+            )
+        return value
+
     @field_validator("serve_queue")
     @classmethod
     def _queue_holds_the_workers(cls, queue: int, info: ValidationInfo) -> int:

@@ -26,14 +26,20 @@ import dspy
 
 from crag_dspy.app import assemble
 from crag_dspy.baselines import PlainRAG
-from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
+from crag_dspy.cli import (
+    add_lm_arguments,
+    add_storage_arguments,
+    error_line,
+    settings_from_args,
+    user_error_types,
+)
 from crag_dspy.domain import Domain, DomainDataError, load_domain
 from crag_dspy.embeddings import bundled_model_path
 from crag_dspy.faults import CRAGRunError, LMDownError, watch_lm
 from crag_dspy.judges.evaluator import TrainingConfig, check_encoder_folder
 from crag_dspy.lm import build_lm, describe_engine, lm_identity
 from crag_dspy.program import save_program
-from crag_dspy.redaction import configure_logging, redact
+from crag_dspy.redaction import configure_logging
 from crag_dspy.settings import Settings
 from crag_dspy.store import ingest_domain
 from crag_dspy.trace import usage_from_tracker
@@ -290,7 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
         "for the evaluator's training: for --grader evaluator on a domain with few labelled pairs, "
         "grading then needs no LM call (docs/evaluator.md)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=at_least(0), default=0, help="seed of every sampler, split and training"
+    )
     parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
     # Whole splits by default: a handful of questions cannot tell a gain from noise (docs/compile.md).
     parser.add_argument(
@@ -359,10 +367,10 @@ def main(argv: list[str] | None = None) -> int:
             distill=args.evaluator_distill,
         )
     except user_error_types() as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)  # e.g. a --chroma-host with user:password@
+        print(error_line(exc), file=sys.stderr)  # e.g. a --chroma-host with user:password@
         return 2
     except (CRAGRunError, LMDownError) as exc:  # the LM went down mid-compile: one redacted line
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 1
     md = Path(report["program"]).with_suffix(".report.md")
     print(md.read_text(encoding="utf-8"))

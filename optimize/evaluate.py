@@ -24,13 +24,19 @@ import numpy as np
 
 from crag_dspy.app import assemble, resolve_program
 from crag_dspy.baselines import NoRetrieval
-from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
+from crag_dspy.cli import (
+    add_lm_arguments,
+    add_storage_arguments,
+    error_line,
+    settings_from_args,
+    user_error_types,
+)
 from crag_dspy.domain import Domain, QAPair, load_domain
 from crag_dspy.embeddings import Embedder
 from crag_dspy.faults import CRAGRunError, LMDownError, describe_error, raise_if_lm_down, watch_lm
 from crag_dspy.lm import build_lm, lm_identity
 from crag_dspy.program import apply_program, check_dataset, read_program
-from crag_dspy.redaction import configure_logging, redact
+from crag_dspy.redaction import configure_logging
 from crag_dspy.routing import Action
 from crag_dspy.settings import Settings
 from crag_dspy.store import ingest_domain
@@ -403,10 +409,10 @@ def main(argv: list[str] | None = None) -> int:
             force=args.force,
         )
     except user_error_types() as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)  # e.g. a --chroma-host with user:password@
+        print(error_line(exc), file=sys.stderr)  # e.g. a --chroma-host with user:password@
         return 2
     except (LMDownError, CRAGRunError) as exc:  # one redacted line, no traceback, no report
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 1
     md = next(Path(p) for p in report["files"] if p.endswith(".md"))
     print(md.read_text(encoding="utf-8"))

@@ -194,6 +194,8 @@ class CRAGOptimizer(Teleprompter):
             raise ValueError(f"unknown optimizer {optimizer!r}; choose from {OPTIMIZERS}")
         if grader not in GRADER_CHOICES:
             raise ValueError(f"unknown grader {grader!r}; choose from {GRADER_CHOICES}")
+        if seed < 0:  # numpy's generators refuse it, and only after the LM work of the threshold search
+            raise ValueError(f"seed must be a whole number of at least 0, got {seed}")
         self.metric = metric or answer_metric
         self.optimizer, self.demos, self.calibration_pairs = optimizer, demos, calibration_pairs
         self.stages, self.thresholds, self.grader = tuple(stages), thresholds, grader

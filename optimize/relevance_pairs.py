@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from crag_dspy.chunking import chunk_document
-from crag_dspy.cli import user_error_types
+from crag_dspy.cli import error_line, user_error_types
 from crag_dspy.domain import CorpusDoc, Domain, QAPair, load_domain, load_jsonl
 from crag_dspy.embeddings import Embedder
 
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             questions.extend(load_jsonl(path, QAPair))
         pairs = build_relevance_pairs(domain, questions, Embedder())
     except user_error_types() as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
     out = args.out or args.domain_dir / "relevance.jsonl"
     # Rewriting the domain's own file keeps its synthetic pairs; another --out gets the derived ones only.

@@ -26,12 +26,18 @@ from pathlib import Path
 import dspy
 
 from crag_dspy.app import open_backends
-from crag_dspy.cli import add_lm_arguments, add_storage_arguments, settings_from_args, user_error_types
+from crag_dspy.cli import (
+    add_lm_arguments,
+    add_storage_arguments,
+    error_line,
+    settings_from_args,
+    user_error_types,
+)
 from crag_dspy.domain import Domain, load_domain
 from crag_dspy.faults import CRAGRunError, LMDownError, watch_lm
 from crag_dspy.lm import build_lm
 from crag_dspy.protocols import Retriever
-from crag_dspy.redaction import configure_logging, redact
+from crag_dspy.redaction import configure_logging
 from crag_dspy.settings import Settings
 
 from .compile import at_least
@@ -273,10 +279,10 @@ def main(argv: list[str] | None = None) -> int:
             apply_review=args.apply_review,
         )
     except user_error_types() as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        print(error_line(exc), file=sys.stderr)
         return 2
     except (CRAGRunError, LMDownError) as exc:
-        print(f"error: {redact(str(exc))} (what was made so far is kept; rerun to go on)", file=sys.stderr)
+        print(f"{error_line(exc)} (what was made so far is kept; rerun to go on)", file=sys.stderr)
         return 1
     print("\n".join(report.lines()))
     if not (args.accept_all or args.apply_review):

@@ -4,6 +4,7 @@ import pytest
 
 from crag_dspy.cli import build_parser, main
 from crag_dspy.console import main as console_main
+from crag_dspy.settings import Settings
 
 
 def test_help_everywhere(capsys):
@@ -52,6 +53,42 @@ def test_ingest_tiny_domain_twice(tmp_path, capsys):
 def test_bad_input_exits_2_with_a_clear_message(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "line"),
+    [
+        (
+            ["--k", "0"],
+            {},
+            "error: invalid CRAGConfig: k: Input should be greater than or equal to 1 (got 0)",
+        ),
+        (
+            [],
+            {"CRAG_CONFIG__UPPER": "2"},
+            "error: invalid Settings: config.upper: Input should be less than or equal to 1 (got '2')",
+        ),
+        (
+            ["--lower", "0.9", "--upper", "0.1"],
+            {},
+            "error: invalid CRAGConfig: lower (0.9) must not exceed upper (0.1)",
+        ),
+    ],
+)
+def test_a_setting_out_of_range_is_one_line_naming_it_and_the_value(argv, env, line, monkeypatch, capsys):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert main(["ask", "q", *argv]) == 2
+    assert capsys.readouterr().err == line + "\n"
+
+
+def test_a_base_url_without_a_served_model_is_refused_not_ignored(capsys):
+    # The embedded model would have answered while the user believed their server did.
+    assert main(["ask", "q", "--lm-api-base", "http://alice:pw@127.0.0.1:9/v1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: invalid Settings: lm_api_base: a base URL is for a served model")
+    assert "--lm openai/<model name>" in err and "pw" not in err and err.count("\n") == 1
+    assert Settings(lm="openai/m", lm_api_base="http://127.0.0.1:9/v1").lm_api_base  # with a model: fine
 
 
 def test_missing_api_key_names_the_variable(monkeypatch, capsys):

@@ -567,6 +567,7 @@ def test_distilling_for_the_llm_grade_source_is_a_usage_error(monkeypatch, capsy
             "argument --evaluator-frozen-layers: must be at least 0, got -1",
         ),
         (["--num-threads", "0"], "argument --num-threads: must be at least 1, got 0"),
+        (["--seed", "-1"], "argument --seed: must be at least 0, got -1"),  # numpy refuses it, late
         (["--demos", "many"], "argument --demos: 'many' is not a whole number"),
         (
             ["--trials", "-1"],

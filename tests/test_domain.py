@@ -99,8 +99,12 @@ def test_duplicate_ids_and_bad_toml(tmp_path):
         load_domain(tmp_path)
     write(tmp_path, "corpus.jsonl", [doc])
     write(tmp_path, "domain.toml", ['name = "bad name!"'])
-    with pytest.raises(DomainDataError, match="domain.toml"):
+    with pytest.raises(DomainDataError, match="domain.toml") as raised:
         load_domain(tmp_path)
+    # One line naming the field and the value, not pydantic's multi-line text with its links.
+    message = str(raised.value)
+    assert "\n" not in message and "errors.pydantic.dev" not in message
+    assert "domain.toml: name: " in message and "(got 'bad name!')" in message
 
 
 def test_text_folder_corpus(tmp_path):

@@ -11,7 +11,7 @@ from fakes import ScriptedLM, field
 from crag_dspy import loaders
 from crag_dspy.cli import main
 from crag_dspy.domain import DomainDataError, load_domain
-from crag_dspy.loaders import MissingExtraError, UnreadableDocumentError, load_document
+from crag_dspy.loaders import SUFFIXES, MissingExtraError, UnreadableDocumentError, load_document, load_folder
 
 PDF = Path(__file__).parent / "fixtures" / "ferry-handbook.pdf"  # tests/fixtures/make_pdf.py
 PDF_FACT = "23:40 from pier four"  # only the PDF says when the night crossing leaves
@@ -135,6 +135,21 @@ def test_a_corpus_with_nothing_readable_says_why_for_each_file(tmp_path):
     assert (
         "the corpus is empty; every file was unreadable" in message and "a.docx: cannot read .docx" in message
     )
+
+
+def test_a_file_no_reader_reads_is_named_and_hidden_or_empty_files_are_passed_over(tmp_path):
+    corpus = tmp_path / "corpus"
+    (corpus / ".git").mkdir(parents=True)
+    (corpus / "pumps.md").write_text("# Pumps\n\nThe P-40 pump moves 40 litres per minute.\n")
+    (corpus / "prices.xlsx").write_bytes(b"PK\x03\x04 a spreadsheet")
+    (corpus / "empty.md").write_text("")
+    (corpus / ".DS_Store").write_bytes(b"\x00\x01")
+    (corpus / ".git" / "config").write_text("[core]\n")
+    loaded = load_folder(corpus)
+    assert [d.id for d in loaded.docs] == ["pumps.md"]
+    assert loaded.skipped == [
+        f"{corpus / 'prices.xlsx'}: unsupported file type (supported: {', '.join(SUFFIXES)})"
+    ]
 
 
 def test_a_missing_package_names_the_extra_and_stops_the_load(domain, monkeypatch):

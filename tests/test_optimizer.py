@@ -74,6 +74,8 @@ def test_missing_or_malformed_data_is_refused_before_any_lm_call():
         CRAGOptimizer(stages=()).compile(CRAG(ListRetriever([]), ListWebSearch()), valset=qa)
     with pytest.raises(ValueError, match="unknown stage"):
         CRAGOptimizer(stages=("thresholds",))
+    with pytest.raises(ValueError, match="seed must be a whole number of at least 0, got -1"):
+        CRAGOptimizer(seed=-1)  # numpy would refuse it only at the threshold search, after the LM work
 
 
 def test_strip_labels_use_a_pairs_own_answers_else_the_qa_examples():

@@ -17,11 +17,12 @@ from ..cli import (
     add_lm_arguments,
     add_program_arguments,
     add_storage_arguments,
+    error_line,
     program_from_args,
     settings_from_args,
     user_error_types,
 )
-from ..redaction import configure_logging, redact
+from ..redaction import configure_logging
 from .api import create_app
 from .policy import policy_for
 from .service import ProgramService
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         # before the server listens; with workers, a store that needs an ingest gets it here, once.
         loaded = program_from_args(args)
     except user_error_types() as exc:
-        print(f"error: {redact(str(exc))}", file=sys.stderr)  # e.g. a --chroma-host with user:password@
+        print(error_line(exc), file=sys.stderr)  # e.g. a --chroma-host with user:password@
         return 2
     enable_access_log()
     what = f"program {loaded.path}" if loaded.compiled else "the uncompiled default program (no --program)"
