@@ -235,8 +235,15 @@ def load_program(
     With ``retriever`` and ``web_search`` given, no store is opened (bring your own backends). Otherwise
     the program's own (bundled) domain is used unless ``settings`` names one, and a program compiled
     for another domain, or on other data than the domain holds now (unless ``force``), is refused:
-    thresholds and demos tuned on one domain's data must not transfer silently.
+    thresholds and demos tuned on one domain's data must not transfer silently. Giving only one of
+    the two is an error rather than a backend silently replaced by the domain's store.
     """
+    if (retriever is None) != (web_search is None):
+        given, missing = ("retriever", "web_search") if web_search is None else ("web_search", "retriever")
+        raise ValueError(
+            f"load_program got a {given} but no {missing}: give both to bring your own backends "
+            "(crag_dspy.web.NoWebSearch() is a web search that is off), or neither to use the domain's"
+        )
     if retriever is not None and web_search is not None:
         path = resolve_program(path)
         document = read_program(path)

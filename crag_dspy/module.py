@@ -250,6 +250,16 @@ class Thresholds(Parameter):
         """Thresholds are tuned state, not demos: optimizers' resets keep them."""
 
 
+def _injected(dependency: Any, role: str, method: str, signature: str) -> Any:
+    """``dependency`` when it is None or has the protocol's method, else a TypeError saying what it lacks."""
+    if dependency is not None and not callable(getattr(dependency, method, None)):
+        raise TypeError(
+            f"{role} must have a method {signature} (crag_dspy.protocols), or be None to load or save "
+            f"state only; got {type(dependency).__name__}"
+        )
+    return dependency
+
+
 class CRAG(dspy.Module):
     """Corrective RAG. Retriever, web search and (optionally) the LM are injected.
 
@@ -288,8 +298,12 @@ class CRAG(dspy.Module):
     ):
         super().__init__()
         # Plain attributes, not DSPy parameters: they are infrastructure, never saved into program JSON.
-        self.retriever = retriever
-        self.web_search = web_search
+        # None builds a module to load or save state only; anything else must be usable, or the mistake
+        # would surface on the first question as a store or web failure.
+        self.retriever = _injected(retriever, "retriever", "retrieve", "retrieve(query, k) -> list[Passage]")
+        self.web_search = _injected(
+            web_search, "web_search", "search", "search(query, max_results) -> list[WebResult]"
+        )
         self.lm = lm
         self.embedder = embedder
         # The LLM judge, the trained evaluator or both fused (set by the compile, saved with the program).

@@ -259,3 +259,23 @@ def test_a_bad_domain_dir_is_reported_before_the_lm_starts(tmp_path, capsys, lm_
         assert run() == 2, command
         assert "corpus.jsonl:1: not valid JSON" in capsys.readouterr().err, command
     assert not (tmp_path / "chroma").exists()
+
+
+def test_a_retriever_or_web_search_without_its_method_is_refused_when_the_module_is_built():
+    # Else the mistake would surface on the first question, as a store or web failure in the trace.
+    with pytest.raises(TypeError, match=r"retriever must have a method retrieve\(query, k\).*got object"):
+        CRAG(object(), ListWebSearch())
+    with pytest.raises(
+        TypeError, match=r"web_search must have a method search\(query, max_results\).*got list"
+    ):
+        CRAG(ListRetriever([]), [])
+    assert CRAG(None, None).retriever is None  # a module to load or save state only
+
+
+def test_load_program_with_one_backend_of_two_is_an_error_not_a_silent_store(tmp_path):
+    from crag_dspy import load_program
+
+    with pytest.raises(ValueError, match="got a retriever but no web_search: give both"):
+        load_program(tmp_path / "p.json", retriever=ListRetriever([]))
+    with pytest.raises(ValueError, match="got a web_search but no retriever"):
+        load_program(tmp_path / "p.json", web_search=ListWebSearch())

@@ -200,3 +200,15 @@ def test_a_dependency_a_reader_imports_late_is_a_missing_extra_not_a_bad_file(do
         r"extra \(lxml.html.clean module is now .*\): pip install 'crag-dspy\[documents\]'",
     ):
         load_domain(domain)
+
+
+def test_loading_the_embedding_model_prints_no_progress_bar_of_its_own(monkeypatch, capfd):
+    # transformers' "Loading weights" bar broke into ingest's progress bar and every ask's output.
+    from crag_dspy import embeddings
+
+    monkeypatch.setattr(embeddings, "_MODELS", {})
+    assert len(embeddings.Embedder().encode(["pump"])[0]) == 384
+    assert "Loading weights" not in capfd.readouterr().err
+    from transformers.utils import logging as hf_logging
+
+    assert hf_logging.is_progress_bar_enabled()  # put back as it was

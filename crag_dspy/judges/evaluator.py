@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..embeddings import quiet_model_loading
+
 __all__ = [
     "ENCODER_TYPES",
     "EvaluatorError",
@@ -179,22 +181,6 @@ def check_encoder_folder(folder: Path) -> dict[str, Any]:
     return config
 
 
-@contextlib.contextmanager
-def _quiet_loading():
-    """transformers' progress bars and its "newly initialized head" warning are noise here."""
-    from transformers.utils import logging as hf_logging
-
-    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bar:
-            hf_logging.enable_progress_bar()
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -256,7 +242,7 @@ class RelevanceEvaluator:
 
         torch.manual_seed(seed)
         try:
-            with _quiet_loading():
+            with quiet_model_loading():
                 model = AutoModelForSequenceClassification.from_pretrained(
                     folder, num_labels=1, local_files_only=True, use_safetensors=True
                 )
@@ -279,7 +265,7 @@ class RelevanceEvaluator:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         try:
-            with _quiet_loading():
+            with quiet_model_loading():
                 model = AutoModelForSequenceClassification.from_pretrained(
                     folder, local_files_only=True, use_safetensors=True
                 )
@@ -305,7 +291,7 @@ class RelevanceEvaluator:
             if old.is_file():
                 old.unlink()
         self.model.config.crag_dspy = {"max_length": self.max_length, "base_model": self.base_model}
-        with _quiet_loading():
+        with quiet_model_loading():
             self.model.save_pretrained(folder, safe_serialization=True)
             self.tokenizer.save_pretrained(folder)
         return weights_manifest(folder)
