@@ -346,12 +346,21 @@ def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | Non
 def error_line(exc: BaseException) -> str:
     """The one ``error: ...`` line a command prints for ``exc``, secrets redacted. A pydantic error
     (a setting out of range, from a flag or a ``CRAG_*`` variable) is flattened to one line naming the
-    setting and the value given, without pydantic's documentation links."""
-    text = (
-        f"invalid {exc.title}: {describe_validation_error(exc)}"
-        if isinstance(exc, ValidationError)
-        else str(exc)
-    )
+    setting and the value given, without pydantic's documentation links; a ``CRAG_*`` variable that
+    should hold JSON and does not says so."""
+    from pydantic_settings import SettingsError
+
+    if isinstance(exc, ValidationError):
+        text = f"invalid {exc.title}: {describe_validation_error(exc)}"
+    elif isinstance(exc, SettingsError) and isinstance(exc.__cause__, json.JSONDecodeError):
+        # pydantic-settings names the field but neither the variable's format nor what is wrong with it.
+        text = (
+            f"{exc}: the value is not JSON ({exc.__cause__}); a list or a nested setting is JSON in the "
+            "environment, e.g. CRAG_WEB_DOMAINS='[\"wikipedia.org\"]', or one variable per part, e.g. "
+            "CRAG_CONFIG__K=8"
+        )
+    else:
+        text = str(exc)
     return f"error: {redact(text)}"
 
 

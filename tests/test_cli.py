@@ -82,6 +82,19 @@ def test_a_setting_out_of_range_is_one_line_naming_it_and_the_value(argv, env, l
     assert capsys.readouterr().err == line + "\n"
 
 
+def test_a_variable_that_should_hold_json_and_does_not_says_so(monkeypatch, capsys):
+    monkeypatch.setenv("CRAG_WEB_DOMAINS", "wikipedia.org")
+    assert main(["ask", "q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        'error: error parsing value for field "web_domains" from source "EnvSettingsSource": '
+    )
+    assert (
+        "the value is not JSON (Expecting value" in err and """CRAG_WEB_DOMAINS='["wikipedia.org"]'""" in err
+    )
+    assert err.count("\n") == 1
+
+
 def test_a_base_url_without_a_served_model_is_refused_not_ignored(capsys):
     # The embedded model would have answered while the user believed their server did.
     assert main(["ask", "q", "--lm-api-base", "http://alice:pw@127.0.0.1:9/v1"]) == 2
