@@ -137,10 +137,6 @@ class ProgramFile(BaseModel):
     thresholds: dict[str, Any] | None = None
 
 
-def _problems(exc: ValidationError) -> str:
-    return describe_validation_error(exc, whole="file")
-
-
 def program_config(crag: dspy.Module) -> dict[str, Any]:
     """``crag``'s config as a program stores it, with the (lower, upper) its thresholds route with."""
     thresholds = crag.thresholds
@@ -171,7 +167,9 @@ def save_program(crag: dspy.Module, path: Path | str, metadata: dict[str, Any] |
         try:
             ProgramMetadata.model_validate(metadata)  # never write a program that read_program refuses
         except ValidationError as exc:
-            raise ProgramError(f"program metadata is invalid: {_problems(exc)}") from None
+            raise ProgramError(
+                f"program metadata is invalid: {describe_validation_error(exc, 'file')}"
+            ) from None
         compile_facts = metadata
     grading = crag.grading
     if grading.evaluator is not None:
@@ -240,7 +238,7 @@ def read_program(
     try:
         document = schema.model_validate(document).model_dump(mode="json", exclude_unset=True)
     except ValidationError as exc:
-        raise ProgramError(f"{path}: invalid program: {_problems(exc)}") from None
+        raise ProgramError(f"{path}: invalid program: {describe_validation_error(exc, 'file')}") from None
     _warn_on_other_dependencies(document["metadata"]["dependency_versions"], path)
     if domain is not None:
         check_domain(document, domain, path)
@@ -327,7 +325,7 @@ def program_crag_config(document: dict[str, Any], lm_calls: Any = None) -> CRAGC
     try:
         config = CRAGConfig.model_validate(document["config"])
     except ValidationError as exc:
-        raise ProgramError(f"program config is invalid: {_problems(exc)}") from None
+        raise ProgramError(f"program config is invalid: {describe_validation_error(exc, 'file')}") from None
     return config if lm_calls is None else config.replace(lm_calls=lm_calls)
 
 
