@@ -6,9 +6,10 @@ The ``crag-dspy`` command itself is :mod:`crag_dspy.console`, which also runs co
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "build_parser",
     "error_line",
     "format_trace",
+    "interruptible",
     "main",
     "program_from_args",
     "settings_from_args",
@@ -327,6 +329,23 @@ def _engine(args: argparse.Namespace) -> int:
     return 0
 
 
+def interruptible(main: Callable[..., int]) -> Callable[..., int]:
+    """``main`` ending on Ctrl-C with one line on stderr and exit code 130 (128 + SIGINT, what a shell
+    expects of an interrupted command) instead of a traceback through whatever was running. What was
+    written before it stays (chunks in the store, LM answers in DSPy's disk cache): a rerun reuses it."""
+
+    @functools.wraps(main)
+    def run(*args: Any, **kwargs: Any) -> int:
+        try:
+            return main(*args, **kwargs)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            return 130
+
+    return run
+
+
+@interruptible
 def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | None = None) -> int:
     """``ingest``, ``ask`` and ``engine`` (the ``crag-dspy`` command is :func:`crag_dspy.console.main`).
 

@@ -30,6 +30,7 @@ from crag_dspy.cli import (
     add_lm_arguments,
     add_storage_arguments,
     error_line,
+    interruptible,
     settings_from_args,
     user_error_types,
 )
@@ -332,6 +333,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@interruptible
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     configure_logging(args.verbose)  # every handler redacts API keys

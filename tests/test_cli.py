@@ -1,6 +1,7 @@
 import json
 
 import pytest
+from fakes import NO_LM
 
 from crag_dspy.cli import build_parser, main
 from crag_dspy.console import main as console_main
@@ -204,3 +205,17 @@ def test_ingest_without_a_path_ingests_the_domain_the_flags_name(tmp_path, capsy
     )
     assert main(["ingest", "--domain-dir", str(domain), "--chroma-path", str(tmp_path / "chroma")]) == 0
     assert "tiny__kb: 1 documents, 1 chunks (1 added" in capsys.readouterr().out
+
+
+def test_ctrl_c_ends_every_command_with_one_line_and_exit_130(monkeypatch, capsys):
+    from optimize.compile import main as compile_main
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("crag_dspy.app.open_program", interrupt)
+    assert main(["ask", "q", *NO_LM]) == 130  # a traceback through whatever ran, before
+    monkeypatch.setattr("optimize.compile.build_lm", interrupt)
+    assert compile_main(["--no-test-eval", *NO_LM]) == 130
+    assert console_main(["compile", "--no-test-eval", *NO_LM]) == 130
+    assert capsys.readouterr().err == "interrupted\n" * 3
