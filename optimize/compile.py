@@ -245,12 +245,15 @@ def build_parser() -> argparse.ArgumentParser:
         "always a candidate and the best on val ships (default: none = zero-shot + calibration, chosen by "
         "measurement: on the embedded 1.5B every few-shot candidate scored lower, see docs/compile.md)",
     )
-    parser.add_argument("--demos", type=at_least(0), default=4, help="few-shot demos per predictor")
+    parser.add_argument(
+        "--demos", type=at_least(0), default=4, help="few-shot demos per predictor (default: %(default)s)"
+    )
     parser.add_argument(
         "--calibration-pairs",
         type=at_least(0),
         default=64,
-        help="held-out train examples per judge to fit its calibrations on (0: no calibration)",
+        help="held-out train examples per judge to fit its calibrations on (default: %(default)s; 0: no "
+        "calibration)",
     )
     parser.add_argument(
         "--stages",
@@ -281,7 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--evaluator-epochs",
         type=at_least(1),
         default=TrainingConfig().max_epochs,
-        help="most evaluator epochs",
+        help="most evaluator epochs; held-out train pairs choose how many (default: %(default)s)",
     )
     parser.add_argument(
         "--evaluator-frozen-layers",
@@ -298,7 +301,10 @@ def build_parser() -> argparse.ArgumentParser:
         "grading then needs no LM call (docs/evaluator.md)",
     )
     parser.add_argument(
-        "--seed", type=at_least(0), default=0, help="seed of every sampler, split and training"
+        "--seed",
+        type=at_least(0),
+        default=0,
+        help="seed of every sampler, split and training (default: %(default)s)",
     )
     parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
     # Whole splits by default: a handful of questions cannot tell a gain from noise (docs/compile.md).
