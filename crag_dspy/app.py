@@ -28,7 +28,7 @@ from .store import (
     store_errors,
     stored_gap,
 )
-from .web import NoWebSearch, OfflineWebSearch, TavilyWebSearch
+from .web import NoWebSearch, OfflineWebSearch, TavilyWebSearch, tavily_api_key
 
 __all__ = [
     "Backends",
@@ -37,6 +37,7 @@ __all__ = [
     "assemble",
     "build_crag",
     "build_web_search",
+    "check_web_search",
     "load_program",
     "open_backends",
     "open_program",
@@ -126,6 +127,22 @@ def _store_only(
     return Backends(settings, domain, client, embedder, has_web=has_web)
 
 
+def check_web_search(settings: Settings) -> None:
+    """Refuse a web search asked for by name that cannot run (Tavily without its key), before any work.
+
+    Running on without it would change every answer behind a warning. A missing key is set-up, refused
+    as an LM's missing key is; a search that fails later, per question, degrades and the trace says so.
+    """
+    if settings.web_search == "tavily":
+        try:
+            tavily_api_key()
+        except WebSearchError as exc:
+            raise ValueError(
+                f"web search 'tavily': {exc}, or choose another (--web-search offline or none, "
+                "CRAG_WEB_SEARCH)"
+            ) from None
+
+
 def build_web_search(settings: Settings, backends: Backends) -> WebSearch:
     choice = settings.web_search
     if choice == "auto":
@@ -135,12 +152,8 @@ def build_web_search(settings: Settings, backends: Backends) -> WebSearch:
             else ("offline" if backends.web_available else "none")
         )
     if choice == "tavily":
-        try:
-            return TavilyWebSearch(timeout_s=settings.web_timeout_s, prefer_domains=settings.web_domains)
-        except WebSearchError as exc:
-            # Questions can still be answered from internal knowledge; every trace will say why.
-            log.warning("web search unavailable: %s", exc)
-            return NoWebSearch(reason=str(exc))
+        check_web_search(settings)
+        return TavilyWebSearch(timeout_s=settings.web_timeout_s, prefer_domains=settings.web_domains)
     if choice == "offline":
         if not backends.web_available:
             raise StoreError(f"Domain {backends.domain.name!r} has no web.jsonl for the offline web search")
@@ -196,6 +209,7 @@ def assemble(
         # Nothing can be ingested yet: the corpus will be read for the ingest anyway, so a bad file is
         # reported now, before the LM starts and before a store folder is made.
         domain.corpus, domain.web  # noqa: B018 - read and validate now
+    check_web_search(settings)
     lm = app_lm(settings, lm)
     backends = open_backends(settings, progress=progress, domain=domain)
     crag = CRAG(

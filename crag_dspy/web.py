@@ -7,7 +7,15 @@ from collections.abc import Sequence
 
 from .protocols import Passage, Retriever, WebResult, WebSearchError
 
-__all__ = ["NoWebSearch", "OfflineWebSearch", "TavilyWebSearch"]
+__all__ = ["NoWebSearch", "OfflineWebSearch", "TavilyWebSearch", "tavily_api_key"]
+
+
+def tavily_api_key(api_key: str | None = None) -> str:
+    """``api_key``, else ``TAVILY_API_KEY``; a :class:`WebSearchError` naming the variable when neither is set."""
+    key = api_key or os.environ.get("TAVILY_API_KEY")
+    if not key:
+        raise WebSearchError("Tavily needs an API key: set the environment variable TAVILY_API_KEY")
+    return key
 
 
 class TavilyWebSearch:
@@ -25,10 +33,7 @@ class TavilyWebSearch:
     ):
         from tavily import TavilyClient
 
-        key = api_key or os.environ.get("TAVILY_API_KEY")
-        if not key:
-            raise WebSearchError("Tavily needs an API key: set the environment variable TAVILY_API_KEY")
-        self._client = TavilyClient(api_key=key, api_base_url=api_base_url)
+        self._client = TavilyClient(api_key=tavily_api_key(api_key), api_base_url=api_base_url)
         self._timeout_s = timeout_s
         self._prefer = list(prefer_domains)
 

@@ -3,13 +3,14 @@ knowledge and the trace says why. (test_crag_flow.py covers the same with an in-
 
 import pytest
 from fake_servers import FakeTavily
-from fakes import ListRetriever, ScriptedLM, field
+from fakes import NO_LM, ListRetriever, ScriptedLM, field
 
 from crag_dspy import CRAG
 from crag_dspy.app import Backends, build_web_search
+from crag_dspy.cli import main as cli_main
 from crag_dspy.domain import CorpusDoc, Domain, DomainConfig
 from crag_dspy.settings import Settings
-from crag_dspy.web import NoWebSearch, TavilyWebSearch
+from crag_dspy.web import TavilyWebSearch
 
 KEY = "tvly-test-SECRET-0123456789"
 KB = "Staff receive 27 days of annual leave."
@@ -77,15 +78,15 @@ def test_empty_or_malformed_results_degrade_too(results):
     assert any("returned no results" in f or "Tavily search failed" in f for f in pred.trace.fallbacks)
 
 
-def test_tavily_without_a_key_degrades_and_names_the_variable(monkeypatch, caplog):
+def test_tavily_asked_for_without_a_key_is_refused_before_any_work_naming_the_variable(monkeypatch, capsys):
+    # Asked for by name, as an LM's missing key is: not a warning and a run without the web.
     monkeypatch.delenv("TAVILY_API_KEY", raising=False)
     domain = Domain(None, DomainConfig(name="tiny"), [CorpusDoc(id="a", title="A", text=KB)])
-    web = build_web_search(Settings(web_search="tavily"), Backends(Settings(), domain, None, None))
-    assert isinstance(web, NoWebSearch) and "TAVILY_API_KEY" in caplog.text
-    pred, _ = ask(web)
-    assert pred.answer == "27 days"
-    expected = (
-        "web search failed (Tavily needs an API key: set the environment variable TAVILY_API_KEY); "
-        "internal knowledge only"
+    with pytest.raises(ValueError, match="web search 'tavily': Tavily needs an API key: set the environment"):
+        build_web_search(Settings(web_search="tavily"), Backends(Settings(), domain, None, None))
+    monkeypatch.setattr("crag_dspy.app.app_lm", lambda *a, **k: pytest.fail("the LM was built first"))
+    assert cli_main(["ask", "q", "--web-search", "tavily", *NO_LM]) == 2
+    assert capsys.readouterr().err == (
+        "error: web search 'tavily': Tavily needs an API key: set the environment variable TAVILY_API_KEY, "
+        "or choose another (--web-search offline or none, CRAG_WEB_SEARCH)\n"
     )
-    assert pred.trace.fallbacks == [expected]
