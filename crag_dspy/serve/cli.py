@@ -18,6 +18,7 @@ from ..cli import (
     add_program_arguments,
     add_storage_arguments,
     error_line,
+    interruptible,
     program_from_args,
     settings_from_args,
     user_error_types,
@@ -70,6 +71,7 @@ def enable_access_log() -> None:
     logging.getLogger("crag_dspy.serve.access").setLevel(logging.INFO)
 
 
+@interruptible  # during start-up (ingest, model load); once serving, uvicorn handles Ctrl-C itself
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
