@@ -80,8 +80,9 @@ class OfflineWebSearch:
 
 
 class NoWebSearch:
-    """Web search switched off (or unusable, e.g. no key): INCORRECT/AMBIGUOUS questions fall back to
-    internal knowledge, and ``reason`` is what every trace reports."""
+    """Web search switched off (``web_search='none'``, or ``auto`` with neither a Tavily key nor a
+    ``web.jsonl``): INCORRECT/AMBIGUOUS questions fall back to internal knowledge, and ``reason`` is what
+    every trace reports."""
 
     name = "none"
 
