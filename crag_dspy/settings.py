@@ -210,6 +210,18 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("chroma_host")
+    @classmethod
+    def _one_chroma(cls, host: str | None, info: ValidationInfo) -> str | None:
+        # Ignoring the folder would read and write the server's collections while the user believes
+        # their folder is used.
+        if host is not None and info.data.get("chroma_path") is not None:
+            raise ValueError(
+                "a Chroma server and an embedded Chroma folder (chroma_path) were both given: "
+                "keep one (--chroma-host for the server, --chroma-path for the folder)"
+            )
+        return host
+
     @field_validator("serve_queue")
     @classmethod
     def _queue_holds_the_workers(cls, queue: int, info: ValidationInfo) -> int:

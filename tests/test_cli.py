@@ -105,6 +105,17 @@ def test_a_base_url_without_a_served_model_is_refused_not_ignored(capsys):
     assert Settings(lm="openai/m", lm_api_base="http://127.0.0.1:9/v1").lm_api_base  # with a model: fine
 
 
+def test_a_chroma_server_and_folder_together_are_refused_not_one_ignored(tmp_path, capsys):
+    # The server's collections would have been used while the user believed their folder was.
+    assert main(["ask", "q", "--chroma-host", "db.internal", "--chroma-path", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: invalid Settings: chroma_host: a Chroma server and an embedded Chroma")
+    assert "keep one" in err and err.count("\n") == 1
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+    assert Settings(chroma_host="db.internal").chroma_host == "db.internal"  # alone: fine
+    assert Settings(chroma_path=tmp_path).resolved_chroma_path == tmp_path
+
+
 def test_missing_api_key_names_the_variable(monkeypatch, capsys):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     assert main(["ask", "q", "--lm", "openai/gpt-4o-mini"]) == 2
