@@ -321,3 +321,98 @@ def test_a_request_that_keeps_its_client_is_not_cancelled():
     finally:
         server.close()
     assert status == 200 and answer["usage"]["completion_tokens"] == 25 and engine.outcomes == ["done"]
+
+
+# -- the engine loading in the background (crag_dspy.lm.background) -----------------------------------
+
+
+def test_a_request_waits_for_the_engine_still_loading_and_is_answered():
+    from crag_dspy.lm.background import BackgroundEngine
+
+    release, engine = threading.Event(), ScriptedEngine()
+
+    def load():
+        release.wait(10)
+        return engine
+
+    loading = BackgroundEngine(load, name="test model")
+    server = OpenAIServer(loading, "test-model", api_key=KEY)  # serves before the model is there
+    try:
+        assert not loading.loaded
+        answered: list = []
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
+        client = threading.Thread(
+            target=lambda: answered.append(
+                post(f"http://127.0.0.1:{server.port}", "/v1/chat/completions", body)
+            )
+        )
+        client.start()
+        time.sleep(0.3)
+        assert not answered and not engine.calls  # waiting, not failing
+        release.set()
+        client.join(10)
+        status, response = answered[0]
+        assert status == 200 and response["choices"][0]["message"]["content"] == "yes"
+        assert loading.loaded and len(engine.calls) == 1
+    finally:
+        release.set()
+        server.close()
+        loading.close()
+
+
+def test_an_engine_that_failed_to_load_answers_503_with_the_reason_on_every_request(caplog):
+    from crag_dspy.lm.background import BackgroundEngine
+    from crag_dspy.lm.ik_engine import EngineError
+
+    def load():
+        raise MemoryError("cannot allocate 1.1 GB")
+
+    loading = BackgroundEngine(load, name="embedded model m")
+    server = OpenAIServer(loading, "test-model", api_key=KEY)
+    try:
+        body = json.dumps({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}).encode()
+        for _ in range(2):  # not only the first: a retry gets the reason too
+            status, response = post(f"http://127.0.0.1:{server.port}", "/v1/chat/completions", body)
+            assert status == 503
+            assert response["error"]["message"] == (
+                "the embedded model m could not be loaded: cannot allocate 1.1 GB"
+            )
+        with pytest.raises(EngineError, match="could not be loaded") as raised:
+            loading.chat([{"role": "user", "content": "hi"}], max_tokens=1)
+        assert isinstance(raised.value.__cause__, MemoryError)
+        assert not [r for r in caplog.records if r.exc_info]  # the reason, no traceback per request
+    finally:
+        server.close()
+        loading.close()
+
+
+def test_closing_waits_for_the_load_then_closes_the_engine():
+    from crag_dspy.lm.background import BackgroundEngine
+    from crag_dspy.lm.ik_engine import EngineError
+
+    closed: list[bool] = []
+
+    class Closing(ScriptedEngine):
+        def close(self):
+            closed.append(True)
+
+    def load():
+        time.sleep(0.3)
+        return Closing()
+
+    loading = BackgroundEngine(load)
+    loading.close()  # while loading: waits, and the engine it made is closed, not leaked
+    assert closed == [True] and loading.loaded
+    with pytest.raises(EngineError, match="closed"):
+        loading.chat([{"role": "user", "content": "hi"}], max_tokens=1)
+
+
+def test_what_other_threads_print_while_the_loader_holds_stderr_is_not_lost(capfd):
+    import os
+
+    from crag_dspy.lm.ik_engine import _captured_stderr
+
+    with _captured_stderr() as printed:
+        os.write(2, b"ingest 40/87 chunks\n")  # e.g. the main thread's progress bar
+    assert printed == ["ingest 40/87 chunks\n"]
+    assert capfd.readouterr().err == "ingest 40/87 chunks\n"

@@ -125,7 +125,8 @@ def start_embedded_server(
     """Start (once per process and configuration) the embedded model and return its handle.
 
     The server is shared: loading 1 GB of weights twice in one process would double memory and start-up
-    time for nothing.
+    time for nothing. With ik_llama it answers on its port at once while the weights load in the
+    background (:mod:`crag_dspy.lm.background`); requests wait for them.
     """
     if model_name not in EMBEDDED_MODELS:
         raise WeightsError(f"Unknown embedded model {model_name!r}; choose one of {sorted(EMBEDDED_MODELS)}.")
@@ -144,11 +145,16 @@ def start_embedded_server(
 def _start_ik_llama(
     model_name: str, path: Path, *, n_threads: int, n_ctx: int, n_parallel: int
 ) -> EmbeddedServer:
+    from .background import BackgroundEngine
     from .ik_engine import IkEngine
     from .openai_server import OpenAIServer
 
     # One request at a time, as llama.cpp's single slot: prompt evaluation already uses every core.
-    engine = IkEngine(path, n_threads=n_threads, n_ctx=n_ctx * n_parallel, slots=_IK_SLOTS)
+    # The weights load while the caller goes on (opening the store, loading the embedding model).
+    engine = BackgroundEngine(
+        lambda: IkEngine(path, n_threads=n_threads, n_ctx=n_ctx * n_parallel, slots=_IK_SLOTS),
+        name=f"embedded model {model_name}",
+    )
     key = _new_key()
     server = OpenAIServer(engine, model_name, api_key=key)
     log.info("starting embedded model %s (ik_llama) on 127.0.0.1:%d", model_name, server.port)

@@ -99,8 +99,11 @@ def _route_log(level: int, text: bytes, _user: Any) -> None:
 
 @contextmanager
 def _captured_stderr() -> Iterator[list[str]]:
-    """Capture what native code prints straight to file descriptor 2 (ik_llama.cpp's loader prints a
-    few lines with printf, past the log callback); the text is in the yielded list afterwards."""
+    """Capture what native code prints straight to file descriptor 2 (ik_llama.cpp's loader prints
+    its reason for failing with printf, past the log callback); the text is in the yielded list
+    afterwards, and is written to the real stderr then too: the model loads in a background thread
+    (:mod:`crag_dspy.lm.background`), so other threads' output (a progress bar, a log line) may be in
+    it and must not be lost."""
     captured: list[str] = []
     with tempfile.TemporaryFile() as sink:
         saved = os.dup(2)
@@ -111,7 +114,10 @@ def _captured_stderr() -> Iterator[list[str]]:
             os.dup2(saved, 2)
             os.close(saved)
             sink.seek(0)
-            captured.append(sink.read().decode("utf-8", errors="replace"))
+            data = sink.read()
+            if data:
+                os.write(2, data)
+            captured.append(data.decode("utf-8", errors="replace"))
 
 
 class IkEngine:
@@ -145,7 +151,6 @@ class IkEngine:
         mparams.repack_tensors = repack  # interleave rows for the CPU kernels once, at load
         with _captured_stderr() as printed:
             self._model = C.llama_model_load_from_file(str(model_path).encode(), mparams)
-        log.debug("ik_llama loader: %s", printed[0].strip())
         if not self._model:
             raise EngineError(
                 f"ik_llama.cpp could not load the model {model_path}: {printed[0].strip()[-500:]}"

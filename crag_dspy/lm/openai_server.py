@@ -27,7 +27,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from .ik_engine import Cancelled, Completion, ContextOverflow
+from .ik_engine import Cancelled, Completion, ContextOverflow, EngineError
 
 __all__ = ["ChatEngine", "OpenAIServer", "client_gone", "completion_response", "parse_request"]
 
@@ -213,6 +213,9 @@ class _Handler(BaseHTTPRequestHandler):
             ContextOverflow,
         ) as exc:  # bad JSON or parameters, bad messages, too long a prompt
             self._error(HTTPStatus.BAD_REQUEST, str(exc))
+            return
+        except EngineError as exc:  # e.g. the model could not be loaded: the reason, not a traceback
+            self._error(HTTPStatus.SERVICE_UNAVAILABLE, str(exc))
             return
         except Exception as exc:  # the client gets the reason, the server keeps serving
             log.exception("embedded engine failed")
