@@ -137,6 +137,26 @@ def test_traffic_beyond_the_cache_evicts_and_stays_correct(model_path, engine):
         small.close()
 
 
+def test_a_load_told_to_stop_stops_within_a_second_and_says_so(model_path):
+    import time
+
+    from crag_dspy.lm.background import BackgroundEngine
+    from crag_dspy.lm.ik_engine import Cancelled, IkEngine
+
+    started = time.perf_counter()
+    with pytest.raises(Cancelled, match="was stopped"):
+        IkEngine(model_path, n_threads=2, n_ctx=512, cancelled=lambda: True)
+    assert time.perf_counter() - started < 1.5  # a whole load takes 4-7 s here
+
+    loading = BackgroundEngine(
+        lambda stopping: IkEngine(model_path, n_threads=2, n_ctx=512, cancelled=stopping)
+    )
+    time.sleep(0.5)
+    started = time.perf_counter()
+    loading.close()  # e.g. at exit after every answer came from DSPy's cache
+    assert time.perf_counter() - started < 1.5 and loading.loaded
+
+
 def test_the_engines_agree_on_judgements(model_path):
     """ik_llama.cpp's kernels round differently from llama.cpp's: P(yes) moves in the second digit."""
     pytest.importorskip("xllamacpp")

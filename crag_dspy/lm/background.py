@@ -3,9 +3,10 @@
 Every command on the embedded model used to load the LLM's weights (~4 s on 2 cores: reading and
 repacking 1 GB in native code, which releases the GIL) and then, at the first retrieval, the embedding
 model (~5-8 s, mostly Python imports), one after the other. Loading the LLM in a thread overlaps the
-two: ``crag-dspy ask`` on the embedded defaults starts ~3 s sooner (``docs/performance.md``). The
-server answers on its port at once; a request that arrives before the model is loaded waits for it,
-and one that never needs the model (an answer from DSPy's cache) never waits.
+two: ``crag-dspy ask`` on the embedded defaults starts ~4 s sooner (``docs/performance.md``). The
+server answers on its port at once; a request that arrives before the model is loaded waits for it;
+when no request needs the model (every answer came from DSPy's cache), closing stops the load instead
+of waiting for it.
 """
 
 from __future__ import annotations
@@ -26,27 +27,29 @@ log = logging.getLogger(__name__)
 
 class BackgroundEngine:
     """A :class:`~crag_dspy.lm.openai_server.ChatEngine` whose engine is made by ``load`` in a
-    daemon thread; :meth:`chat` waits for it.
+    daemon thread; :meth:`chat` waits for it. ``load`` is given a callable that says True once
+    :meth:`close` was called, to stop loading early.
 
     If ``load`` fails, every call raises :class:`~crag_dspy.lm.ik_engine.EngineError` with the reason,
     so the failure reaches whoever asks (and the trace) instead of dying in the thread.
     """
 
-    def __init__(self, load: Callable[[], ChatEngine], *, name: str = "engine"):
+    def __init__(self, load: Callable[[Callable[[], bool]], ChatEngine], *, name: str = "engine"):
         self._name = name
         self._engine: ChatEngine | None = None
         self._error: BaseException | None = None
-        self._closed = False
+        self._closing = threading.Event()
         self._thread = threading.Thread(target=self._load, args=(load,), name=f"load-{name}", daemon=True)
         self._thread.start()
 
-    def _load(self, load: Callable[[], ChatEngine]) -> None:
+    def _load(self, load: Callable[[Callable[[], bool]], ChatEngine]) -> None:
         started = time.perf_counter()
         try:
-            self._engine = load()
+            self._engine = load(self._closing.is_set)
         except BaseException as exc:  # noqa: BLE001 - kept and raised to every caller of chat()
             self._error = exc
-            log.warning("the %s could not be loaded: %s", self._name, exc)
+            if not self._closing.is_set():
+                log.warning("the %s could not be loaded: %s", self._name, exc)
         else:
             log.debug("%s loaded in %.1f s (in the background)", self._name, time.perf_counter() - started)
 
@@ -58,7 +61,7 @@ class BackgroundEngine:
     def wait(self) -> ChatEngine:
         """The engine, once loaded; raises :class:`EngineError` if loading failed."""
         self._thread.join()
-        if self._closed:
+        if self._closing.is_set():
             raise EngineError(f"the {self._name} is closed")
         if self._engine is None:
             raise EngineError(f"the {self._name} could not be loaded: {self._error}") from self._error
@@ -68,9 +71,9 @@ class BackgroundEngine:
         return self.wait().chat(messages, **kwargs)
 
     def close(self) -> None:
-        """Wait for a load in progress (native code cannot be stopped half-way), then close the engine."""
+        """Stop a load in progress (``load`` is told to) and wait for it, then close the engine."""
+        self._closing.set()
         self._thread.join()
-        self._closed = True
         engine, self._engine = self._engine, None
         close = getattr(engine, "close", None)
         if close is not None:

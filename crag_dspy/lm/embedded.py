@@ -152,7 +152,9 @@ def _start_ik_llama(
     # One request at a time, as llama.cpp's single slot: prompt evaluation already uses every core.
     # The weights load while the caller goes on (opening the store, loading the embedding model).
     engine = BackgroundEngine(
-        lambda: IkEngine(path, n_threads=n_threads, n_ctx=n_ctx * n_parallel, slots=_IK_SLOTS),
+        lambda stopping: IkEngine(
+            path, n_threads=n_threads, n_ctx=n_ctx * n_parallel, slots=_IK_SLOTS, cancelled=stopping
+        ),
         name=f"embedded model {model_name}",
     )
     key = _new_key()

@@ -128,7 +128,19 @@ class IkEngine:
     its answer must fit in ``n_ctx``.
     """
 
-    def __init__(self, model_path: Path, *, n_threads: int, n_ctx: int, slots: int = 8, repack: bool = True):
+    def __init__(
+        self,
+        model_path: Path,
+        *,
+        n_threads: int,
+        n_ctx: int,
+        slots: int = 8,
+        repack: bool = True,
+        cancelled: Cancel = None,
+    ):
+        """``cancelled`` is asked as each tensor loads; when it says True, loading stops within a
+        fraction of a second and :class:`Cancelled` is raised (a process that needs no model after
+        all, e.g. every answer came from DSPy's cache, does not wait seconds for it at exit)."""
         # ``n_ctx`` tokens may be held in all; the KV cache gets twice as many cells, because a batch
         # needs a contiguous run of free cells and dropped prompt tails leave gaps.
         try:
@@ -149,8 +161,13 @@ class IkEngine:
         C.llama_backend_init()
         mparams = C.llama_model_default_params()
         mparams.repack_tensors = repack  # interleave rows for the CPU kernels once, at load
+        # Referenced until the load returns: ctypes frees a callback whose object is collected.
+        go_on = C.llama_progress_callback(lambda _progress, _user: not (cancelled and cancelled()))
+        mparams.progress_callback = go_on
         with _captured_stderr() as printed:
             self._model = C.llama_model_load_from_file(str(model_path).encode(), mparams)
+        if not self._model and cancelled is not None and cancelled():
+            raise Cancelled(f"loading {model_path.name} was stopped")
         if not self._model:
             raise EngineError(
                 f"ik_llama.cpp could not load the model {model_path}: {printed[0].strip()[-500:]}"
