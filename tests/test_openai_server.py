@@ -426,3 +426,39 @@ def test_what_other_threads_print_while_the_loader_holds_stderr_is_not_lost(capf
         os.write(2, b"ingest 40/87 chunks\n")  # e.g. the main thread's progress bar
     assert printed == ["ingest 40/87 chunks\n"]
     assert capfd.readouterr().err == "ingest 40/87 chunks\n"
+
+
+def test_a_model_that_failed_to_load_is_loaded_again_by_the_next_start(monkeypatch, tmp_path):
+    """The failure is not cached for the life of the process (e.g. a service), as a raise at start
+    never was."""
+    from crag_dspy.lm import embedded, ik_engine
+
+    attempts: list[int] = []
+
+    def flaky(*args, **kwargs):
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise MemoryError("cannot allocate 1.1 GB")
+        return ScriptedEngine()
+
+    monkeypatch.setattr(ik_engine, "IkEngine", flaky)
+    monkeypatch.setattr(embedded, "ensure_weights", lambda spec, cache_dir: tmp_path / "m.gguf")
+    monkeypatch.setattr(embedded, "_servers", {})
+    model = next(iter(embedded.EMBEDDED_MODELS))
+    start = lambda: embedded.start_embedded_server(
+        model, tmp_path, n_threads=1, n_ctx=1024, engine="ik_llama"
+    )
+    first = start()
+    base = f"http://127.0.0.1:{first.port}"
+    assert post(base, "/v1/chat/completions", OK_BODY, key=first.api_key)[0] == 503
+    assert first.failed
+    second = start()
+    try:
+        assert second is not first and not second.failed and len(attempts) == 2
+        assert (
+            post(f"http://127.0.0.1:{second.port}", "/v1/chat/completions", OK_BODY, key=second.api_key)[0]
+            == 200
+        )
+        assert start() is second  # a working server is shared, as before
+    finally:
+        second.close()

@@ -58,6 +58,11 @@ class BackgroundEngine:
         """Whether loading has finished, successfully or not."""
         return not self._thread.is_alive()
 
+    @property
+    def failed(self) -> bool:
+        """Whether loading has finished without an engine (and was not stopped by :meth:`close`)."""
+        return self.loaded and self._engine is None and not self._closing.is_set()
+
     def wait(self) -> ChatEngine:
         """The engine, once loaded; raises :class:`EngineError` if loading failed."""
         self._thread.join()

@@ -72,6 +72,14 @@ class EmbeddedServer:
         engine (whose numerics differ in the last digits) are never served as the other's."""
         return self.model_name if self.engine == "xllamacpp" else f"{self.model_name}+{self.engine}"
 
+    @property
+    def failed(self) -> bool:
+        """Whether its model failed to load (ik_llama loads in the background): it answers only 503."""
+        if self.engine != "ik_llama" or self._server is None:
+            return False
+        _, engine = self._server
+        return engine.failed
+
     def close(self) -> None:
         server, self._server = self._server, None
         if self.engine == "ik_llama" and server is not None:
@@ -133,8 +141,10 @@ def start_embedded_server(
     chosen = resolve_engine(engine)
     key = (model_name, n_threads, n_ctx, n_parallel, chosen)
     with _lock:
-        if key in _servers:
+        if key in _servers and not _servers[key].failed:
             return _servers[key]
+        if key in _servers:  # e.g. out of memory at the time: a later start may load it
+            _servers.pop(key).close()
         path = ensure_weights(EMBEDDED_MODELS[model_name], cache_dir)
         start = _start_ik_llama if chosen == "ik_llama" else _start_xllamacpp
         server = start(model_name, path, n_threads=n_threads, n_ctx=n_ctx, n_parallel=n_parallel)
