@@ -38,7 +38,7 @@ _TOP_K, _TOP_P = 40, 0.95
 
 
 class EngineError(RuntimeError):
-    """The engine could not serve a request (bad request or a llama.cpp failure)."""
+    """The engine could not load its model or serve a request (bad request or a llama.cpp failure)."""
 
 
 class ContextOverflow(EngineError):
@@ -46,7 +46,8 @@ class ContextOverflow(EngineError):
 
 
 class Cancelled(EngineError):
-    """The request was withdrawn (its client left) before it was done; nothing is returned."""
+    """The work was withdrawn before it was done (a request whose client left, or a load stopped by
+    closing the engine); nothing is returned."""
 
 
 Cancel = Callable[[], bool] | None
