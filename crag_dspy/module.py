@@ -260,6 +260,29 @@ def _injected(dependency: Any, role: str, method: str, signature: str) -> Any:
     return dependency
 
 
+def _saved_fields_by_name(module: dspy.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with each predictor's saved signature fields in the order its signature has now.
+
+    DSPy restores a signature's fields by position, so a program saved before a signature's inputs were
+    reordered (the answerer's context now comes before its question) would give each field the other's
+    description. Saved fields are matched to the current ones by their prefix ("Question:"), which DSPy
+    derives from the field's name; a predictor whose prefixes do not match one to one (an optimizer
+    rewrote one) keeps DSPy's positional order.
+    """
+    reordered = dict(state)
+    for name, predictor in module.named_predictors():
+        signature = state.get(name, {}).get("signature") if isinstance(state.get(name), dict) else None
+        saved = signature.get("fields") if isinstance(signature, dict) else None
+        if not isinstance(saved, list) or not all(isinstance(f, dict) for f in saved):
+            continue  # DSPy's own load reports a malformed state
+        current = [f.json_schema_extra["prefix"] for f in predictor.signature.fields.values()]
+        by_prefix = {f.get("prefix"): f for f in saved}
+        if len(by_prefix) == len(saved) and sorted(by_prefix, key=str) == sorted(current):
+            fields = [by_prefix[prefix] for prefix in current]
+            reordered[name] = {**state[name], "signature": {**signature, "fields": fields}}
+    return reordered
+
+
 class CRAG(dspy.Module):
     """Corrective RAG. Retriever, web search and (optionally) the LM are injected.
 
@@ -871,7 +894,7 @@ class CRAG(dspy.Module):
         self.config = config
         try:
             # DSPy's load_state does a trial run on a copy first: a bad parameter state raises untouched.
-            super().load_state(state)
+            super().load_state(_saved_fields_by_name(self, state))
         except Exception:
             self.config = previous
             self.thresholds.load_state(thresholds)

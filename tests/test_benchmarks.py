@@ -14,7 +14,7 @@ import pytest
 from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 from test_compile import make_domain
 from test_compile import script as tiny_script
-from test_parallel_evaluate import make_wide_domain, wide_script
+from test_parallel_evaluate import key_of, make_wide_domain, wide_script
 
 from crag_dspy import CRAG
 from crag_dspy.config import CRAGConfig
@@ -35,10 +35,11 @@ def load(name):
     return importlib.import_module(name)
 
 
-def test_the_suite_is_at_most_six_scripts_on_public_names_and_one_harness():
+def test_the_suite_is_at_most_seven_scripts_on_public_names_and_one_harness():
     scripts = {p.stem: p for p in BENCHMARKS.glob("*.py")}
-    # Six scripts and the harness: the sixth (service.py) measures prompt injection and a soak (issue 26).
-    assert len(scripts) <= 7 and "harness" in scripts
+    # Seven scripts and the harness: service.py measures prompt injection and a soak (issue 26),
+    # answer_order.py the answerer's input order, which decides its signature.
+    assert len(scripts) <= 8 and "harness" in scripts
     for name, path in scripts.items():
         source = path.read_text()
         for node in ast.walk(ast.parse(source)):
@@ -771,3 +772,36 @@ def test_grader_quality_distill_needs_a_program_and_a_valid_training(capsys):
         gq.main(["--distill", "--program", "default", "--frozen-layers", "-1", "--max-epochs", "0"])
     err = capsys.readouterr().err
     assert "--frozen-layers: Input should be greater than or equal to 0" in err and "--max-epochs" in err
+
+
+# --- answer_order.py --------------------------------------------------------------------------------------
+
+
+def test_answer_order_answers_each_context_both_ways_and_pairs_them(wide, tmp_path):
+    bench = load("answer_order")
+    root, chroma = wide
+    asked = []
+
+    def script(system, user):
+        if "Answer the question using only the context" in system:
+            asked.append(user.index("question:") < user.index("context:"))
+            # Asked question first, the omega and zeta questions get "I don't know".
+            if asked[-1] and key_of(field(user, "question")) in ("zeta", "omega"):
+                return {"answer": "I don't know"}
+        return wide_script(system, user)
+
+    out = tmp_path / "order.json"
+    argv = ["--domain-dir", str(root), "--chroma-path", str(chroma), "--web-search", "offline"]
+    assert bench.main([*argv, "--split", "test", "--out", str(out)], lm=ScriptedLM(script)) == 0
+    results = json.loads(out.read_text())["results"]
+    assert results["questions"] == 12 and True in asked and False in asked
+    rows = {r["id"]: r for r in results["rows"]}
+    # q0 asks for zeta, q6 and r0 for omega: right context first, "I don't know" question first.
+    for qid in ("q0", "q6", "r0"):
+        assert rows[qid]["context_first"]["correct"] and not rows[qid]["question_first"]["correct"]
+        assert rows[qid]["question_first"]["answer"] == "I don't know"
+    others = [r for qid, r in rows.items() if qid not in ("q0", "q6", "r0")]
+    assert all(r["context_first"] == r["question_first"] for r in others)
+    s = results["summary"]
+    assert (s["only_context_first"], s["only_question_first"]) == (3, 0) and s["mcnemar_p"] == 0.25
+    assert s["question_first"]["dont_know"] - s["context_first"]["dont_know"] == 3

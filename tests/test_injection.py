@@ -113,7 +113,8 @@ def test_prompts_hold_forged_passages_as_fenced_labelled_data_without_forged_mar
     assert sum(line.startswith("[internal]") for line in lines) == sum(s.source == "internal" for s in kept)
     assert all(line.count("[internal]") + line.count("[web]") == 1 for line in lines)  # no forged source tag
     assert user.count("<<<") == 1 and user.count(">>>") == 1  # one fence: no strip can close the context
-    assert user.startswith("question: ") and user.count("\ncontext:\n") == 1
+    # The question comes last, after the fenced context: no strip can put text after it.
+    assert user.startswith("context:\n<<<\n") and user.endswith(f">>>\n\nquestion: {QUESTION}")
 
 
 def test_injected_instructions_never_reach_a_prompt_and_the_trace_names_the_source():

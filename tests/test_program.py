@@ -60,6 +60,26 @@ def test_per_type_thresholds_round_trip_through_the_program_json(tmp_path):
     assert loaded.new_run("What is it?").trace.question_type == "other"
 
 
+def test_a_program_saved_with_the_answerers_old_input_order_loads_each_field_by_name(tmp_path):
+    # Programs saved before the answerer read its context first list (question, context); DSPy restores
+    # fields by position, which would give the context the question's description and the reverse.
+    state = compiled_crag().dump_state()
+    fields = state["answerer"]["signature"]["fields"]
+    assert [f["prefix"] for f in fields] == ["Context:", "Question:", "Answer:"]
+    state["answerer"]["signature"]["fields"] = [fields[1], fields[0], fields[2]]
+    loaded = CRAG(ListRetriever([]), ListWebSearch()).load_state(state)
+    signature = loaded.answerer.signature
+    assert list(signature.input_fields) == ["context", "question"]
+    assert signature.input_fields["context"].json_schema_extra["desc"].startswith("refined knowledge strips")
+    assert signature.input_fields["question"].json_schema_extra["prefix"] == "Question:"
+    assert signature.instructions == "Answer tersely from the context."
+    # A rewritten prefix cannot be matched: DSPy's positional order stands.
+    fields[2] = {**fields[2], "prefix": "Short answer:"}
+    state["answerer"]["signature"]["fields"] = [fields[1], fields[0], fields[2]]
+    loaded = CRAG(ListRetriever([]), ListWebSearch()).load_state(state)
+    assert loaded.answerer.signature.input_fields["context"].json_schema_extra["prefix"] == "Question:"
+
+
 LOADER = """
 import json, sys
 sys.path.insert(0, {tests!r})
