@@ -42,12 +42,17 @@ def question_first(signature: type[dspy.Signature]) -> type[dspy.Signature]:
     return dspy.Signature({n: (fields[n].annotation, fields[n]) for n in order}, signature.instructions)
 
 
-def answer_other_way(crag: CRAG, question: str, context: str) -> str:
-    """What CRAG's answerer replies to ``context`` with the question first, cleaned up as CRAG does."""
-    if not context:
-        return UNKNOWN_ANSWER  # CRAG answers without the LM when nothing survived refinement
+def question_first_answerer(crag: CRAG) -> dspy.Predict:
+    """CRAG's answerer (instructions, demos) with the question first."""
     predictor = crag.answerer.deepcopy()
     predictor.signature = question_first(crag.answerer.signature)
+    return predictor
+
+
+def answer_other_way(crag: CRAG, predictor: dspy.Predict, question: str, context: str) -> str:
+    """What ``predictor`` replies to ``context``, cleaned up as CRAG cleans its answerer's reply."""
+    if not context:
+        return UNKNOWN_ANSWER  # CRAG answers without the LM when nothing survived refinement
     with dspy.context(lm=crag.lm or dspy.settings.lm), text_format():
         answer = clean_answer(predictor(question=question, context=context))
     return attach_unit(answer, context) if crag.config.answer_units else answer
@@ -102,11 +107,12 @@ def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int
     questions = qa_split(domain, args.split, args.limit)
     if not questions:
         p.error(f"domain `{domain.name}` has no {args.split} questions")
+    other_way = question_first_answerer(crag)
     rows = []
     for q in tqdm(questions, desc="questions"):
         prediction = crag(question=q.question)
         context = prediction.trace.context or ""
-        other = answer_other_way(crag, q.question, context)
+        other = answer_other_way(crag, other_way, q.question, context)
         rows.append(
             {
                 "id": q.id,

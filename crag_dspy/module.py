@@ -271,7 +271,8 @@ def _saved_fields_by_name(module: dspy.Module, state: dict[str, Any]) -> dict[st
     """
     reordered = dict(state)
     for name, predictor in module.named_predictors():
-        signature = state.get(name, {}).get("signature") if isinstance(state.get(name), dict) else None
+        entry = state.get(name)
+        signature = entry.get("signature") if isinstance(entry, dict) else None
         saved = signature.get("fields") if isinstance(signature, dict) else None
         if not isinstance(saved, list) or not all(isinstance(f, dict) for f in saved):
             continue  # DSPy's own load reports a malformed state
@@ -279,7 +280,7 @@ def _saved_fields_by_name(module: dspy.Module, state: dict[str, Any]) -> dict[st
         by_prefix = {f.get("prefix"): f for f in saved}
         if len(by_prefix) == len(saved) and sorted(by_prefix, key=str) == sorted(current):
             fields = [by_prefix[prefix] for prefix in current]
-            reordered[name] = {**state[name], "signature": {**signature, "fields": fields}}
+            reordered[name] = {**entry, "signature": {**signature, "fields": fields}}
     return reordered
 
 
