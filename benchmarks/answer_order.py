@@ -26,7 +26,6 @@ import harness
 from tqdm.auto import tqdm
 
 from crag_dspy import CRAG
-from crag_dspy.generation import attach_unit, clean_answer, text_format
 from crag_dspy.module import UNKNOWN_ANSWER
 from optimize.datasets import qa_split
 from optimize.metrics import answer_matches, is_answerable, mcnemar_exact
@@ -42,20 +41,19 @@ def question_first(signature: type[dspy.Signature]) -> type[dspy.Signature]:
     return dspy.Signature({n: (fields[n].annotation, fields[n]) for n in order}, signature.instructions)
 
 
-def question_first_answerer(crag: CRAG) -> dspy.Predict:
-    """CRAG's answerer (instructions, demos) with the question first."""
-    predictor = crag.answerer.deepcopy()
-    predictor.signature = question_first(crag.answerer.signature)
-    return predictor
+def question_first_crag(crag: CRAG) -> CRAG:
+    """A copy of ``crag`` whose answerer (instructions, demos) takes the question first."""
+    other = crag.deepcopy()
+    other.answerer.signature = question_first(crag.answerer.signature)
+    return other
 
 
-def answer_other_way(crag: CRAG, predictor: dspy.Predict, question: str, context: str) -> str:
-    """What ``predictor`` replies to ``context``, cleaned up as CRAG cleans its answerer's reply."""
-    if not context:
-        return UNKNOWN_ANSWER  # CRAG answers without the LM when nothing survived refinement
-    with dspy.context(lm=crag.lm or dspy.settings.lm), text_format():
-        answer = clean_answer(predictor(question=question, context=context))
-    return attach_unit(answer, context) if crag.config.answer_units else answer
+def answer_other_way(other: CRAG, question: str, context: str) -> str:
+    """``other``'s answer to ``context`` by CRAG's own answer step: the empty-context rule, retries,
+    clean-up and unit rule are the ones the context-first answer went through."""
+    run = other.new_run(question)
+    with other.lm_scope(run.trace):
+        return other._answer(question, context, run).answer
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -107,12 +105,12 @@ def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int
     questions = qa_split(domain, args.split, args.limit)
     if not questions:
         p.error(f"domain `{domain.name}` has no {args.split} questions")
-    other_way = question_first_answerer(crag)
+    other_way = question_first_crag(crag)
     rows = []
     for q in tqdm(questions, desc="questions"):
         prediction = crag(question=q.question)
         context = prediction.trace.context or ""
-        other = answer_other_way(crag, other_way, q.question, context)
+        other = answer_other_way(other_way, q.question, context)
         rows.append(
             {
                 "id": q.id,
