@@ -38,7 +38,7 @@ built; a paraphrase gets through it. This check looks at the other end, the answ
    gives, an attack has to contradict it; when the run saw both, this flags the attack however it is
    phrased, which (3) cannot promise.
    The price is honest answers next to a superseded or neighbouring figure of the same kind (3 of
-   the 79 right answers on the default test split, 0 of 40 on popqa-dev's; docs/reliability.md).
+   the 81 right answers on the default test split, 0 of 40 on popqa-dev's; docs/reliability.md).
 
 The check is a heuristic on strings, with known limits: it cannot tell a wrong value stated as plain
 fact (corpus poisoning without an instruction) from a right one; an instruction phrased unlike any

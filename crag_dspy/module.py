@@ -44,21 +44,21 @@ from .validation import normalize_question
 
 __all__ = [
     "CRAG",
+    "RESERVE_STRIPS",
     "UNKNOWN_ANSWER",
-    "WEB_RESERVE_STRIPS",
     "JudgementMemo",
+    "Knowledge",
     "QuestionRun",
     "RetryRound",
     "RouteStages",
     "Thresholds",
-    "WebKnowledge",
     "follow_route",
     "knowledge_for",
 ]
 
 UNKNOWN_ANSWER = "I don't know"
-WEB_RESERVE_STRIPS = 1
-"""Web strips below the strip threshold kept in reserve for a route left with no other knowledge."""
+RESERVE_STRIPS = 1
+"""Strips below the strip threshold each source keeps in reserve for a route left with no knowledge."""
 _SHARED = frozenset({"retriever", "web_search", "lm", "embedder"})
 T = TypeVar("T")
 R = TypeVar("R")
@@ -94,12 +94,14 @@ class RetryRound:
 
 
 @dataclass(frozen=True)
-class WebKnowledge:
-    """Refined web knowledge: ``strips`` reached the strip threshold; ``reserve`` holds the best-scored
-    judged strip below it, which an answer falls back to only when no other knowledge survived."""
+class Knowledge:
+    """One source's refined knowledge: ``strips`` reached the strip threshold; ``reserve`` holds the
+    best-scored judged strip below it (``reserve_score``), which an answer falls back to only when no
+    knowledge of the sources its action reads survived."""
 
     strips: list[Strip]
     reserve: list[Strip] = field(default_factory=list)
+    reserve_score: float | None = None
 
 
 class RouteStages(Protocol):
@@ -107,11 +109,11 @@ class RouteStages(Protocol):
     the compile's threshold replay and the evaluation's variants serve them from shared, cached
     pieces (``optimize.shared_work.CRAGPieces``). Both route with :func:`follow_route`."""
 
-    def external(self) -> WebKnowledge | None:
+    def external(self) -> Knowledge | None:
         """Refined web knowledge; None when web search produced nothing."""
         ...
 
-    def internal(self) -> list[Strip]:
+    def internal(self) -> Knowledge:
         """Refined internal knowledge."""
         ...
 
@@ -125,28 +127,39 @@ def follow_route(action: Action, route: RouteStages) -> str:
     actions that use the web, internal knowledge for those that use it and whenever web search
     produced nothing; then the context :func:`knowledge_for` assembles."""
     external = route.external() if action.uses_web else None
-    internal = route.internal() if action.uses_internal or external is None else []
+    internal = route.internal() if action.uses_internal or external is None else Knowledge([])
     return route.answer(*knowledge_for(action, internal, external))
 
 
 def knowledge_for(
-    action: Action, internal: list[Strip], external: WebKnowledge | None
+    action: Action, internal: Knowledge, external: Knowledge | None
 ) -> tuple[list[Strip], list[Strip]]:
     """The (internal, external) strips an action answers from; ``external`` is None when web search
     produced nothing, and then INCORRECT falls back to internal knowledge.
 
-    When nothing else survived refinement, the web's reserve strip is the context: the route searched
-    the web because internal knowledge looked wrong, and a small model's strip filter scores the strip
-    that answers close to its threshold (measured on both domains, docs/experiments.md). Next to
-    surviving internal knowledge it is left out: on the default domain it made the 1.5B model doubt
-    answers it had.
+    When no strip of the sources the action reads survived refinement, the best-scored reserve strip
+    of a source the action trusts (internal first on a tie) is the context: a small model's strip
+    filter scores the strip that answers close to its threshold (measured on both domains,
+    docs/experiments.md), and a route left with nothing answers "I don't know" unread. INCORRECT's
+    fallback to internal knowledge takes no reserve: the grader judged every passage wrong. Next to
+    surviving knowledge a reserve strip is left out: on the default domain the web's made the 1.5B
+    model doubt answers it had.
     """
     if action is Action.CORRECT or external is None:
-        return internal, []
-    inside = [] if action is Action.INCORRECT else internal
-    if inside or external.strips:
-        return inside, external.strips
-    return inside, external.reserve
+        inside, outside = internal, None
+    elif action is Action.INCORRECT:
+        inside, outside = None, external
+    else:
+        inside, outside = internal, external
+    strips = ([] if inside is None else inside.strips, [] if outside is None else outside.strips)
+    if strips[0] or strips[1]:
+        return strips
+    trusted = [inside if action.uses_internal else None, outside]
+    reserves = [k for k in trusted if k is not None and k.reserve]
+    if not reserves:
+        return [], []
+    best = max(reserves, key=lambda k: -1.0 if k.reserve_score is None else k.reserve_score)
+    return (best.reserve, []) if best is inside else ([], best.reserve)
 
 
 class JudgementMemo(Protocol):
@@ -645,7 +658,7 @@ class CRAG(dspy.Module):
 
     def internal_knowledge(
         self, question: str, passages: list[Passage], scores: list[float | None], run: QuestionRun
-    ) -> list[Strip]:
+    ) -> Knowledge:
         """Decompose, filter and recompose the retrieved passages into internal knowledge.
 
         Passages graded below ``strip_threshold`` are dropped whole (their strips would be judged on
@@ -656,7 +669,8 @@ class CRAG(dspy.Module):
         refinement per question serves every (lower, upper) during tuning.
         """
         refine = stages.RefineInternal(self._refine_internal, run)
-        return refine(question=question, passages=passages, scores=scores).kept
+        refined = refine(question=question, passages=passages, scores=scores)
+        return Knowledge(refined.kept, refined.reserve, refined.reserve_score)
 
     def _refine_internal(
         self, question: str, passages: list[Passage], scores: list[float | None], run: QuestionRun
@@ -677,7 +691,7 @@ class CRAG(dspy.Module):
                 if len(pieces) == 1 and not below:
                     # The grader already judged this passage whole: asking again would be the same question.
                     reuse[strips[-1]] = score
-        return self._filter(question, strips, reuse, run)
+        return self._filter(question, strips, reuse, run, reserve=RESERVE_STRIPS)
 
     def rewrite_query(self, question: str, run: QuestionRun) -> str:
         """The web search query for ``question`` (the question itself when rewriting fails)."""
@@ -686,7 +700,7 @@ class CRAG(dspy.Module):
 
     def external_knowledge(
         self, question: str, run: QuestionRun, *, query: str | None = None, select: bool = True
-    ) -> WebKnowledge | None:
+    ) -> Knowledge | None:
         """Rewrite, search, decompose and filter web results; None when web search produced nothing.
 
         ``query`` searches with that query instead of rewriting the question, and ``select=False`` keeps
@@ -698,7 +712,7 @@ class CRAG(dspy.Module):
             return None
         refine = stages.RefineExternal(self._refine_external, run)
         refined = refine(question=question, results=searched.results, select=select)
-        return WebKnowledge(refined.kept, refined.reserve)
+        return Knowledge(refined.kept, refined.reserve, refined.reserve_score)
 
     def _search_web(self, query: str, run: QuestionRun) -> WebSearched:
         try:
@@ -722,7 +736,7 @@ class CRAG(dspy.Module):
             for rank, r in enumerate(results)
             for i, text in enumerate(decompose(r.content, self.config.sentences_per_strip))
         ]
-        return self._filter(question, strips, {}, run, select=select, reserve=WEB_RESERVE_STRIPS)
+        return self._filter(question, strips, {}, run, select=select, reserve=RESERVE_STRIPS)
 
     def generate(self, question: str, internal: list[Strip], external: list[Strip], run: QuestionRun) -> str:
         """Answer from the refined, source-tagged knowledge only."""
@@ -775,6 +789,8 @@ class CRAG(dspy.Module):
         cfg = self.config
         spare = select_strips(pairs, cfg.strip_threshold, cfg.max_strips, at_least=reserve) if select else []
         spare = recompose(s for s in spare if s not in kept_set)
+        spare_set = set(spare)
+        spare_score = max((x for s, x in pairs if s in spare_set and x is not None), default=None)
         records = [
             StripRecord(
                 source=s.source,
@@ -790,19 +806,24 @@ class CRAG(dspy.Module):
             )
             for s, score, origin, evidence in scored
         ]
-        return Refined(kept, spare, records)
+        return Refined(kept, spare, records, spare_score)
 
     def note_reserve_used(self, reserve: list[Strip], run: QuestionRun) -> None:
-        """Mark the web's reserve strips kept in the trace and say why the answer reads them."""
+        """Mark the reserve strips an answer reads kept in the trace and say why it reads them."""
         # A web page can come back as several results under one URL, each starting at position 0.
-        used = {(s.doc_id, s.position, s.text) for s in reserve}
-        records = [r for r in run.trace.external_strips if (r.doc_id, r.position, r.text) in used]
+        used = {(s.source, s.doc_id, s.position, s.text) for s in reserve}
+        records = [
+            r
+            for r in [*run.trace.internal_strips, *run.trace.external_strips]
+            if (r.source, r.doc_id, r.position, r.text) in used
+        ]
         for record in records:
             record.kept = True
+        source = "internal" if records and records[0].source == "internal" else "web"
         scores = ", ".join(f"{r.score:.2f}" for r in records if r.score is not None)
         run.fallback(
             f"no knowledge reached the strip threshold {self.config.strip_threshold}; answered from the "
-            f"best-scored web strips below it ({scores})"
+            f"best-scored {source} strips below it ({scores})"
         )
 
     def _rewrite(self, question: str, run: QuestionRun) -> str:
@@ -937,18 +958,22 @@ class _RunStages:
     scores: list[float | None]
     query: str | None  # the web query, when the internal retries wrote it already
     run: QuestionRun
-    web: WebKnowledge | None = None
+    web: Knowledge | None = None
+    inside: Knowledge | None = None
 
-    def external(self) -> WebKnowledge | None:
+    def external(self) -> Knowledge | None:
         self.web = self.crag.external_knowledge(self.question, self.run, query=self.query)
         return self.web
 
-    def internal(self) -> list[Strip]:
+    def internal(self) -> Knowledge:
         if self.run.trace.action == Action.INCORRECT.value:
             self.run.fallback("web search gave nothing; answered from internal knowledge instead")
-        return self.crag.internal_knowledge(self.question, self.passages, self.scores, self.run)
+        self.inside = self.crag.internal_knowledge(self.question, self.passages, self.scores, self.run)
+        return self.inside
 
     def answer(self, internal: list[Strip], external: list[Strip]) -> str:
-        if self.web is not None and external and external == self.web.reserve:
-            self.crag.note_reserve_used(external, self.run)
+        reserves = [k.reserve for k in (self.inside, self.web) if k is not None and k.reserve]
+        for reserve in reserves:
+            if reserve in (internal, external):
+                self.crag.note_reserve_used(reserve, self.run)
         return self.crag.generate(self.question, internal, external, self.run)

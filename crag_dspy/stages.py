@@ -49,11 +49,13 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class Refined:
     """Knowledge strips after the strip filter: ``kept`` reached the strip threshold; ``reserve`` holds the
-    best-scored strips below it (web knowledge only); ``records`` are every strip as the trace shows it."""
+    best-scored strips below it (their best score ``reserve_score``); ``records`` are every strip as the
+    trace shows it."""
 
     kept: list[Strip]
     reserve: list[Strip] = field(default_factory=list)
     records: list[StripRecord] = field(default_factory=list)
+    reserve_score: float | None = None
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dspy.utils.callback import BaseCallback
 
 from crag_dspy.baselines import passage_strips
 from crag_dspy.faults import raise_if_lm_down
-from crag_dspy.module import CRAG, RetryRound, WebKnowledge, follow_route
+from crag_dspy.module import CRAG, Knowledge, RetryRound, follow_route
 from crag_dspy.protocols import Passage, Retriever, WebResult, WebSearch
 from crag_dspy.retry import route_with_retries
 from crag_dspy.routing import Action
@@ -401,14 +401,12 @@ class CRAGPieces:
         """The top-k passages and their grades."""
         return self._stage(("grade", question, self._grader), question, self.crag.grade_documents)
 
-    def internal(
-        self, question: str, *, refine: bool = True, rounds: Sequence[RetryRound] = ()
-    ) -> list[Strip]:
+    def internal(self, question: str, *, refine: bool = True, rounds: Sequence[RetryRound] = ()) -> Knowledge:
         """Refined internal knowledge, or with ``refine=False`` the raw passages (no LM calls); with
         ``rounds``, of the passages those internal retry rounds graded too."""
         passages, scores = self._graded(question, rounds)
         if not refine:
-            return passage_strips(passages)
+            return Knowledge(passage_strips(passages))
         found = tuple(p.id for r in rounds for p in r.passages)
         return self._stage(
             ("internal", question, self._internal, found),
@@ -473,7 +471,7 @@ class CRAGPieces:
             return question
         return self._stage(("rewrite", question, self._rewriter), question, self.crag.rewrite_query)
 
-    def external(self, question: str, *, rewrite: bool = True, select: bool = True) -> WebKnowledge | None:
+    def external(self, question: str, *, rewrite: bool = True, select: bool = True) -> Knowledge | None:
         """Selected (or with ``select=False`` all) web strips for the rewritten (or original) question;
         None when web search produced nothing."""
         query = self.web_query(question, rewrite=rewrite)
@@ -532,10 +530,10 @@ class _PieceStages:
     select: bool
     rounds: tuple[RetryRound, ...]
 
-    def external(self) -> WebKnowledge | None:
+    def external(self) -> Knowledge | None:
         return self.pieces.external(self.question, rewrite=self.rewrite, select=self.select)
 
-    def internal(self) -> list[Strip]:
+    def internal(self) -> Knowledge:
         return self.pieces.internal(self.question, refine=self.refine, rounds=self.rounds)
 
     def answer(self, internal: list[Strip], external: list[Strip]) -> str:

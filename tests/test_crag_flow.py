@@ -76,14 +76,14 @@ def test_the_best_graded_passage_reaches_the_strip_filter_even_below_its_thresho
     assert pred.action == Action.CORRECT.value
     strips = {s.doc_id: s for s in pred.trace.internal_strips}
     assert set(strips) == {"kb-2"}  # the other passages graded below the cut are still dropped whole
-    assert strips["kb-2"].score_source == "strip_filter" and strips["kb-2"].kept == (strip_score >= 0.5)
+    assert strips["kb-2"].score_source == "strip_filter" and strips["kb-2"].kept
     filtered = [field(u, "strip") for s, u in lm.calls if "You judge short knowledge strips" in s]
     assert filtered == [GOOD]
-    if strip_score >= 0.5:
-        (context,) = answer_contexts(lm)
-        assert "0 to 25 mg/L" in context and "canteen" not in context
-    else:  # the strip filter disagreed with the grader: nothing to answer from, and no LM call for it
-        assert answer_contexts(lm) == [] and pred.answer == "I don't know"
+    (context,) = answer_contexts(lm)
+    assert "0 to 25 mg/L" in context and "canteen" not in context
+    # When the strip filter disagrees with the grader, the best strip is the reserve the answer reads.
+    reserve_used = [f for f in pred.trace.fallbacks if "best-scored internal strips below it (0.05)" in f]
+    assert len(reserve_used) == (strip_score < 0.5)
 
 
 def test_incorrect_rewrites_searches_and_uses_web_only():
@@ -149,6 +149,14 @@ def test_ambiguous_uses_the_web_reserve_only_when_no_internal_knowledge_survived
     (context,) = answer_contexts(lm)
     assert context.startswith("[web] (WQ-17)") and "[internal]" not in context
     assert any("best-scored web strips below it (0.41)" in f for f in pred.trace.fallbacks)
+
+    # the internal strip scores higher than the web's best: the internal reserve is the context
+    script = make_script({"0 to 25": 0.45}, {"90 days": 0.41, "0 to 25": 0.46})
+    pred, lm = run([("kb-1", GOOD)], script)
+    assert pred.action == Action.AMBIGUOUS.value
+    assert answer_contexts(lm) == [f"[internal] (kb-1) {GOOD}"]
+    assert any("best-scored internal strips below it (0.46)" in f for f in pred.trace.fallbacks)
+    assert pred.trace.internal_strips[0].kept and not any(s.kept for s in pred.trace.external_strips)
 
 
 def test_the_web_reserve_never_holds_an_unjudged_strip():
@@ -292,23 +300,44 @@ def test_deepcopy_shares_infrastructure_but_not_state():
 
 
 def test_knowledge_for_each_action():
-    from crag_dspy.module import WebKnowledge, knowledge_for
+    from crag_dspy.module import Knowledge, knowledge_for
 
-    internal, web, reserve = ["kb"], ["web"], ["weak web"]
-    for external in (WebKnowledge(web), WebKnowledge(web, reserve)):
-        assert knowledge_for(Action.CORRECT, internal, external) == (internal, [])
+    kb, web, reserve = ["kb"], ["web"], ["weak web"]
+    internal = Knowledge(kb)
+    for external in (Knowledge(web), Knowledge(web, reserve, 0.4)):
+        assert knowledge_for(Action.CORRECT, internal, external) == (kb, [])
         assert knowledge_for(Action.INCORRECT, internal, external) == ([], web)
-        assert knowledge_for(Action.AMBIGUOUS, internal, external) == (internal, web)
-        assert knowledge_for(Action.AMBIGUOUS, [], external) == ([], web)
-    assert knowledge_for(Action.INCORRECT, internal, None) == (internal, [])  # web gave nothing
-    assert knowledge_for(Action.AMBIGUOUS, internal, None) == (internal, [])
-    # Nothing reached the strip threshold: the reserve, but never next to internal knowledge.
-    weak = WebKnowledge([], reserve)
+        assert knowledge_for(Action.AMBIGUOUS, internal, external) == (kb, web)
+        assert knowledge_for(Action.AMBIGUOUS, Knowledge([]), external) == ([], web)
+    assert knowledge_for(Action.INCORRECT, internal, None) == (kb, [])  # web gave nothing
+    assert knowledge_for(Action.AMBIGUOUS, internal, None) == (kb, [])
+    # Nothing reached the strip threshold: the reserve, but never next to surviving knowledge.
+    weak = Knowledge([], reserve, 0.4)
     assert knowledge_for(Action.INCORRECT, internal, weak) == ([], reserve)
-    assert knowledge_for(Action.AMBIGUOUS, [], weak) == ([], reserve)
-    assert knowledge_for(Action.AMBIGUOUS, internal, weak) == (internal, [])
-    assert knowledge_for(Action.CORRECT, [], weak) == ([], [])
-    assert knowledge_for(Action.INCORRECT, internal, WebKnowledge([])) == ([], [])
+    assert knowledge_for(Action.AMBIGUOUS, Knowledge([]), weak) == ([], reserve)
+    assert knowledge_for(Action.AMBIGUOUS, internal, weak) == (kb, [])
+    assert knowledge_for(Action.CORRECT, Knowledge([]), weak) == ([], [])  # CORRECT never reads the web
+    assert knowledge_for(Action.INCORRECT, internal, Knowledge([])) == ([], [])
+
+
+def test_knowledge_for_takes_the_best_scored_reserve_of_the_sources_the_action_reads():
+    from crag_dspy.module import Knowledge, knowledge_for
+
+    low_kb, high_kb = Knowledge([], ["weak kb"], 0.3), Knowledge([], ["weak kb"], 0.45)
+    weak_web = Knowledge([], ["weak web"], 0.4)
+    assert knowledge_for(Action.AMBIGUOUS, high_kb, weak_web) == (["weak kb"], [])
+    assert knowledge_for(Action.AMBIGUOUS, low_kb, weak_web) == ([], ["weak web"])
+    tie = Knowledge([], ["weak kb"], 0.4)
+    assert knowledge_for(Action.AMBIGUOUS, tie, weak_web) == (["weak kb"], [])  # internal first
+    assert knowledge_for(Action.CORRECT, low_kb, weak_web) == (["weak kb"], [])
+    assert knowledge_for(Action.INCORRECT, high_kb, weak_web) == ([], ["weak web"])  # never internal
+    assert knowledge_for(Action.INCORRECT, high_kb, None) == ([], [])  # web gave nothing: no reserve
+    assert knowledge_for(Action.AMBIGUOUS, high_kb, None) == (["weak kb"], [])
+    assert knowledge_for(Action.AMBIGUOUS, high_kb, Knowledge([])) == (["weak kb"], [])
+    assert knowledge_for(Action.AMBIGUOUS, Knowledge([]), Knowledge([])) == ([], [])
+    # Surviving knowledge of either source keeps both reserves out.
+    assert knowledge_for(Action.AMBIGUOUS, high_kb, Knowledge(["web"], [], None)) == ([], ["web"])
+    assert knowledge_for(Action.AMBIGUOUS, Knowledge(["kb"]), weak_web) == (["kb"], [])
 
 
 def test_completion_marker_run_into_the_answer_is_cut_off():

@@ -165,7 +165,7 @@ def test_a_text_judged_in_one_piece_is_not_judged_again_in_another():
     judged = [u for s, u in lm.calls if "You judge" in s]
     external = pieces.external(Q, rewrite=False)
     assert [u for s, u in lm.calls if "You judge" in s] == judged  # no strip judged twice
-    assert [s.text for s in internal] == [s.text for s in external.strips] == [GOOD]
+    assert [s.text for s in internal.strips] == [s.text for s in external.strips] == [GOOD]
     assert len(judged) == 4  # the passage, then its three strips
     other = CRAGPieces(crag, SharedWork())  # another memo: nothing shared
     other.external(Q, rewrite=False)
