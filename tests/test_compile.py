@@ -232,21 +232,22 @@ def test_precompute_answers_each_distinct_context_once():
         QAPair(id="b", question="What is the omega code?", answers=["W700"], split="val"),
     ]
     # Standalone LM requests per action: 2 grades, + a rewrite and the web strip's judgement for the
-    # web actions, + an answer unless no knowledge survived refinement ("b"'s documents are both graded
-    # irrelevant: the better-graded one, kb-1 by rank, still reaches the strip filter, which drops it;
-    # "a"'s web strip is about omega and dropped, so INCORRECT answers from it as the web's reserve).
+    # web actions, + the internal strip's judgement where it is read, + an answer ("b"'s documents are
+    # both graded irrelevant: the better-graded one, kb-1 by rank, still reaches the strip filter,
+    # which drops it, and CORRECT answers from it as the internal reserve; "a"'s web strip is about
+    # omega and dropped, so INCORRECT answers from it as the web's reserve).
     for web, answer_calls, requests in (
         (
             ListWebSearch([WebResult("O", "u", "The omega code is W700.")]),
             6,
-            [{"CORRECT": 3, "AMBIGUOUS": 5, "INCORRECT": 5}, {"CORRECT": 3, "AMBIGUOUS": 6, "INCORRECT": 5}],
+            [{"CORRECT": 3, "AMBIGUOUS": 5, "INCORRECT": 5}, {"CORRECT": 4, "AMBIGUOUS": 6, "INCORRECT": 5}],
         ),
         (
             ListWebSearch([]),
             2,
-            [{"CORRECT": 3, "AMBIGUOUS": 4, "INCORRECT": 4}, {"CORRECT": 3, "AMBIGUOUS": 4, "INCORRECT": 4}],
+            [{"CORRECT": 3, "AMBIGUOUS": 4, "INCORRECT": 4}, {"CORRECT": 4, "AMBIGUOUS": 5, "INCORRECT": 4}],
         ),
-    ):  # no web: all three actions share one context
+    ):  # no web: one context per question ("b"'s INCORRECT falls back to internal knowledge, no reserve)
         lm.calls.clear()
         routes, usage = precompute_routes(
             CRAG(retriever, web, CRAGConfig(k=2), lm=lm), questions, progress=False
