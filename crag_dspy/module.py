@@ -145,17 +145,12 @@ def knowledge_for(
     surviving knowledge a reserve strip is left out: on the default domain the web's made the 1.5B
     model doubt answers it had.
     """
-    if action is Action.CORRECT or external is None:
-        inside, outside = internal, None
-    elif action is Action.INCORRECT:
-        inside, outside = None, external
-    else:
-        inside, outside = internal, external
-    strips = ([] if inside is None else inside.strips, [] if outside is None else outside.strips)
-    if strips[0] or strips[1]:
-        return strips
-    trusted = [inside if action.uses_internal else None, outside]
-    reserves = [k for k in trusted if k is not None and k.reserve]
+    nothing = Knowledge([])
+    inside = internal if action.uses_internal or external is None else nothing
+    outside = external if action.uses_web and external is not None else nothing
+    if inside.strips or outside.strips:
+        return inside.strips, outside.strips
+    reserves = [k for k in (inside if action.uses_internal else nothing, outside) if k.reserve]
     if not reserves:
         return [], []
     best = max(reserves, key=lambda k: -1.0 if k.reserve_score is None else k.reserve_score)
@@ -819,7 +814,7 @@ class CRAG(dspy.Module):
         ]
         for record in records:
             record.kept = True
-        source = "internal" if records and records[0].source == "internal" else "web"
+        source = reserve[0].source  # one source's reserve: knowledge_for never mixes them
         scores = ", ".join(f"{r.score:.2f}" for r in records if r.score is not None)
         run.fallback(
             f"no knowledge reached the strip threshold {self.config.strip_threshold}; answered from the "
@@ -972,8 +967,7 @@ class _RunStages:
         return self.inside
 
     def answer(self, internal: list[Strip], external: list[Strip]) -> str:
-        reserves = [k.reserve for k in (self.inside, self.web) if k is not None and k.reserve]
-        for reserve in reserves:
-            if reserve in (internal, external):
-                self.crag.note_reserve_used(reserve, self.run)
+        for known in (self.inside, self.web):
+            if known is not None and known.reserve and known.reserve in (internal, external):
+                self.crag.note_reserve_used(known.reserve, self.run)
         return self.crag.generate(self.question, internal, external, self.run)
