@@ -10,7 +10,7 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "true")
 
 from .app import build_crag, load_program
-from .config import CRAGConfig, GraderView, LMCalls
+from .config import CRAGConfig, JudgeView, LMCalls
 from .domain import Domain, DomainDataError, load_domain
 from .faults import CRAGRunError, LMUnavailableError, RetrievalError, RunCancelled
 from .module import CRAG, Thresholds
@@ -28,7 +28,7 @@ __all__ = [
     "CRAGRunError",
     "Domain",
     "DomainDataError",
-    "GraderView",
+    "JudgeView",
     "LMCalls",
     "LMUnavailableError",
     "Passage",

@@ -24,21 +24,21 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["CRAGConfig", "GraderView", "LMCalls", "describe_validation_error"]
+__all__ = ["CRAGConfig", "JudgeView", "LMCalls", "describe_validation_error"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
-class GraderView(BaseModel):
-    """What the LLM grader reads of a passage (:class:`~crag_dspy.judges.view.SentenceFocus`)."""
+class JudgeView(BaseModel):
+    """What an LLM judge reads of the text it judges (:class:`~crag_dspy.judges.view.SentenceFocus`)."""
 
     model_config = _FROZEN
 
     sentences: int = Field(
         1,
         ge=0,
-        description="The grader reads a passage's title and this many of its sentences most similar to "
-        "the question; 0 reads whole passages.",
+        description="The judge reads this many of the text's sentences most similar to the question (a "
+        "passage keeps its title line); 0 reads the whole text.",
     )
 
 
@@ -82,7 +82,13 @@ class CRAGConfig(BaseModel):
     web_results: int = Field(3, ge=1, le=10, description="Web results requested per search.")
 
     # --- beyond the paper -----------------------------------------------------------------------
-    grader_view: GraderView = Field(default_factory=GraderView)
+    grader_view: JudgeView = Field(
+        default_factory=JudgeView, description="What the grader reads of a passage: its title and sentences."
+    )
+    strip_view: JudgeView = Field(
+        default_factory=JudgeView,
+        description="What the strip filter reads of a strip; the answer still reads kept strips whole.",
+    )
     answer_units: bool = Field(
         True,
         description='A bare-number answer gets the unit its context states ("260" -> "260 velds").',

@@ -18,7 +18,7 @@ from dspy.predict.parameter import Parameter
 from signatures import AnswerFromContext, FilterStrip, GradeDocument, ReviseQuery, RewriteQuery
 
 from . import stages
-from .config import CRAGConfig
+from .config import CRAGConfig, JudgeView
 from .embeddings import Embedder
 from .faults import (
     LMHealth,
@@ -350,23 +350,26 @@ class CRAG(dspy.Module):
 
     @property
     def config(self) -> CRAGConfig:
-        """The settings this module runs with. Assigning one rebuilds the grader's view; one with another
+        """The settings this module runs with. Assigning one rebuilds the judges' views; one with another
         (lower, upper) also resets the thresholds to that pair (per-type pairs included), while one with
         the same pair keeps tuned thresholds. Demos and calibrations stay."""
         return self._config
 
     @config.setter
     def config(self, config: CRAGConfig) -> None:
-        view = config.grader_view
-        if view.sentences and self.embedder is None:
+        if (config.grader_view.sentences or config.strip_view.sentences) and self.embedder is None:
             self.embedder = Embedder()  # lazy: the model loads on the first passage that needs it
         for judge in (self.grader, self.strip_filter):
             judge.use_logprobs, judge.retries = config.lm_calls.use_logprobs, config.lm_calls.retries
-        self.grader.view = SentenceFocus(view.sentences, self.embedder) if view.sentences else None
+        self.grader.view = self._focus(config.grader_view, "document")
+        self.strip_filter.view = self._focus(config.strip_view, "strip")
         previous = getattr(self, "_config", None)
         if previous is None or (previous.lower, previous.upper) != (config.lower, config.upper):
             self.thresholds = Thresholds(config.lower, config.upper)
         self._config = config
+
+    def _focus(self, view: JudgeView, field: str) -> SentenceFocus | None:
+        return SentenceFocus(view.sentences, self.embedder, field=field) if view.sentences else None
 
     def __deepcopy__(self, memo: dict) -> CRAG:
         # Optimizers copy programs often; stores, clients and the LM are shared infrastructure, not state.
@@ -750,8 +753,8 @@ class CRAG(dspy.Module):
     ) -> Refined:
         """The kept strips, the best-scored strips below the threshold that make up ``reserve`` strips in
         all, and the trace's records of every strip."""
-        # (strip, score, where the score came from, lexical evidence the strip filter weighed)
-        scored: list[tuple[Strip, float | None, str, dict[str, float] | None]] = []
+        # (strip, score, where the score came from, the judgement when the strip filter judged it)
+        scored: list[tuple[Strip, float | None, str, Judgement | None]] = []
         to_judge = [strip for strip in strips if select and strip not in reuse]
 
         def judge(strip: Strip) -> tuple[Judgement, bool]:
@@ -768,6 +771,11 @@ class CRAG(dspy.Module):
                     scored.append((strip, reuse[strip], "document_grade", None))
                     continue
                 judgement, asked = next(judged)
+                if judgement.view_error:
+                    run.fallback(
+                        f"strip filter's sentence focus failed on a strip of {strip.doc_id} "
+                        f"({judgement.view_error}); judged the whole strip"
+                    )
                 if judgement.score is None:
                     run.error(
                         f"strip filter failed on a strip of {strip.doc_id} (dropped): {judgement.errors[-1]}"
@@ -775,7 +783,7 @@ class CRAG(dspy.Module):
                 if asked:
                     self._count_lm_outcome(judgement, "strip_filter", run)
                 origin = "strip_filter" if judgement.score is not None else "error"
-                scored.append((strip, judgement.score, origin, judgement.evidence))
+                scored.append((strip, judgement.score, origin, judgement))
         pairs = [(s, score) for s, score, _, _ in scored]
         kept = recompose(
             select_strips(pairs, self.config.strip_threshold, self.config.max_strips) if select else strips
@@ -797,9 +805,10 @@ class CRAG(dspy.Module):
                 score_source=origin,
                 kept=s in kept_set,
                 url=s.url if s.source == "web" else None,
-                evidence=evidence,
+                judged_text=(judgement.shown or {}).get("strip") if judgement else None,
+                evidence=judgement.evidence if judgement else None,
             )
-            for s, score, origin, evidence in scored
+            for s, score, origin, judgement in scored
         ]
         return Refined(kept, spare, records, spare_score)
 

@@ -235,6 +235,8 @@ def read_program(
     _check_format(document, path)
     if not isinstance(document.get("config"), dict):
         raise ProgramError(f"{path}: program is missing its 'config' section")
+    # A program saved before ``strip_view`` existed fitted its strip filter on whole strips.
+    document["config"].setdefault("strip_view", {"sentences": 0})
     try:
         document = schema.model_validate(document).model_dump(mode="json", exclude_unset=True)
     except ValidationError as exc:

@@ -63,6 +63,9 @@ class StripRecord(BaseModel):
     )
     kept: bool
     url: str | None = None
+    judged_text: str | None = Field(
+        None, description="what the strip filter read, when it was shown an excerpt of the strip"
+    )
     evidence: dict[str, float] | None = Field(
         None, description="lexical evidence the compiled strip filter weighed next to the LM"
     )

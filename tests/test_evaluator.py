@@ -14,7 +14,7 @@ import pytest
 from fakes import ListRetriever, ListWebSearch, ScriptedLM, compile_report, field
 
 from crag_dspy import CRAG
-from crag_dspy.config import CRAGConfig, GraderView
+from crag_dspy.config import CRAGConfig, JudgeView
 from crag_dspy.judges.evaluator import (
     EvaluatorError,
     RelevanceEvaluator,
@@ -411,7 +411,7 @@ def test_distilled_pairs_are_the_llm_judges_labels_on_the_top_k_no_label_covers(
         ]
     )
     lm = ScriptedLM(_keyword_judge)
-    crag = CRAG(retriever, ListWebSearch(), CRAGConfig(k=3, grader_view=GraderView(sentences=0)), lm=lm)
+    crag = CRAG(retriever, ListWebSearch(), CRAGConfig(k=3, grader_view=JudgeView(sentences=0)), lm=lm)
     crag.grading.use("evaluator", trained[0], LinearScore({"evaluator": 1.0}, 0.0))  # the teacher is the LLM
     with dspy.context(lm=lm):
         pairs, info = distilled_pairs(
@@ -469,7 +469,7 @@ def _distil(tiny_encoder, embedder, *, noisy_train: bool, judge):
     crag = CRAG(
         _QuestionRetriever(fresh),
         ListWebSearch(),
-        CRAGConfig(k=2, grader_view=GraderView(sentences=0)),
+        CRAGConfig(k=2, grader_view=JudgeView(sentences=0)),
         lm=lm,
     )
     llm = JudgeScores(
@@ -529,7 +529,7 @@ def _evaluator_crag(evaluator, mode="evaluator", lm=None):
     crag = CRAG(
         ListRetriever([("kb-yes", "the river answer yes"), ("kb-no", "the river answer no")]),
         ListWebSearch(),
-        CRAGConfig(grader_view=GraderView(sentences=0)),
+        CRAGConfig(grader_view=JudgeView(sentences=0)),
         lm=lm or ScriptedLM(_script),
     )
     fused = LinearScore({"llm": 0.5, "evaluator": 1.0, "similarity": 0.1}, 0.0) if mode == "fused" else None
@@ -586,12 +586,12 @@ import json, sys
 sys.path.insert(0, {str(TESTS)!r})
 from test_evaluator import _evaluator_crag
 from crag_dspy import CRAG
-from crag_dspy.config import CRAGConfig, GraderView
+from crag_dspy.config import CRAGConfig, JudgeView
 from fakes import ListRetriever, ListWebSearch, ScriptedLM
 from test_evaluator import _script
 from crag_dspy.program import apply_program, read_program
 crag = CRAG(ListRetriever([("kb-yes", "the river answer yes"), ("kb-no", "the river answer no")]),
-            ListWebSearch(), CRAGConfig(grader_view=GraderView(sentences=0)), lm=ScriptedLM(_script))
+            ListWebSearch(), CRAGConfig(grader_view=JudgeView(sentences=0)), lm=ScriptedLM(_script))
 apply_program(crag, read_program({str(path)!r}), {str(tmp_path)!r})
 pred = crag(question="what is the river")
 print(json.dumps([[d.score for d in pred.trace.documents], pred.action]))
@@ -609,7 +609,7 @@ def test_tampered_program_weights_are_refused_and_nothing_is_applied(tmp_path, t
     target = CRAG(
         ListRetriever([]),
         ListWebSearch(),
-        CRAGConfig(lower=0.11, upper=0.88, grader_view=GraderView(sentences=0)),
+        CRAGConfig(lower=0.11, upper=0.88, grader_view=JudgeView(sentences=0)),
     )
     with pytest.raises(ProgramError, match="model.safetensors: altered or foreign"):
         apply_program(target, read_program(path), tmp_path)

@@ -1,4 +1,4 @@
-"""The grader's sentence focus: pure selection, what the LM is shown, the trace, programs, failures."""
+"""The judges' sentence focus: pure selection, what the LM is shown, the trace, programs, failures."""
 
 import json
 
@@ -6,9 +6,9 @@ import pytest
 from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 
 from crag_dspy import CRAG
-from crag_dspy.config import CRAGConfig, GraderView
+from crag_dspy.config import CRAGConfig, JudgeView
 from crag_dspy.judges.view import SentenceFocus, focus_document, ranked_excerpt, top_sentences
-from crag_dspy.program import apply_program, save_program
+from crag_dspy.program import apply_program, read_program, save_program
 
 QUESTION = "What is the hotel cap of Travel Policy v4?"
 PASSAGE = (
@@ -160,7 +160,7 @@ def test_whole_passages_with_zero_sentences():
     crag = CRAG(
         ListRetriever([("kb-1", PASSAGE.split("\n", 1)[1])]),
         ListWebSearch(),
-        CRAGConfig(grader_view=GraderView(sentences=0)),
+        CRAGConfig(grader_view=JudgeView(sentences=0)),
         lm=lm,
     )
     pred = crag(question=QUESTION)
@@ -168,16 +168,17 @@ def test_whole_passages_with_zero_sentences():
     graded = [field(user, "document") for system, user in lm.calls if "You judge search results" in system]
     assert "canteen" in graded[0]
     with pytest.raises(ValueError, match="greater than or equal to 0"):
-        GraderView(sentences=-1)
+        JudgeView(sentences=-1)
+
+
+class BrokenEmbedder:
+    name = "broken"
+
+    def encode(self, texts):
+        raise RuntimeError("embedding model went away")
 
 
 def test_a_failing_focus_grades_the_whole_passage_and_says_so():
-    class BrokenEmbedder:
-        name = "broken"
-
-        def encode(self, texts):
-            raise RuntimeError("embedding model went away")
-
     lm = ScriptedLM(grading_script)
     crag = CRAG(
         ListRetriever([("kb-1", PASSAGE.split("\n", 1)[1])]),
@@ -195,10 +196,84 @@ def test_a_failing_focus_grades_the_whole_passage_and_says_so():
 
 
 def test_the_focus_travels_with_the_program(tmp_path):
-    crag = CRAG(ListRetriever([]), ListWebSearch(), CRAGConfig(grader_view=GraderView(sentences=2)))
+    crag = CRAG(ListRetriever([]), ListWebSearch(), CRAGConfig(grader_view=JudgeView(sentences=2)))
     doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
     assert doc["config"]["grader_view"] == {"sentences": 2}
     loaded = apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc)
     assert loaded.config.grader_view.sentences == 2 and loaded.grader.view.sentences == 2
     doc["config"]["grader_view"] = {"sentences": 0}
     assert apply_program(CRAG(ListRetriever([]), ListWebSearch()), doc).grader.view is None
+
+
+# Six sentences: two strips of three, each with one sentence about the hotel cap.
+LONG = (
+    "Receipts are kept for seven years. The hotel cap is 180 velds. Soup is served on Fridays. "
+    "Parking is free for visitors. Booking a hotel needs a manager's approval. The canteen opens at eight."
+)
+
+
+def strip_script(system, user):
+    if "You judge search results" in system:
+        return 0.9
+    if "You judge short knowledge strips" in system:
+        return 0.9 if "hotel" in field(user, "strip").lower() else 0.05
+    if "Answer the question using only the context" in system:
+        return {"answer": "180 velds"}
+    raise AssertionError(system[:60])
+
+
+def strips_judged(lm):
+    return [field(user, "strip") for system, user in lm.calls if "You judge short knowledge strips" in system]
+
+
+def test_the_strip_filter_reads_each_strips_best_sentence_and_the_answer_whole_strips():
+    lm = ScriptedLM(strip_script)
+    crag = CRAG(ListRetriever([("kb-1", LONG)]), ListWebSearch(), lm=lm, embedder=CountingEmbedder())
+    assert crag.config.strip_view.sentences == 1  # the default
+    pred = crag(question=QUESTION)
+    judged = strips_judged(lm)
+    assert judged == ["The hotel cap is 180 velds.", "Booking a hotel needs a manager's approval."]
+    assert [s.judged_text for s in pred.trace.internal_strips] == judged
+    assert all(s.kept for s in pred.trace.internal_strips)
+    answered = next(field(u, "context") for s, u in lm.calls if "Answer the question using only" in s)
+    assert "Soup is served on Fridays." in answered and "The canteen opens at eight." in answered
+
+
+def test_whole_strips_with_zero_sentences():
+    lm = ScriptedLM(strip_script)
+    config = CRAGConfig(strip_view=JudgeView(sentences=0))
+    crag = CRAG(ListRetriever([("kb-1", LONG)]), ListWebSearch(), config, lm=lm, embedder=CountingEmbedder())
+    pred = crag(question=QUESTION)
+    assert crag.strip_filter.view is None
+    assert strips_judged(lm) == [s.text for s in pred.trace.internal_strips] and len(strips_judged(lm)) == 2
+    assert all(s.judged_text is None for s in pred.trace.internal_strips)
+
+
+def test_a_failing_strip_focus_judges_the_whole_strip_and_says_so():
+    lm = ScriptedLM(strip_script)
+    config = CRAGConfig(grader_view=JudgeView(sentences=0))
+    crag = CRAG(ListRetriever([("kb-1", LONG)]), ListWebSearch(), config, lm=lm, embedder=BrokenEmbedder())
+    pred = crag(question=QUESTION)
+    assert strips_judged(lm) == [s.text for s in pred.trace.internal_strips]
+    assert sum("strip filter's sentence focus failed" in f for f in pred.trace.fallbacks) == 2
+
+
+def test_the_strip_focus_shows_the_strip_field_without_a_title():
+    focus = SentenceFocus(1, CountingEmbedder(), field="strip")
+    inputs = {
+        "question": QUESTION,
+        "strip": "Receipts are kept. The hotel cap is 180 velds. Parking is free.",
+    }
+    assert focus(inputs) == {"question": QUESTION, "strip": "The hotel cap is 180 velds."}
+    assert "field='strip'" in repr(focus)
+
+
+def test_a_program_saved_before_strip_views_reads_whole_strips(tmp_path):
+    crag = CRAG(ListRetriever([]), ListWebSearch())
+    path = save_program(crag, tmp_path / "p.json", {"domain": "default"})
+    doc = json.loads(path.read_text())
+    assert doc["config"]["strip_view"] == {"sentences": 1}
+    del doc["config"]["strip_view"]  # as every program compiled before it was written
+    path.write_text(json.dumps(doc))
+    assert read_program(path)["config"]["strip_view"] == {"sentences": 0}
+    assert CRAG(ListRetriever([]), ListWebSearch()).load(path).strip_filter.view is None

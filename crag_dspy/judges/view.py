@@ -1,11 +1,13 @@
-"""What the grader reads of a passage: its title and the sentences most similar to the question.
+"""What an LLM judge reads: the sentences most similar to the question (and a passage's title).
 
 Grading every retrieved passage with the LM reads as many prompt tokens as plain RAG's whole answer,
 so on a CPU grading alone cost about what plain RAG does (BENCHMARKS.md). Most of a passage is not
 about what the question asks, and the sentence that is tends to be the one the bundled sentence
 embeddings rank first. The grader reads the title and that sentence (``CRAGConfig.grader_view``);
 the measurements behind the default are in docs/experiments.md ("Settings beyond the paper"). The
-paper's evaluator also reads a bounded input (512 tokens).
+paper's evaluator also reads a bounded input (512 tokens). The strip filter reads a strip's best
+sentence the same way (``CRAGConfig.strip_view``): a strip is three sentences of one passage, and the
+answer still reads the strips it keeps whole.
 """
 
 from __future__ import annotations
@@ -83,9 +85,10 @@ def ranked_excerpt(document: str, question: str, embed: Callable[[list[str]], An
 
 
 class SentenceFocus:
-    """A judge input view: ``document`` becomes its title and the ``sentences`` sentences most similar to
-    ``question`` (bundled MiniLM embeddings; ~40 ms per new passage on 2 CPU cores, next to ~1 s for the
-    LM's judgement).
+    """A judge input view: the input ``field`` (``"document"`` for the grader, ``"strip"`` for the strip
+    filter) becomes its title line and the ``sentences`` sentences most similar to ``question`` (bundled
+    MiniLM embeddings; ~40 ms per new passage on 2 CPU cores, next to ~1 s for the LM's judgement). A
+    text without a line break has no title line: a strip is sentences only.
 
     Infrastructure, not learned state: it is shared by copies of the judge, never saved in a program's
     state (the program's config records ``grader_view`` instead).
@@ -94,10 +97,11 @@ class SentenceFocus:
     VECTORS_KEPT = 16384
     """Sentence and question vectors kept (384 floats each: ~50 MB at most)."""
 
-    def __init__(self, sentences: int, embedder: Embedder | None = None):
+    def __init__(self, sentences: int, embedder: Embedder | None = None, *, field: str = "document"):
         if sentences < 1:
             raise ValueError(f"sentences must be >= 1, got {sentences}")
         self.sentences = sentences
+        self.field = field
         self.embedder = embedder if embedder is not None else Embedder()
         # The same passage is focused for the same question again by the compile's cached re-runs and by
         # shared-work keys; embedding it again would cost more than the lookup.
@@ -138,10 +142,10 @@ class SentenceFocus:
         return np.stack([known[text] for text in texts])
 
     def __call__(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        return {**inputs, "document": self._focus(str(inputs["document"]), str(inputs["question"]))}
+        return {**inputs, self.field: self._focus(str(inputs[self.field]), str(inputs["question"]))}
 
     def __deepcopy__(self, memo: dict) -> SentenceFocus:
         return self  # holds the embedding model: shared, like the retriever
 
     def __repr__(self) -> str:
-        return f"SentenceFocus(sentences={self.sentences}, embedder={self.embedder.name!r})"
+        return f"SentenceFocus(sentences={self.sentences}, embedder={self.embedder.name!r}, field={self.field!r})"
