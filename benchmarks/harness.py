@@ -183,7 +183,7 @@ def judges_only(
     embedder: Embedder | None = None,
 ) -> CRAG:
     """A CRAG without backends (for measuring its judges) with ``config`` and, with a program
-    ``document``, that program's config and state; ``embedder`` serves the grader's view."""
+    ``document``, that program's config and state; ``embedder`` serves the judges' views."""
     crag = CRAG(NoBackend(), NoBackend(), config, lm=lm, embedder=embedder)
     return crag if document is None else apply_program(crag, document, program_dir)
 

@@ -45,7 +45,7 @@ _MODELS_LOCK = threading.Lock()
 
 
 def _shared_model(path: str):
-    """One loaded model per path and process: the store, the grader's view and the grounding check's
+    """One loaded model per path and process: the store, the judges' views and the grounding check's
     classifier all embed with the same weights, and each copy costs ~90 MB and a second to load."""
     with _MODELS_LOCK:
         if path not in _MODELS:

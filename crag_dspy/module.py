@@ -300,11 +300,11 @@ class CRAG(dspy.Module):
         web_search: external knowledge (:class:`~crag_dspy.protocols.WebSearch`).
         config: every setting (:class:`~crag_dspy.config.CRAGConfig`; its defaults when omitted).
         lm: the LM for every stage; ``None`` uses ``dspy.settings.lm``.
-        embedder: sentence embeddings for the grader's view (default: the bundled MiniLM, loaded on
+        embedder: sentence embeddings for the judges' views (default: the bundled MiniLM, loaded on
             first use).
         grader, strip_filter: the LLM judges (:class:`~crag_dspy.judges.llm.BinaryJudge`, e.g. over a
             signature with other instructions); default: over ``GradeDocument`` and ``FilterStrip``.
-            The config sets their retries, logprobs and the grader's view; a compile tunes them.
+            The config sets their retries, logprobs and views; a compile tunes them.
 
     The rewriter and answerer reply in :class:`~crag_dspy.adapters.TextAdapter`'s bare format unless
     an adapter is set with ``dspy.context(adapter=...)`` or ``dspy.configure``; the judges always ask

@@ -91,7 +91,7 @@ class SentenceFocus:
     text without a line break has no title line: a strip is sentences only.
 
     Infrastructure, not learned state: it is shared by copies of the judge, never saved in a program's
-    state (the program's config records ``grader_view`` instead).
+    state (the program's config records ``grader_view`` and ``strip_view`` instead).
     """
 
     VECTORS_KEPT = 16384
