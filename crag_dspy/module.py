@@ -362,14 +362,18 @@ class CRAG(dspy.Module):
         for judge in (self.grader, self.strip_filter):
             judge.use_logprobs, judge.retries = config.lm_calls.use_logprobs, config.lm_calls.retries
         self.grader.view = self._focus(config.grader_view, "document")
-        self.strip_filter.view = self._focus(config.strip_view, "strip")
+        self.strip_filter.view = self._focus(config.strip_view, "strip", self.grader.view)
         previous = getattr(self, "_config", None)
         if previous is None or (previous.lower, previous.upper) != (config.lower, config.upper):
             self.thresholds = Thresholds(config.lower, config.upper)
         self._config = config
 
-    def _focus(self, view: JudgeView, field: str) -> SentenceFocus | None:
-        return SentenceFocus(view.sentences, self.embedder, field=field) if view.sentences else None
+    def _focus(
+        self, view: JudgeView, field: str, vectors_of: SentenceFocus | None = None
+    ) -> SentenceFocus | None:
+        if not view.sentences:
+            return None
+        return SentenceFocus(view.sentences, self.embedder, field=field, vectors_of=vectors_of)
 
     def __deepcopy__(self, memo: dict) -> CRAG:
         # Optimizers copy programs often; stores, clients and the LM are shared infrastructure, not state.

@@ -239,6 +239,18 @@ def test_the_strip_filter_reads_each_strips_best_sentence_and_the_answer_whole_s
     assert "Soup is served on Fridays." in answered and "The canteen opens at eight." in answered
 
 
+def test_the_strip_filter_embeds_nothing_the_graders_view_embedded():
+    embedder = CountingEmbedder()
+    crag = CRAG(
+        ListRetriever([("kb-1", LONG)]), ListWebSearch(), lm=ScriptedLM(strip_script), embedder=embedder
+    )
+    crag(question=QUESTION)
+    assert len(strips_judged(crag.lm)) == 2
+    assert len(embedder.embedded) == len(set(embedder.embedded)) == 7  # the question and 6 sentences
+    with pytest.raises(ValueError, match="same embedder"):
+        SentenceFocus(1, CountingEmbedder(), vectors_of=crag.grader.view)
+
+
 def test_whole_strips_with_zero_sentences():
     lm = ScriptedLM(strip_script)
     config = CRAGConfig(strip_view=JudgeView(sentences=0))

@@ -97,7 +97,16 @@ class SentenceFocus:
     VECTORS_KEPT = 16384
     """Sentence and question vectors kept (384 floats each: ~50 MB at most)."""
 
-    def __init__(self, sentences: int, embedder: Embedder | None = None, *, field: str = "document"):
+    def __init__(
+        self,
+        sentences: int,
+        embedder: Embedder | None = None,
+        *,
+        field: str = "document",
+        vectors_of: SentenceFocus | None = None,
+    ):
+        """``vectors_of``: a view with the same embedder whose vectors this one shares (the strip filter's
+        view shares the grader's: a strip's sentences are its passage's, and the question is the same)."""
         if sentences < 1:
             raise ValueError(f"sentences must be >= 1, got {sentences}")
         self.sentences = sentences
@@ -110,6 +119,10 @@ class SentenceFocus:
         # sentences again for each question; a warm default recompile took 32 s, 22 s with them.
         self._vectors: OrderedDict[str, np.ndarray] = OrderedDict()
         self._vectors_lock = threading.Lock()
+        if vectors_of is not None:
+            if vectors_of.embedder is not self.embedder:
+                raise ValueError("a view shares vectors only with a view of the same embedder")
+            self._vectors, self._vectors_lock = vectors_of._vectors, vectors_of._vectors_lock
 
     @property
     def key(self) -> str:
@@ -124,7 +137,8 @@ class SentenceFocus:
         return ranked_excerpt(document, question, self._embed, rank)
 
     def _embed(self, texts: list[str]) -> np.ndarray:
-        """``texts``' unit vectors, each text embedded once per view (at most ``VECTORS_KEPT`` kept)."""
+        """``texts``' unit vectors, each text embedded once per view and the views sharing its vectors (at
+        most ``VECTORS_KEPT`` kept)."""
         known: dict[str, np.ndarray] = {}
         with self._vectors_lock:
             for text in texts:
