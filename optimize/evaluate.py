@@ -292,7 +292,7 @@ def evaluate_domain(
             desc=f"evaluate {domain.name}/{split}",
             progress=progress,
         )
-        rows: list[dict[str, Any]] = [row for question_rows in per_question for row in question_rows]
+        answer_rows: list[dict[str, Any]] = [row for question_rows in per_question for row in question_rows]
         graders = grader_quality(
             domain,
             questions,
@@ -303,7 +303,7 @@ def evaluate_domain(
             embedder=backends.embedder,
             progress=progress,
         )
-    table = summarize(rows, variants)
+    table = summarize(answer_rows, variants)
     owned = work.owned()
     for entry in table:
         marginal = owned.get(entry["name"])
@@ -335,7 +335,7 @@ def evaluate_domain(
             "seconds": time.perf_counter() - started,
             "num_threads": num_threads,
         },
-        "rows": rows,
+        "rows": answer_rows,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     report["plot"] = str(plot_accuracy_bars(table, out.with_suffix(".png"), f"{domain.name} / {split}"))

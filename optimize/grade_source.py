@@ -21,6 +21,7 @@ and the LLM judge is strong (docs/evaluator.md, "Distilling the LLM judge").
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import logging
 import time
@@ -96,11 +97,34 @@ def evaluator_split(
     )
 
 
+# Training is deterministic for one set of these versions only: kernels and initialisation change
+# between releases, so a training cached under other versions would make the program depend on the
+# cache rather than on the data.
+_TRAINING_PACKAGES = ("torch", "transformers", "sentence-transformers")
+
+
+def _training_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for name in _TRAINING_PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
 def _cache_key(train: list, holdout: list, config: TrainingConfig, base: Path) -> str:
     digest = hashlib.sha256()
     base_weights = base / "model.safetensors"
     stat = base_weights.stat() if base_weights.is_file() else None
-    blob = [train, holdout, config.model_dump(), str(base.resolve()), stat and stat.st_size]
+    blob = [
+        train,
+        holdout,
+        config.model_dump(),
+        str(base.resolve()),
+        stat and stat.st_size,
+        _training_versions(),
+    ]
     digest.update(json.dumps(blob, sort_keys=True, ensure_ascii=False).encode("utf-8"))
     return digest.hexdigest()[:20]
 

@@ -671,3 +671,22 @@ def test_a_rerun_on_the_same_pairs_reuses_the_cached_training(tiny_encoder, tmp_
     assert cached["epochs"] == info["epochs"]
     _, fresh = trained_evaluator(train[:-2], holdout, **kwargs)  # other pairs: trained anew
     assert not fresh["cached"]
+
+
+def test_a_training_cached_under_another_torch_version_is_not_reused(tiny_encoder, tmp_path, monkeypatch):
+    import importlib.metadata
+
+    from optimize.grade_source import trained_evaluator
+
+    train, holdout = keyword_pairs(48, 1), keyword_pairs(16, 2)
+    kwargs = {"base": tiny_encoder, "config": FAST, "cache_dir": tmp_path, "progress": False}
+    _, first = trained_evaluator(train, holdout, **kwargs)
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata,
+        "version",
+        lambda name: "0.0.1-other" if name == "torch" else real_version(name),
+    )
+    _, upgraded = trained_evaluator(train, holdout, **kwargs)
+    assert not first["cached"] and not upgraded["cached"]
+    assert len(list(tmp_path.iterdir())) == 2  # both trainings kept, each under its own versions
