@@ -82,8 +82,14 @@ def _docx(path: Path) -> tuple[str | None, str]:
     import docx
 
     document = docx.Document(str(path))
+    # A paragraph's style is None where the file defines no default paragraph style (some converters
+    # write such files); its text is as readable as any other.
     title = document.core_properties.title or next(
-        (p.text for p in document.paragraphs if p.style.name in ("Title", "Heading 1") and p.text.strip()),
+        (
+            p.text
+            for p in document.paragraphs
+            if getattr(p.style, "name", None) in ("Title", "Heading 1") and p.text.strip()
+        ),
         None,
     )
     blocks = []

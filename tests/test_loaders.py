@@ -95,6 +95,28 @@ def test_a_title_falls_back_to_the_file_name(tmp_path):
     assert load_document(path).title == "untitled-note"
 
 
+def test_a_docx_without_a_default_paragraph_style_is_read(tmp_path):
+    import re
+    import zipfile
+
+    import docx
+
+    styled = tmp_path / "styled.docx"
+    document = docx.Document()
+    document.add_paragraph("Pier four opens at 06:10 on weekdays.")
+    document.save(str(styled))
+    path = tmp_path / "converted-note.docx"
+    with zipfile.ZipFile(styled) as source, zipfile.ZipFile(path, "w") as target:
+        for item in source.infolist():
+            data = source.read(item.filename)
+            if item.filename == "word/styles.xml":
+                data = re.sub(rb' w:default="1"', b"", data)
+            target.writestr(item, data)
+    assert docx.Document(str(path)).paragraphs[0].style is None  # what the reader has to cope with
+    doc = load_document(path)
+    assert doc.title == "converted-note" and doc.text == "Pier four opens at 06:10 on weekdays."
+
+
 def test_a_corrupt_pdf_is_named_and_skipped_and_the_ingest_goes_on_and_stays_idempotent(
     domain, tmp_path, capsys
 ):
