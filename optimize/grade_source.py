@@ -21,7 +21,6 @@ and the LLM judge is strong (docs/evaluator.md, "Distilling the LLM judge").
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import logging
 import time
@@ -37,6 +36,7 @@ from crag_dspy.embeddings import Embedder
 from crag_dspy.judges.evaluator import EvaluatorError, RelevanceEvaluator, TrainingConfig, train_evaluator
 from crag_dspy.judges.fusion import fit_linear_score, fused_signals
 from crag_dspy.judges.protocols import Judge, PairScorer
+from crag_dspy.version import installed_version
 
 from .metrics import binary_report, bootstrap_auc_interval, wilson_interval
 
@@ -103,16 +103,6 @@ def evaluator_split(
 _TRAINING_PACKAGES = ("torch", "transformers", "sentence-transformers")
 
 
-def _training_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for name in _TRAINING_PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
 def _cache_key(train: list, holdout: list, config: TrainingConfig, base: Path) -> str:
     digest = hashlib.sha256()
     base_weights = base / "model.safetensors"
@@ -123,7 +113,7 @@ def _cache_key(train: list, holdout: list, config: TrainingConfig, base: Path) -
         config.model_dump(),
         str(base.resolve()),
         stat and stat.st_size,
-        _training_versions(),
+        {name: installed_version(name) for name in _TRAINING_PACKAGES},
     ]
     digest.update(json.dumps(blob, sort_keys=True, ensure_ascii=False).encode("utf-8"))
     return digest.hexdigest()[:20]

@@ -14,8 +14,9 @@ from __future__ import annotations
 import platform
 import re
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from pathlib import Path
+
+from ..version import installed_version
 
 __all__ = [
     "EngineBuild",
@@ -118,10 +119,7 @@ def describe_engine(cpuinfo_path: Path = Path("/proc/cpuinfo"), engine: str = "a
         name = resolve_engine(engine)
     except WeightsError:
         return None
-    try:
-        version = metadata.version(PACKAGES[name])
-    except metadata.PackageNotFoundError:  # e.g. imported from a source tree
-        version = None
+    version = installed_version(PACKAGES[name])
     if name == "ik_llama":
         return EngineBuild(version, tuple(sorted(engine_features(_ik_llama_system_info()))), (), name)
     import xllamacpp
