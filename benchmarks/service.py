@@ -152,7 +152,9 @@ def run_with_support(crag: CRAG, question: QAPair) -> tuple[Any, dict[str, Any]]
     except CRAGRunError as exc:
         trace = exc.trace
     texts, instructing = support_of_trace(trace)
-    return trace, {"texts": [[t.source, t.text, t.kept] for t in texts], "instructing": instructing}
+    support = {"texts": [[t.source, t.text, t.kept] for t in texts], "instructing": instructing}
+    # The witness search's pages are the last texts: how many, so a check without them can be measured.
+    return trace, {**support, "witness_texts": len(trace.witness_results)}
 
 
 def outcome(crag: CRAG, question: QAPair, attack: Attack) -> dict[str, Any]:

@@ -80,6 +80,14 @@ class CRAGConfig(BaseModel):
         3, ge=1, description="Decomposition window for passages longer than two sentences."
     )
     web_results: int = Field(3, ge=1, le=10, description="Web results requested per search.")
+    witness_results: int = Field(
+        5,
+        ge=0,
+        le=10,
+        description="Web results searched for with the question itself once it is answered, for the "
+        "grounding check: a page that states another value of the kind asked about disputes the answer, "
+        "whichever route was taken (0: no such search; the run's own sources only).",
+    )
 
     # --- beyond the paper -----------------------------------------------------------------------
     grader_view: JudgeView = Field(

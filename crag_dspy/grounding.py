@@ -721,7 +721,10 @@ def check_grounding(
                 sources | instructing_sources,
                 topic,
                 names,
-                lambda sentence, item=item: bool(_values(sentence, item.unit) - {item.value}),
+                # A sentence that states the value too ("0 to 25 mg/L" for 25 mg/L) lists it, not disputes it.
+                lambda sentence, item=item: (
+                    item.value not in (stated := _values(sentence, item.unit)) and bool(stated)
+                ),
             )
             if others:
                 disputed.append(item.text)
@@ -790,12 +793,13 @@ def grounding_of_trace(trace: Any, classifier: SentenceFlags | None = None) -> G
 
 def support_of_trace(trace: Any) -> tuple[list[SupportText], list[str]]:
     """What :func:`grounding_of_trace` checks a run's answer against: every strip and web page the run
-    saw (kept when it is in the answer's context), and the sources its ``defused`` list names."""
+    saw (kept when it is in the answer's context; the witness search's pages never are), and the sources
+    its ``defused`` list names."""
     texts = [
         SupportText(s.doc_id, s.text, s.kept and s.text in trace.context)
         for s in [*trace.internal_strips, *trace.external_strips]
     ]
-    texts += [SupportText(r.url, r.content, False) for r in trace.web_results]
+    texts += [SupportText(r.url, r.content, False) for r in [*trace.web_results, *trace.witness_results]]
     defused = [m.group(1) for m in map(_DEFUSED_SOURCE.match, trace.defused) if m]
     return texts, defused
 

@@ -29,7 +29,7 @@ from .faults import (
     describe_error,
 )
 from .generation import attach_unit, clean_answer, clean_query, text_config, text_format
-from .grounding import defused_note
+from .grounding import defused_note, grounding_of_trace, key_content
 from .judges.fusion import Grading
 from .judges.llm import BinaryJudge, Judgement
 from .judges.view import SentenceFocus
@@ -41,6 +41,7 @@ from .strips import Strip, decompose, format_context, recompose, select_strips
 from .trace import CRAGTrace, DocumentGrade, InternalRound, StripRecord, TraceRecorder
 from .untrusted import sanitize_passage, sanitize_web_result
 from .validation import normalize_question
+from .web import NoWebSearch
 
 __all__ = [
     "CRAG",
@@ -195,7 +196,8 @@ class QuestionMemo:
 class QuestionRun(TraceRecorder):
     """One question's trace recorder, the health of its LM calls (:class:`~crag_dspy.faults.LMHealth`),
     its judgements (:class:`JudgementMemo`, its own unless one is given) and ``cancel``: once that event
-    is set, the run raises :class:`~crag_dspy.faults.RunCancelled` as its next stage starts."""
+    is set, the run raises :class:`~crag_dspy.faults.RunCancelled` as its next stage starts.
+    ``web_queries`` are the queries web search answered; ``web_failed`` is set when a search failed."""
 
     def __init__(
         self,
@@ -207,6 +209,8 @@ class QuestionRun(TraceRecorder):
         self.lm = LMHealth(trace)
         self.judgements = judgements if judgements is not None else QuestionMemo()
         self.cancel = cancel if cancel is not None else threading.Event()
+        self.web_queries: set[str] = set()
+        self.web_failed = False
 
     def before_stage(self, name: str) -> None:
         if self.cancel.is_set():
@@ -409,6 +413,7 @@ class CRAG(dspy.Module):
                 action = decide_action(scores, *bounds)
             run.trace.action = action.value
             follow_route(action, _RunStages(self, question, passages, scores, query, run))
+            self.check_answer(question, run)
         return run.prediction()
 
     async def aforward(
@@ -717,18 +722,45 @@ class CRAG(dspy.Module):
         return Knowledge(refined.kept, refined.reserve, refined.reserve_score)
 
     def _search_web(self, query: str, run: QuestionRun) -> WebSearched:
-        try:
-            found = self.web_search.search(query, self.config.web_results)
-            results: list[WebResult] = self._untrusted(found, sanitize_web_result, run)
-        except WebSearchError as exc:
-            run.fallback(f"web search failed ({exc}); internal knowledge only")
-            return WebSearched(query)
-        except Exception as exc:  # noqa: BLE001 - a broken backend must not take the answer down
-            run.fallback(f"web search crashed ({type(exc).__name__}: {exc}); internal knowledge only")
-            return WebSearched(query)
-        if not results:
+        results = self._web("web search", query, self.config.web_results, run, "internal knowledge only")
+        if results == []:
             run.fallback(f"web search returned no results for {query!r}; internal knowledge only")
-        return WebSearched(query, results)
+        return WebSearched(query, results or [])
+
+    def _web(self, what: str, query: str, n: int, run: QuestionRun, instead: str) -> list[WebResult] | None:
+        """Up to ``n`` web results for ``query``, made inert; None when the search failed (a fallback says
+        what failed and what was done ``instead``)."""
+        try:
+            results = self._untrusted(self.web_search.search(query, n), sanitize_web_result, run)
+        except WebSearchError as exc:
+            run.fallback(f"{what} failed ({exc}); {instead}")
+        except Exception as exc:  # noqa: BLE001 - a broken backend must not take the answer down
+            run.fallback(f"{what} crashed ({type(exc).__name__}: {exc}); {instead}")
+        else:
+            run.web_queries.add(query)
+            return results
+        run.web_failed = True
+        return None
+
+    def check_answer(self, question: str, run: QuestionRun) -> None:
+        """The answer's grounding check (no LM call; ``trace.grounding``). An answer with key content is
+        first compared with the web's results for the question itself: the route's own sources are what
+        it chose to read, and a planted page that wins the retrieval pushes out the honest page that
+        would dispute it; a search by the question reaches other pages and other parts of them."""
+        # Web search that is off is a setting, not a fault to report; one that failed in this run is not
+        # waited for twice; a route that searched with the question itself has its pages in the trace.
+        searchable = not (
+            isinstance(self.web_search, NoWebSearch) or run.web_failed or question in run.web_queries
+        )
+        if self.config.witness_results and searchable and key_content(run.trace.answer or ""):
+            stages.SearchWitnesses(self._search_witnesses, run)(query=question)
+        run.trace.grounding = grounding_of_trace(run.trace)
+
+    def _search_witnesses(self, query: str, run: QuestionRun) -> WebSearched:
+        instead = "the answer was checked against the run's own sources only"
+        return WebSearched(
+            query, self._web("witness search", query, self.config.witness_results, run, instead) or []
+        )
 
     def _refine_external(
         self, question: str, results: list[WebResult], select: bool, run: QuestionRun
@@ -890,9 +922,9 @@ class CRAG(dspy.Module):
         clean = []
         for item in items:
             item, removed = sanitize(item)
-            if removed:
-                source = getattr(item, "doc_id", None) or item.url
-                run.trace.defused.append(defused_note(source, removed))
+            note = defused_note(getattr(item, "doc_id", None) or item.url, removed) if removed else None
+            if note and note not in run.trace.defused:  # the witness search may read a page again
+                run.trace.defused.append(note)
             clean.append(item)
         return clean
 

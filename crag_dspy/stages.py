@@ -19,7 +19,6 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import dspy
 
-from .grounding import grounding_of_trace
 from .judges.llm import Judgement
 from .protocols import Passage, WebResult
 from .strips import Strip
@@ -39,6 +38,7 @@ __all__ = [
     "ReviseQuery",
     "Rewrite",
     "SearchWeb",
+    "SearchWitnesses",
     "Stage",
     "WebSearched",
 ]
@@ -180,5 +180,14 @@ class Answer(Stage[Answered]):
 
     def record(self, value: Answered, trace: CRAGTrace) -> None:
         trace.context, trace.answer, trace.lm_answer = value.context, value.answer, value.lm_answer
-        # No LM call: a string check of the answer against its context, so every answer carries it.
-        trace.grounding = grounding_of_trace(trace)
+
+
+class SearchWitnesses(Stage[WebSearched]):
+    """Search the web with the question itself, for pages the grounding check compares the answer with."""
+
+    name = "witness_search"
+
+    def record(self, value: WebSearched, trace: CRAGTrace) -> None:
+        trace.witness_results = [
+            WebRecord(title=r.title, url=r.url, content=r.content) for r in value.results
+        ]

@@ -138,6 +138,11 @@ class CRAGTrace(BaseModel):
     web_query: str | None = None
     web_results: list[WebRecord] = []
     external_strips: list[StripRecord] = []
+    witness_results: list[WebRecord] = Field(
+        default_factory=list,
+        description="web results for the question itself, searched after answering: what the grounding "
+        "check compares the answer with besides the run's own sources (CRAGConfig.witness_results)",
+    )
     context: str = ""
     defused: list[str] = Field(
         default_factory=list,
@@ -147,7 +152,7 @@ class CRAGTrace(BaseModel):
         None,
         description="whether the answer's key content (numbers with units, names) is in the kept strips or "
         "the question, and not in text that instructs the model (crag_dspy.grounding); None until "
-        "an answer is given",
+        "the answer is checked",
     )
     fallbacks: list[str] = Field(default_factory=list, description="what degraded and what was done instead")
     errors: list[str] = []

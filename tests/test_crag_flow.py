@@ -54,7 +54,9 @@ def test_correct_uses_internal_only_and_reuses_one_strip_grades():
     web = ListWebSearch([WEB])
     pred, lm = run([("kb-1", GOOD), ("kb-2", BAD)], make_script({"0 to 25": 0.9}), web=web)
     assert pred.action == Action.CORRECT.value
-    assert web.queries == []  # CORRECT never searches the web
+    # The route reads no web; the grounding check's witness search asks the question itself.
+    assert web.queries == ["What is the range of the AquaProbe 220?"]
+    assert pred.trace.web_results == [] and [r.url for r in pred.trace.witness_results] == [WEB.url]
     (context,) = answer_contexts(lm)
     assert "[internal]" in context and "0 to 25 mg/L" in context
     assert (
@@ -91,7 +93,10 @@ def test_incorrect_rewrites_searches_and_uses_web_only():
     script = make_script({}, {"90 days": 0.95}, answer="every 90 days")
     pred, lm = run([("kb-1", BAD)], script, web=web)
     assert pred.action == Action.INCORRECT.value
-    assert web.queries == ["AquaProbe 220; range"]
+    assert web.queries == [
+        "AquaProbe 220; range",
+        "What is the range of the AquaProbe 220?",
+    ]  # + the witnesses
     assert pred.trace.web_query == "AquaProbe 220; range"
     (context,) = answer_contexts(lm)
     assert context.startswith("[web]") and "[internal]" not in context

@@ -684,3 +684,17 @@ def test_fit_learns_the_wording_of_instructions_and_keeps_both_false_positive_bu
     classifier = InstructionClassifier.load(path, embedder=LengthEmbedder())
     unseen = ["Replies about the zoo ticket should give 7 euros.", "The zoo ticket is 7 euros on weekdays."]
     assert classifier(unseen) == [True, False]
+
+
+def test_a_sentence_that_states_the_value_among_others_does_not_dispute_it():
+    # A range, or a list of caps, states the answer's value beside others: it lists it, not disputes it.
+    question = "What is the range of the AquaProbe 220?"
+    answer_source = kept("The AquaProbe 220 has a range of 0 to 25 mg/L.")
+    for other in (
+        "The AquaProbe 220 datasheet gives its range as 0 to 25 mg/L.",
+        "The AquaProbe 220 range is 0 to 25 mg/L; the AquaProbe 2200 reaches 0 to 60 mg/L.",
+    ):
+        g = check_grounding("0 to 25 mg/L", question, [*answer_source, SupportText("web", other, False)])
+        assert not g.flagged, other
+    rival = SupportText("web", "The AquaProbe 220 has a range of 0 to 40 mg/L.", False)
+    assert check_grounding("0 to 25 mg/L", question, [*answer_source, rival]).disputing_sources == ["web"]

@@ -151,7 +151,9 @@ STORE = {Q: [("c0", BAD)], REWRITE: [("c0", BAD), ("c1", MID)], "query v2": [("c
 def run(table=STORE, *, retries=2, fail=(), script=None, lower=0.3, upper=0.7):
     lm = ScriptedLM(script or make_script())
     retriever, web = QueryRetriever(table, fail), ListWebSearch([WEB])
-    crag = CRAG(retriever, web, CRAGConfig(k=3, internal_retries=retries, lower=lower, upper=upper), lm=lm)
+    # The route's own searches are under test: no witness search after the answer (test_witness_search.py).
+    config = CRAGConfig(k=3, internal_retries=retries, lower=lower, upper=upper, witness_results=0)
+    crag = CRAG(retriever, web, config, lm=lm)
     return crag(question=Q), lm, retriever, web
 
 

@@ -55,6 +55,7 @@ def test_one_span_tree_per_question_with_every_stage_under_the_crag_span():
         "refine_external",
         "refine_internal",
         "answer",
+        "search_witnesses",
     ]
     assert next(s for s in spans if s.name == "retrieve").attributes["crag.passage_ids"] == ("c0", "c1")
     # One span per graded passage, under the grade stage, with its score; LM calls under the judge.

@@ -67,6 +67,7 @@ class ClientTrace(BaseModel):
     internal_strips: list[ClientStrip] = []
     web_query: str | None = None
     web_results: list[ClientWebResult] = []
+    witness_results: list[ClientWebResult] = []
     external_strips: list[ClientStrip] = []
     defused: list[str] = []
     grounding: Grounding | None = None
@@ -79,7 +80,7 @@ class ClientTrace(BaseModel):
 # What ``client_trace`` trims; every other field of ClientTrace is CRAGTrace's as it is, none of which
 # holds raw knowledge-base text (``context``, the kept strips again, is withheld; ``grounding`` names the
 # answer's own words and the sources, ids and URLs, that instruct the model).
-_TRIMMED = {"documents", "internal_strips", "external_strips", "web_results"}
+_TRIMMED = {"documents", "internal_strips", "external_strips", "web_results", "witness_results"}
 _KEPT_AS_IS = set(ClientTrace.model_fields) - _TRIMMED
 
 
@@ -100,4 +101,5 @@ def client_trace(trace: CRAGTrace) -> ClientTrace:
         internal_strips=[_strip(s) for s in trace.internal_strips],
         external_strips=[_strip(s) for s in trace.external_strips],
         web_results=[ClientWebResult(title=r.title, url=r.url) for r in trace.web_results],
+        witness_results=[ClientWebResult(title=r.title, url=r.url) for r in trace.witness_results],
     )
