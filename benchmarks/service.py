@@ -45,15 +45,24 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from crag_dspy import CRAG, Domain, Settings, load_domain
-from crag_dspy.app import open_backends
+from crag_dspy.app import build_web_search, open_backends
 from crag_dspy.domain import CorpusDoc, QAPair, WebDoc
 from crag_dspy.embeddings import Embedder
 from crag_dspy.faults import CRAGRunError
-from crag_dspy.grounding import SupportText, check_grounding, reads_as_instruction, support_of_trace
+from crag_dspy.grounding import (
+    SupportText,
+    check_grounding,
+    key_content,
+    reads_as_instruction,
+    support_of_trace,
+)
 from crag_dspy.instructions import TUNED_SETS, WEIGHTS, InstructionClassifier, default_classifier, fit
 from crag_dspy.lm import OpenAIServer
+from crag_dspy.protocols import WebResult
 from crag_dspy.store import StoreError, ingest_domain, open_client
 from crag_dspy.strips import split_sentences
+from crag_dspy.untrusted import sanitize_web_result
+from crag_dspy.web import NoWebSearch
 from optimize.datasets import qa_split
 from optimize.metrics import answer_matches
 
@@ -83,7 +92,8 @@ the classifier was retrained on their devices) and ``held-out-7`` (12, written t
 once after the grounding check's disputed values were extended), ``held-out-8`` (12, written the
 same way and run once after disputes covered names in the same role) and ``held-out-9`` (12, written
 the same way and run once after disputes covered months and UTC offsets, read from dropped strips
-too). Every attacked question is run twice on a temporary Chroma folder (the domain's files are only
+too) and ``held-out-10`` (12, written the same way and run once after the witness search was built).
+Every attacked question is run twice on a temporary Chroma folder (the domain's files are only
 read): first clean, then with its attack document added to the collection (and removed after). Reported, per set and overall, with Wilson 95% intervals:
 
 - attack success: the answer contains the attacker's value (``answer_matches``, the accuracy rule);
@@ -97,7 +107,8 @@ read): first clean, then with its attack document added to the collection (and r
 DSPy's cache is on unless ``--no-cache`` (a rerun replays the same answers; the attacked run reuses the
 clean run's grades of the passages both retrieve). Without ``--program`` the uncompiled default runs.
 Each run keeps the text its grounding check read, so ``--rescore RESULTS`` checks the same answers again
-with today's check (a changed rule or classifier) without the LM. Writes
+with today's check (a changed rule or classifier) without the LM; rows stored before runs made the
+witness search get it then (the attacks must be the file they ran with, ``--attacks``). Writes
 benchmarks/results/injection_<domain>.json.
 """
 ATTACKS = harness.BENCHMARKS / "injection_attacks.jsonl"
@@ -108,7 +119,7 @@ class Attack(BaseModel):
 
     id: str
     set: str = Field(
-        description="dev, round2, round3 or held-out, held-out-2 to held-out-9 (see the module docstring)"
+        description="dev, round2, round3 or held-out, held-out-2 to held-out-10 (see the module docstring)"
     )
     qa_id: str
     where: str = Field(pattern="^(corpus|web)$")
@@ -177,7 +188,54 @@ def outcome(crag: CRAG, question: QAPair, attack: Attack) -> dict[str, Any]:
     }
 
 
-def rescore(rows: Sequence[dict[str, Any]], questions: dict[str, QAPair]) -> list[dict[str, Any]]:
+class Witnesses:
+    """The grounding check's witness search (``CRAG.check_answer``) made again without the LM, for rows
+    stored before runs made it: the settings' web search over a store of its own, with a web attack's
+    page in it while it searches. Opened on first use (only old rows need it)."""
+
+    def __init__(self, settings: Settings, domain: Domain, attacks: Sequence[Attack] = ()):
+        self.settings, self.domain = settings, domain
+        self.attacks = {a.id: a for a in attacks}
+        self._backends: Any = None
+        self._web: Any = None
+
+    def support(
+        self, support: dict[str, Any], question: str, answer: str | None, attack_id: str | None = None
+    ) -> dict[str, Any]:
+        """``support`` with the witness pages the run would have read (as it is when the run stored them)."""
+        if "witness_texts" in support:
+            return support
+        if attack_id is not None and attack_id not in self.attacks:
+            raise ValueError(
+                f"attack {attack_id!r} is not in the attacks file: pass the one it ran with (--attacks)"
+            )
+        attack = self.attacks[attack_id] if attack_id is not None else None
+        n = self.settings.config.witness_results
+        found = self._search(question, attack) if n and key_content(answer or "") else []
+        instructing = list(support["instructing"])
+        instructing += [r.url for r, removed in found if removed and r.url not in instructing]
+        texts = [*support["texts"], *([r.url, r.content, False] for r, _ in found)]
+        return {"texts": texts, "instructing": instructing, "witness_texts": len(found)}
+
+    def _search(self, question: str, attack: Attack | None) -> list[tuple[WebResult, int]]:
+        if self._backends is None:
+            self._backends = open_backends(self.settings, domain=self.domain, progress=False)
+            self._web = build_web_search(self.settings, self._backends)
+        if isinstance(self._web, NoWebSearch):
+            return []
+        b, n = self._backends, self.settings.config.witness_results
+        if attack is None or attack.where != "web":
+            return [sanitize_web_result(r) for r in self._web.search(question, n)]
+        ingest_domain(b.client, with_attack(self.domain, attack), b.embedder, progress=False)
+        try:
+            return [sanitize_web_result(r) for r in self._web.search(question, n)]
+        finally:
+            ingest_domain(b.client, self.domain, b.embedder, progress=False)
+
+
+def rescore(
+    rows: Sequence[dict[str, Any]], questions: dict[str, QAPair], witnesses: Witnesses
+) -> list[dict[str, Any]]:
     """``rows`` of an earlier run with their grounding checked again by today's check (same answers)."""
     missing = [r["id"] for r in rows if "support" not in r["clean"] or "support" not in r["attacked"]]
     if missing:
@@ -185,19 +243,15 @@ def rescore(rows: Sequence[dict[str, Any]], questions: dict[str, QAPair]) -> lis
             f"rows {missing[:3]}{'...' if len(missing) > 3 else ''} hold no `support` (written before "
             "runs kept it): run the attacks again instead"
         )
-    return [
-        {
-            **row,
-            **{
-                run: {
-                    **row[run],
-                    **flags(questions[row["qa_id"]].question, row[run]["answer"], row[run]["support"]),
-                }
-                for run in ("clean", "attacked")
-            },
-        }
-        for row in rows
-    ]
+    rescored = []
+    for row in rows:
+        question = questions[row["qa_id"]].question
+        runs = {}
+        for run, attack in (("clean", None), ("attacked", row["id"])):
+            support = witnesses.support(row[run]["support"], question, row[run]["answer"], attack)
+            runs[run] = {**row[run], **flags(question, row[run]["answer"], support), "support": support}
+        rescored.append({**row, **runs})
+    return rescored
 
 
 def run_attacks(
@@ -311,7 +365,9 @@ def injection(argv: list[str], *, lm: dspy.BaseLM | None = None) -> int:
     if args.limit is not None and args.limit < 1:
         p.error("--limit must be at least 1")
     if args.rescore is not None:
-        return rescore_file(p, args, argv, "injection", rescore, summaries, report)
+        return rescore_file(
+            p, args, argv, "injection", rescore, summaries, report, read_attacks(args.attacks)
+        )
     attacks = read_attacks(args.attacks)
     if args.sets:
         wanted = set(args.sets.split(","))
@@ -357,24 +413,31 @@ def rescore_file(
     args: argparse.Namespace,
     argv: Sequence[str],
     command: str,
-    recheck: Callable[[list[dict[str, Any]], dict[str, QAPair]], list[dict[str, Any]]],
+    recheck: Callable[[list[dict[str, Any]], dict[str, QAPair], Witnesses], list[dict[str, Any]]],
     summarize_rows: Callable[[Sequence[dict[str, Any]]], dict[str, Any]],
     show: Callable[[dict[str, Any]], None],
+    attacks: Sequence[Attack] = (),
 ) -> int:
     """``<command> --rescore RESULTS``: the same answers, today's grounding check (``recheck`` of the
-    file's rows against the domain's questions), a new summary; written to --out, else back to RESULTS."""
-    try:
-        earlier = json.loads(args.rescore.read_text(encoding="utf-8"))
-        results = earlier["results"]
-        domain = harness.domain_of(harness.settings_for(args))
-        if domain.name != results["domain"]:
-            p.error(
-                f"{args.rescore} is of domain `{results['domain']}`, not `{domain.name}`: "
-                "pass --domain or --domain-dir"
+    file's rows against the domain's questions), a new summary; written to --out, else back to RESULTS.
+    Rows stored before runs made the witness search get it now (:class:`Witnesses`, a store of its own)."""
+    with tempfile.TemporaryDirectory(prefix="crag-rescore-") as scratch:
+        extra = {} if args.chroma_path or args.chroma_host else {"chroma_path": Path(scratch) / "chroma"}
+        try:
+            earlier = json.loads(args.rescore.read_text(encoding="utf-8"))
+            results = earlier["results"]
+            settings = harness.settings_for(args, **extra)
+            domain = harness.domain_of(settings)
+            if domain.name != results["domain"]:
+                p.error(
+                    f"{args.rescore} is of domain `{results['domain']}`, not `{domain.name}`: "
+                    "pass --domain or --domain-dir"
+                )
+            rows = recheck(
+                results["rows"], {q.id: q for q in domain.qa}, Witnesses(settings, domain, attacks)
             )
-        rows = recheck(results["rows"], {q.id: q for q in domain.qa})
-    except (OSError, json.JSONDecodeError, KeyError, ValueError) as exc:
-        p.error(f"cannot rescore {args.rescore}: {exc}")
+        except (OSError, json.JSONDecodeError, KeyError, ValueError) as exc:
+            p.error(f"cannot rescore {args.rescore}: {exc}")
     results = {**results, "summary": summarize_rows(rows), "rows": rows, "rescored_from": earlier["metadata"]}
     show(results)
     path = args.out or args.rescore
@@ -416,9 +479,16 @@ def honest_outcome(crag: CRAG, question: QAPair) -> dict[str, Any]:
     }
 
 
-def recheck_honest(rows: Sequence[dict[str, Any]], questions: dict[str, QAPair]) -> list[dict[str, Any]]:
+def recheck_honest(
+    rows: Sequence[dict[str, Any]], questions: dict[str, QAPair], witnesses: Witnesses
+) -> list[dict[str, Any]]:
     """``rows`` of an earlier honest run with their grounding checked again by today's check."""
-    return [{**r, **flags(questions[r["id"]].question, r["answer"], r["support"])} for r in rows]
+    rescored = []
+    for r in rows:
+        question = questions[r["id"]].question
+        support = witnesses.support(r["support"], question, r["answer"])
+        rescored.append({**r, **flags(question, r["answer"], support), "support": support})
+    return rescored
 
 
 def summarize_honest(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

@@ -225,6 +225,10 @@ def format_trace(trace) -> str:
     dropped = len(trace.internal_strips) + len(trace.external_strips) - len(kept)
     if trace.web_query is not None:
         lines.append(f"web: {trace.web_backend} query={trace.web_query!r} results={len(trace.web_results)}")
+    if trace.witness_results:
+        lines.append(
+            f"witnesses: {len(trace.witness_results)} {trace.web_backend} results for the question, checked"
+        )
     lines.append(f"strips: {len(kept)} kept, {dropped} dropped")
     for s in kept:
         lines.append(f"  [{s.source}] {s.text[:100]}{'...' if len(s.text) > 100 else ''}")

@@ -743,18 +743,19 @@ class CRAG(dspy.Module):
         return None
 
     def check_answer(self, question: str, run: QuestionRun) -> None:
-        """The answer's grounding check (no LM call; ``trace.grounding``). An answer with key content is
-        first compared with the web's results for the question itself: the route's own sources are what
-        it chose to read, and a planted page that wins the retrieval pushes out the honest page that
-        would dispute it; a search by the question reaches other pages and other parts of them."""
+        """Check the answer (its grounding, from the answer stage) against the web's results for the
+        question itself too, when it has key content: the route's own sources are what it chose to
+        read, and a planted page that wins the retrieval pushes out the honest page that would dispute
+        it; a search by the question reaches other pages and other parts of them. No LM call."""
         # Web search that is off is a setting, not a fault to report; one that failed in this run is not
         # waited for twice; a route that searched with the question itself has its pages in the trace.
         searchable = not (
             isinstance(self.web_search, NoWebSearch) or run.web_failed or question in run.web_queries
         )
-        if self.config.witness_results and searchable and key_content(run.trace.answer or ""):
-            stages.SearchWitnesses(self._search_witnesses, run)(query=question)
-        run.trace.grounding = grounding_of_trace(run.trace)
+        if not (self.config.witness_results and searchable and key_content(run.trace.answer or "")):
+            return
+        if stages.SearchWitnesses(self._search_witnesses, run)(query=question).results:
+            run.trace.grounding = grounding_of_trace(run.trace)
 
     def _search_witnesses(self, query: str, run: QuestionRun) -> WebSearched:
         instead = "the answer was checked against the run's own sources only"

@@ -19,6 +19,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import dspy
 
+from .grounding import grounding_of_trace
 from .judges.llm import Judgement
 from .protocols import Passage, WebResult
 from .strips import Strip
@@ -180,6 +181,9 @@ class Answer(Stage[Answered]):
 
     def record(self, value: Answered, trace: CRAGTrace) -> None:
         trace.context, trace.answer, trace.lm_answer = value.context, value.answer, value.lm_answer
+        # No LM call: a string check of the answer against what the run read, so every answer carries
+        # one, also a trace cut short by a deadline before the witness search (CRAG.check_answer).
+        trace.grounding = grounding_of_trace(trace)
 
 
 class SearchWitnesses(Stage[WebSearched]):

@@ -152,7 +152,7 @@ class CRAGTrace(BaseModel):
         None,
         description="whether the answer's key content (numbers with units, names) is in the kept strips or "
         "the question, and not in text that instructs the model (crag_dspy.grounding); None until "
-        "the answer is checked",
+        "an answer is given",
     )
     fallbacks: list[str] = Field(default_factory=list, description="what degraded and what was done instead")
     errors: list[str] = []

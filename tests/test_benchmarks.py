@@ -504,6 +504,24 @@ def test_injection_counts_successes_flags_and_false_flags(tmp_path, capsys):
     )
     rescored = json.loads(again.read_text())["results"]
     assert rescored["summary"] == results["summary"] and rescored["rows"] == results["rows"]
+    # Rows stored before runs made the witness search get it when rescored: the pages the run read, the
+    # web attack's page among them while its question is searched.
+    payload = json.loads(out.read_text())
+    for row in payload["results"]["rows"]:
+        for run in ("clean", "attacked"):
+            support = row[run]["support"]
+            n = support.pop("witness_texts")
+            support["texts"] = support["texts"][: len(support["texts"]) - n]
+    assert any(r["attacked"]["support"]["texts"] != rows[r["id"]]["attacked"]["support"]["texts"]
+               for r in payload["results"]["rows"])  # fmt: skip
+    old = tmp_path / "before-witnesses.json"
+    old.write_text(json.dumps(payload))
+    rescore_old = ["injection", "--rescore", str(old), "--domain-dir", str(root), "--out", str(again)]
+    with pytest.raises(SystemExit) as exited:  # its attacks must be the ones it ran with
+        bench.main(rescore_old)
+    assert exited.value.code == 2 and "'a1' is not in the attacks file" in capsys.readouterr().err
+    assert bench.main([*rescore_old, "--attacks", str(path)]) == 0
+    assert json.loads(again.read_text())["results"]["rows"] == results["rows"]
     # A result file written before runs kept their text is refused with what to do instead.
     payload = json.loads(out.read_text())
     for row in payload["results"]["rows"]:
@@ -561,6 +579,7 @@ def test_the_injection_suite_is_well_formed_and_targets_wrong_values():
         "held-out-7",
         "held-out-8",
         "held-out-9",
+        "held-out-10",
     }
     assert {a.where for a in attacks} == {"corpus", "web"}
     for a in attacks:

@@ -6,6 +6,7 @@ from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 from pydantic import ValidationError
 
 from crag_dspy import CRAG
+from crag_dspy.cli import format_trace
 from crag_dspy.config import CRAGConfig
 from crag_dspy.protocols import WebResult, WebSearchError
 from crag_dspy.serve.client_trace import client_trace
@@ -52,6 +53,9 @@ def test_a_page_only_the_question_finds_disputes_a_correct_routes_answer():
         "Answer" in s and HONEST.content in u for s, u in lm.calls
     )  # never in the answer's context
     assert "witness_search" in pred.trace.timings
+    lines = format_trace(pred.trace).splitlines()
+    assert lines[1].startswith("warning:") and HONEST.url in lines[1]  # names the page that disputes it
+    assert "witnesses: 1 listweb results for the question, checked" in lines
 
 
 def test_without_the_witness_search_the_same_answer_is_not_flagged():
@@ -123,3 +127,21 @@ def test_clients_see_the_witnesses_titles_and_urls_not_their_text():
 def test_witness_results_is_checked(bad):
     with pytest.raises(ValidationError, match="witness_results"):
         CRAGConfig(witness_results=bad)
+
+
+def test_the_answer_carries_its_own_check_before_the_witness_search_starts():
+    # A deadline can cut a run short during the witness search: its trace must not hold an unchecked answer.
+    started, checked_before = [], []
+
+    class Recording(ListWebSearch):
+        def search(self, query, max_results):
+            checked_before.append(started[0].grounding)
+            return super().search(query, max_results)
+
+    crag = CRAG(
+        ListRetriever([("kb-1", PLANTED)]), Recording([HONEST]), CRAGConfig(k=1), lm=ScriptedLM(script())
+    )
+    pred = crag(question=QUESTION, on_start=started.append)
+    (before,) = checked_before
+    assert before is not None and not before.flagged  # the route's own sources agree with the answer
+    assert pred.trace.grounding.flagged  # the witness page disputes it
