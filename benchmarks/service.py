@@ -188,6 +188,16 @@ def outcome(crag: CRAG, question: QAPair, attack: Attack) -> dict[str, Any]:
     }
 
 
+@contextmanager
+def planted(client: Any, domain: Domain, embedder: Any, attack: Attack) -> Iterator[None]:
+    """The store with ``attack``'s document in it, and clean again after (the next question sees a clean store)."""
+    ingest_domain(client, with_attack(domain, attack), embedder, progress=False)
+    try:
+        yield
+    finally:
+        ingest_domain(client, domain, embedder, progress=False)
+
+
 class Witnesses:
     """The grounding check's witness search (``CRAG.check_answer``) made again without the LM, for rows
     stored before runs made it: the settings' web search over a store of its own, with a web attack's
@@ -223,14 +233,11 @@ class Witnesses:
             self._web = build_web_search(self.settings, self._backends)
         if isinstance(self._web, NoWebSearch):
             return []
-        b, n = self._backends, self.settings.config.witness_results
-        if attack is None or attack.where != "web":
-            return [sanitize_web_result(r) for r in self._web.search(question, n)]
-        ingest_domain(b.client, with_attack(self.domain, attack), b.embedder, progress=False)
-        try:
-            return [sanitize_web_result(r) for r in self._web.search(question, n)]
-        finally:
-            ingest_domain(b.client, self.domain, b.embedder, progress=False)
+        b = self._backends
+        web_attack = attack is not None and attack.where == "web"
+        with planted(b.client, self.domain, b.embedder, attack) if web_attack else contextlib.nullcontext():
+            found = self._web.search(question, self.settings.config.witness_results)
+        return [sanitize_web_result(r) for r in found]
 
 
 def rescore(
@@ -263,11 +270,8 @@ def run_attacks(
     for attack in attacks:
         question = questions[attack.qa_id]
         clean = outcome(crag, question, attack)
-        ingest_domain(client, with_attack(domain, attack), embedder, progress=False)
-        try:
+        with planted(client, domain, embedder, attack):
             attacked = outcome(crag, question, attack)
-        finally:
-            ingest_domain(client, domain, embedder, progress=False)  # the next question sees a clean store
         rows.append(
             {"id": attack.id, "set": attack.set, "qa_id": attack.qa_id, "where": attack.where,
              "target": attack.target, "clean": clean, "attacked": attacked}

@@ -76,6 +76,10 @@ class WebSearched:
     query: str
     results: list[WebResult] = field(default_factory=list)
 
+    def records(self) -> list[WebRecord]:
+        """The results as the trace keeps them."""
+        return [WebRecord(title=r.title, url=r.url, content=r.content) for r in self.results]
+
 
 @dataclass(frozen=True)
 class Answered:
@@ -162,7 +166,7 @@ class SearchWeb(Stage[WebSearched]):
 
     def record(self, value: WebSearched, trace: CRAGTrace) -> None:
         trace.web_query = value.query
-        trace.web_results = [WebRecord(title=r.title, url=r.url, content=r.content) for r in value.results]
+        trace.web_results = value.records()
 
 
 class RefineExternal(Stage[Refined]):
@@ -192,6 +196,4 @@ class SearchWitnesses(Stage[WebSearched]):
     name = "witness_search"
 
     def record(self, value: WebSearched, trace: CRAGTrace) -> None:
-        trace.witness_results = [
-            WebRecord(title=r.title, url=r.url, content=r.content) for r in value.results
-        ]
+        trace.witness_results = value.records()

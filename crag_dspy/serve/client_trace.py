@@ -11,7 +11,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from ..grounding import Grounding
-from ..trace import CRAGTrace, DocumentGrade, InternalRound, StageUsage, StripRecord
+from ..trace import CRAGTrace, DocumentGrade, InternalRound, StageUsage, StripRecord, WebRecord
 
 __all__ = ["ClientDocument", "ClientStrip", "ClientTrace", "ClientWebResult", "client_trace"]
 
@@ -93,6 +93,10 @@ def _strip(s: StripRecord) -> ClientStrip:
     return ClientStrip(**{**fields, "text": s.text if s.kept else None})
 
 
+def _links(results: list[WebRecord]) -> list[ClientWebResult]:
+    return [ClientWebResult(title=r.title, url=r.url) for r in results]
+
+
 def client_trace(trace: CRAGTrace) -> ClientTrace:
     """``trace`` trimmed for clients."""
     return ClientTrace(
@@ -100,6 +104,6 @@ def client_trace(trace: CRAGTrace) -> ClientTrace:
         documents=[_document(d) for d in trace.documents],
         internal_strips=[_strip(s) for s in trace.internal_strips],
         external_strips=[_strip(s) for s in trace.external_strips],
-        web_results=[ClientWebResult(title=r.title, url=r.url) for r in trace.web_results],
-        witness_results=[ClientWebResult(title=r.title, url=r.url) for r in trace.witness_results],
+        web_results=_links(trace.web_results),
+        witness_results=_links(trace.witness_results),
     )
