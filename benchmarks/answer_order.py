@@ -26,7 +26,7 @@ import harness
 from tqdm.auto import tqdm
 
 from crag_dspy import CRAG
-from crag_dspy.module import UNKNOWN_ANSWER
+from crag_dspy.stages import UNKNOWN_ANSWER, Answer
 from optimize.datasets import qa_split
 from optimize.metrics import answer_matches, is_answerable, mcnemar_exact
 
@@ -53,7 +53,7 @@ def answer_other_way(other: CRAG, question: str, context: str) -> str:
     clean-up and unit rule are the ones the context-first answer went through."""
     run = other.new_run(question)
     with other.lm_scope(run.trace):
-        return other._answer(question, context, run).answer
+        return Answer(other, run)(question=question, context=context, unjudged=0).answer
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -15,7 +15,6 @@ from .domain import Domain, DomainDataError, load_domain
 from .faults import CRAGRunError, LMUnavailableError, RetrievalError, RunCancelled
 from .module import CRAG, Thresholds
 from .protocols import Passage, Retriever, WebResult, WebSearch, WebSearchError
-from .retry import route_with_retries
 from .routing import Action, decide_action
 from .settings import Settings
 from .validation import QuestionError, normalize_question
@@ -46,5 +45,4 @@ __all__ = [
     "load_domain",
     "load_program",
     "normalize_question",
-    "route_with_retries",
 ]

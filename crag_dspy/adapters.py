@@ -2,7 +2,7 @@
 
 DSPy's ``ChatAdapter`` wraps every output in ``[[ ## field ## ]]`` headers and a closing
 ``[[ ## completed ## ]]`` marker: ~14 generated tokens per call that carry nothing when a signature
-has one output. On the embedded 1.5B model a generated token costs ~85 ms, so the markers alone cost
+has one output. On the embedded model a generated token costs ~85 ms, so the markers alone cost
 ~1.2 s per answer or query rewrite. These adapters ask for the bare value instead; the measurement
 behind the judges' format is in ``docs/grader.md``.
 """
@@ -158,7 +158,7 @@ class ListAdapter(_FieldsAdapter):
     line, nothing else.
 
     Data synthesis asks for three questions and their answers in one reply, as ``question | answer``
-    lines: 42 tokens for three on the embedded 1.5B, where ``name: value`` lines (``question_1: ...``,
+    lines: 42 tokens for three on the embedded model, where ``name: value`` lines (``question_1: ...``,
     ``answer_1: ...``) take 63 and DSPy's ``[[ ## field ## ]]`` blocks more, and a generated token
     costs ~85 ms there (docs/synthesize.md). Inputs are fenced and made inert, as for the judges.
     """

@@ -24,6 +24,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .routing import DEFAULT_THRESHOLDS
+
 __all__ = ["CRAGConfig", "JudgeView", "LMCalls", "describe_validation_error"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
@@ -71,23 +73,20 @@ class CRAGConfig(BaseModel):
     # --- the paper's ---------------------------------------------------------------------------
     k: int = Field(5, ge=1, le=50, description="Documents retrieved and graded per question.")
     lower: float = Field(
-        0.3, ge=0.0, le=1.0, description="INCORRECT when every document's grade is below this."
+        DEFAULT_THRESHOLDS[0],
+        ge=0.0,
+        le=1.0,
+        description="INCORRECT when every document's grade is below this.",
     )
-    upper: float = Field(0.7, ge=0.0, le=1.0, description="CORRECT when any document's grade reaches this.")
+    upper: float = Field(
+        DEFAULT_THRESHOLDS[1], ge=0.0, le=1.0, description="CORRECT when any document's grade reaches this."
+    )
     strip_threshold: float = Field(0.5, ge=0.0, le=1.0, description="Strips scoring below this are dropped.")
     max_strips: int = Field(5, ge=1, description="Most knowledge strips kept per source (paper: 5).")
     sentences_per_strip: int = Field(
         3, ge=1, description="Decomposition window for passages longer than two sentences."
     )
     web_results: int = Field(3, ge=1, le=10, description="Web results requested per search.")
-    witness_results: int = Field(
-        5,
-        ge=0,
-        le=10,
-        description="Web results searched for with the question itself once it is answered, for the "
-        "grounding check: a page that states another value of the kind asked about disputes the answer, "
-        "whichever route was taken (0: no such search; the run's own sources only).",
-    )
 
     # --- beyond the paper -----------------------------------------------------------------------
     grader_view: JudgeView = Field(
@@ -96,6 +95,22 @@ class CRAGConfig(BaseModel):
     strip_view: JudgeView = Field(
         default_factory=JudgeView,
         description="What the strip filter reads of a strip; the answer still reads kept strips whole.",
+    )
+    witness_results: int = Field(
+        5,
+        ge=0,
+        le=10,
+        description="Web results searched for with the question itself once it is answered, for the "
+        "grounding check: a page that states another value of the kind asked about disputes the answer, "
+        "whichever route was taken (0: no such search; the run's own sources only).",
+    )
+    reserve_strips: int = Field(
+        1,
+        ge=0,
+        le=5,
+        description="Best-scored strips below the strip threshold each source keeps in reserve: a route "
+        'left with no knowledge answers from the best of them instead of "I don\'t know" unread (0: '
+        "none). Pays where the strip filter scores answering strips near its threshold.",
     )
     answer_units: bool = Field(
         True,

@@ -109,7 +109,7 @@ def _unit_after(context: str, end: int) -> str:
 def attach_unit(answer: str, context: str) -> str:
     """``answer`` followed by its unit when it is a bare number that the context states with one unit.
 
-    Asked for a short answer, the embedded 1.5B model often replies with the number alone ("260" for
+    Asked for a short answer, a small model (the embedded one) often replies with the number alone ("260" for
     "What is the hotel cap per night?", "16" for a leave of 16 weeks) although the context says "260
     velds per night". A bare number is a worse answer for a reader, and the gold answers of the bundled
     domains carry units, so it also counts as wrong. Telling the model to keep units in its instruction

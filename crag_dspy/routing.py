@@ -4,9 +4,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import Enum
 
-__all__ = ["QUESTION_TYPES", "Action", "decide_action", "question_type", "validate_thresholds"]
+__all__ = [
+    "DEFAULT_THRESHOLDS",
+    "NO_ABLATION",
+    "QUESTION_TYPES",
+    "Ablation",
+    "Action",
+    "ablated_action",
+    "decide_action",
+    "question_type",
+    "validate_thresholds",
+]
+
+DEFAULT_THRESHOLDS = (0.3, 0.7)
+"""The (lower, upper) every program starts from, and the pair tuned thresholds must beat to ship."""
 
 
 class Action(str, Enum):
@@ -45,6 +59,39 @@ def decide_action(scores: Sequence[float | None], lower: float, upper: float) ->
     if len(known) == len(scores) and all(s < lower for s in known):
         return Action.INCORRECT
     return Action.AMBIGUOUS
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """What a run leaves out, as the CRAG paper's ablations (Yan et al., 2024, section 5.4) do:
+    ``remove`` one action (:func:`ablated_action`), or turn off knowledge refinement (internal knowledge
+    is the raw passages), query rewriting (the web is searched with the question) or external-knowledge
+    selection (every web strip is kept unjudged)."""
+
+    remove: Action | None = None
+    refine: bool = True
+    rewrite: bool = True
+    select: bool = True
+
+
+NO_ABLATION = Ablation()
+
+
+def ablated_action(
+    scores: Sequence[float | None], lower: float, upper: float, remove: Action | None = None
+) -> Action:
+    """:func:`decide_action` with one action removed as the paper removes it: a removed CORRECT or
+    INCORRECT merges into AMBIGUOUS; without AMBIGUOUS one threshold splits CORRECT from INCORRECT. The
+    paper does not say where it lies, so an AMBIGUOUS question goes to the action whose threshold its
+    best grade is nearer to: CORRECT when it is >= (lower + upper) / 2, else INCORRECT (also when no
+    grade is known)."""
+    action = decide_action(scores, lower, upper)
+    if remove is None or action is not remove:
+        return action
+    if remove is not Action.AMBIGUOUS:
+        return Action.AMBIGUOUS
+    known = [s for s in scores if s is not None]
+    return Action.CORRECT if known and max(known) >= (lower + upper) / 2 else Action.INCORRECT
 
 
 QUESTION_TYPES = ("quantity", "time", "place", "person", "other")

@@ -26,9 +26,9 @@ from typing import Any
 import dspy
 from dspy.utils.callback import ACTIVE_CALL_ID, BaseCallback
 
-from .module import CRAG, RetryRound
+from .module import CRAG
 from .protocols import Passage
-from .stages import Answered, PassageGraded, Refined, Stage, WebSearched
+from .stages import Answered, PassageGraded, Refined, RetryRound, Stage, WebSearched
 from .trace import DocumentGrade
 
 try:

@@ -11,7 +11,7 @@ own field). Two layers keep a passage from acting as an instruction:
 2. Sentences in the common phrasing of a prompt injection (:func:`defuse_instructions`: "ignore
    previous instructions", "new instructions", "system notice", "this document is relevant", "the
    answer to every question is") are replaced by a marker. Small local models do follow such
-   sentences even when told not to (measured: the embedded 1.5B answered with an injected word), so
+   sentences even when told not to (measured: the embedded model answered with an injected word), so
    this is defence in depth: a heuristic that catches the usual phrasing, not a guarantee.
 
 Passages without injection phrasing are returned unchanged apart from (1).

@@ -49,53 +49,40 @@ from .data_needs import guidance, shortfalls, synthetic_grader_warning
 from .datasets import answers_by_question, qa_examples
 from .grade_source import GRADER_CHOICES
 from .measure import evaluate_program
-from .optimizer import STAGES, CRAGOptimizer, StageClock
-from .parallel import check_num_threads
+from .optimizer import CRAGOptimizer, StageClock
+from .options import CompileOptions
 from .report import check_writable, write_report
 from .teleprompters import OPTIMIZERS
 
-__all__ = ["compile_program", "domain_examples", "main"]
+__all__ = ["compile_program", "domain_examples", "main", "options_from_args"]
 
 log = logging.getLogger(__name__)
+REPORTED_OPTIONS = {"optimizer", "seed"}
+"""The options the report's first line and the program's metadata state besides the stages."""
 
 
 def compile_program(
-    settings: Settings,
-    *,
-    lm: dspy.BaseLM | None = None,
-    optimizer: str = "none",
-    demos: int = 4,
-    calibration_pairs: int = 64,
-    thresholds: bool = True,
-    seed: int = 0,
-    stages: tuple[str, ...] = ("grader", "strips"),
-    out: Path | None = None,
-    val_limit: int | None = None,
-    judge_val_limit: int | None = 80,
-    test_limit: int | None = None,
-    evaluate_test: bool = True,
-    grader: str = "auto",
-    evaluator_base: Path | None = None,
-    evaluator_training: TrainingConfig | None = None,
-    distill: bool = False,
-    progress: bool = True,
-    num_threads: int = 1,
+    settings: Settings, options: CompileOptions, *, lm: dspy.BaseLM | None = None
 ) -> dict[str, Any]:
-    """Compile the domain of ``settings`` and write the program JSON and report; returns the report."""
+    """Compile the domain of ``settings`` as ``options`` say and write the program JSON and report;
+    returns the report. ``lm`` stands in for the one ``settings`` names."""
     started = time.perf_counter()
     clock = StageClock()
+    stages, progress = options.stages, options.progress
     # The engine's build is recorded only when this compile runs the embedded model itself.
-    if "grader" in stages and grader != "llm":
-        check_encoder_folder(evaluator_base or bundled_model_path())  # before the LM starts
+    if "grader" in stages and options.grader != "llm":
+        check_encoder_folder(options.evaluator_base or bundled_model_path())  # before the LM starts
     runs_embedded = lm is None and settings.lm == "embedded"
     domain = load_domain(settings.resolved_domain_dir)  # a bad domain fails before the LM starts
     spp = domain.config.crag_config(settings.config).sentences_per_strip
-    missing = shortfalls(domain, stages, thresholds=thresholds, test=evaluate_test, sentences_per_strip=spp)
+    missing = shortfalls(
+        domain, stages, thresholds=options.thresholds, test=options.evaluate_test, sentences_per_strip=spp
+    )
     if missing:  # before any LM call: a compile on nothing would start the model to fail late
         raise DomainDataError(guidance(domain.root, missing))
     if warning := synthetic_grader_warning(domain, stages):
         log.warning(warning)
-    out = out or Path("runs") / domain.name / "program.json"
+    out = options.out or Path("runs") / domain.name / "program.json"
     check_writable(out, "the program")  # an hour of LM work must not end where it cannot be saved
     out.parent.mkdir(parents=True, exist_ok=True)  # the threshold study's journal goes beside it
     lm = lm or build_lm(settings)
@@ -104,8 +91,7 @@ def compile_program(
     report: dict[str, Any] = {
         "domain": domain.name,
         "lm": getattr(lm, "model", lm_identity(settings)),
-        "optimizer": optimizer,
-        "seed": seed,
+        **options.model_dump(include=REPORTED_OPTIONS),
         "stages": {},
     }
     if runs_embedded:
@@ -118,24 +104,10 @@ def compile_program(
 
     trainset, valset, relevance = domain_examples(domain)
     compiler = CRAGOptimizer(
-        optimizer=optimizer,
-        demos=demos,
-        calibration_pairs=calibration_pairs,
-        stages=stages,
-        thresholds=thresholds,
-        grader=grader,
-        evaluator_base=evaluator_base,
-        evaluator_training=evaluator_training,
-        distill=distill,
+        options=options.model_copy(update={"out": out}),
         embedder=backends.embedder,
         cache_dir=settings.cache_dir / "evaluators",
-        judge_val_limit=judge_val_limit,
-        val_limit=val_limit,
-        seed=seed,
         name=domain.name,
-        out=out,
-        num_threads=num_threads,
-        progress=progress,
     )
     # watch_lm: a question that fails is counted wrong, but an LM that is down stops the compile.
     with dspy.track_usage() as tracker, dspy.context(lm=lm), watch_lm():
@@ -144,8 +116,8 @@ def compile_program(
             if key in compiler.report:
                 report[key] = compiler.report[key]
         clock.extend(compiler.report["stage_seconds"])
-        if evaluate_test:
-            test = qa_examples(domain, "test", test_limit)
+        if options.evaluate_test:
+            test = qa_examples(domain, "test", options.test_limit)
             results = [
                 evaluate_program("CRAG (compiled)", compiled, test, progress=progress),
                 evaluate_program("CRAG (uncompiled)", crag, test, progress=progress),
@@ -173,8 +145,7 @@ def compile_program(
         "domain": domain.name,
         "dataset_hashes": domain.file_hashes(),
         "lm": report["lm"],
-        "optimizer": optimizer,
-        "seed": seed,
+        **options.model_dump(include=REPORTED_OPTIONS),
         "stages": list(stages),
         "scores": {
             # val metrics of the judge states actually saved
@@ -233,53 +204,38 @@ def at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _option(parser: argparse.ArgumentParser, flag: str, name: str, **kwargs: Any) -> None:
+    """``flag`` for the option ``name``: the option's description is its help and, unless ``kwargs``
+    give another, the option's default is its default (a default of none or off goes unsaid: the
+    description says what it means)."""
+    field = CompileOptions.model_fields[name]
+    kwargs.setdefault("default", field.default)
+    said = "" if kwargs["default"] is None or kwargs["default"] is False else " (default: %(default)s)"
+    parser.add_argument(flag, help=f"{field.description}{said}", **kwargs)
+
+
+def _limit(parser: argparse.ArgumentParser, flag: str, name: str) -> None:
+    """``flag`` for the optional limit ``name``: N, or 0 for no limit (the option's None)."""
+    field = CompileOptions.model_fields[name]
+    said = " (default 0: all)" if field.default is None else f" (default {field.default}; 0: all)"
+    parser.add_argument(flag, type=at_least(0), default=field.default or 0, help=f"{field.description}{said}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m optimize.compile", description=__doc__.split("\n\n")[0])
     add_storage_arguments(parser)
     add_lm_arguments(parser)
-    parser.add_argument(
-        "--optimizer",
-        choices=OPTIMIZERS,
-        default="none",
-        help="DSPy teleprompter proposing few-shot grader/strip-filter prompts; the zero-shot prompt is "
-        "always a candidate and the best on val ships (default: none = zero-shot + calibration, chosen by "
-        "measurement: on the embedded 1.5B every few-shot candidate scored lower, see docs/compile.md)",
-    )
-    parser.add_argument(
-        "--demos", type=at_least(0), default=4, help="few-shot demos per predictor (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--calibration-pairs",
-        type=at_least(0),
-        default=64,
-        help="held-out train examples per judge to fit its calibrations on (default: %(default)s; 0: no "
-        "calibration)",
-    )
-    parser.add_argument(
-        "--stages",
-        default="grader,strips",
-        help=f"comma-separated subset of {','.join(STAGES)} (rewriter/answerer: demos bootstrapped from QA "
-        "train, shipped only if they raise QA-val accuracy)",
-    )
+    _option(parser, "--optimizer", "optimizer", choices=OPTIMIZERS)
+    _option(parser, "--demos", "demos", type=at_least(0))
+    _option(parser, "--calibration-pairs", "calibration_pairs", type=at_least(0))
+    _option(parser, "--stages", "stages", default=",".join(CompileOptions.model_fields["stages"].default))
     parser.add_argument(
         "--no-thresholds",
         action="store_true",
         help="keep the current thresholds: skip the QA-val route precomputation and the exact search",
     )
-    parser.add_argument(
-        "--grader",
-        choices=GRADER_CHOICES,
-        default="auto",
-        help="where document grades come from: the LLM judge, a cross-encoder trained on the relevance "
-        "pairs (evaluator), or both fused with the retrieval similarity; auto ships the best on val, "
-        "never one below the uncompiled LLM judge (default: auto; docs/evaluator.md)",
-    )
-    parser.add_argument(
-        "--evaluator-base",
-        type=Path,
-        help="local BERT-style encoder folder the evaluator is fine-tuned from (default: the bundled "
-        "all-MiniLM-L6-v2)",
-    )
+    _option(parser, "--grader", "grader", choices=GRADER_CHOICES)
+    _option(parser, "--evaluator-base", "evaluator_base", type=Path)
     parser.add_argument(
         "--evaluator-epochs",
         type=at_least(1),
@@ -293,50 +249,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="lowest encoder layers the evaluator keeps as loaded, their outputs computed once so an "
         "epoch trains only the layers above; 0 trains every layer (default: %(default)s)",
     )
-    parser.add_argument(
-        "--evaluator-distill",
-        action="store_true",
-        help="the compiled LLM judge also labels the train questions' unlabelled top-k retrieved passages "
-        "for the evaluator's training: for --grader evaluator on a domain with few labelled pairs, "
-        "grading then needs no LM call (docs/evaluator.md)",
-    )
-    parser.add_argument(
-        "--seed",
-        type=at_least(0),
-        default=0,
-        help="seed of every sampler, split and training (default: %(default)s)",
-    )
-    parser.add_argument("--out", type=Path, help="program JSON path (default: runs/<domain>/program.json)")
-    # Whole splits by default: a handful of questions cannot tell a gain from noise (docs/compile.md).
-    parser.add_argument(
-        "--val-limit",
-        type=at_least(0),
-        default=0,
-        help="tune thresholds on N QA val questions, taken evenly across kinds (default 0: all; quick runs)",
-    )
-    parser.add_argument(
-        "--judge-val-limit",
-        type=at_least(0),
-        default=80,
-        help="measure grader and strip filter on N val examples each, whole questions spread evenly over "
-        "the split (default 80; 0: all)",
-    )
-    parser.add_argument(
-        "--test-limit",
-        type=at_least(0),
-        default=0,
-        help="evaluate on N QA test questions, taken evenly across kinds (default 0: all; quick runs)",
-    )
+    _option(parser, "--evaluator-distill", "distill", action="store_true")
+    _option(parser, "--seed", "seed", type=at_least(0))
+    _option(parser, "--out", "out", type=Path)
+    _limit(parser, "--val-limit", "val_limit")
+    _limit(parser, "--judge-val-limit", "judge_val_limit")
+    _limit(parser, "--test-limit", "test_limit")
     parser.add_argument("--no-test-eval", action="store_true", help="skip the test-split comparison")
-    parser.add_argument(
-        "--num-threads",
-        type=at_least(1),
-        default=1,
-        metavar="N",
-        help="precompute N val questions' routes at a time (default: 1); faster only with a hosted LM or a "
-        "server with several slots, the embedded model serves one request at a time",
-    )
+    _option(parser, "--num-threads", "num_threads", type=at_least(1), metavar="N")
     return parser
+
+
+def options_from_args(args: argparse.Namespace) -> CompileOptions:
+    """The options the flags ask for. Flags and options differ in form only: a limit of 0 is none,
+    ``--stages`` is comma-separated, ``--no-*`` turns an option off, the evaluator's flags are two of
+    its training's fields, and the command line shows progress."""
+    return CompileOptions(
+        stages=tuple(s.strip() for s in args.stages.split(",") if s.strip()),
+        thresholds=not args.no_thresholds,
+        optimizer=args.optimizer,
+        demos=args.demos,
+        calibration_pairs=args.calibration_pairs,
+        grader=args.grader,
+        evaluator_base=args.evaluator_base,
+        evaluator_training=TrainingConfig(
+            max_epochs=args.evaluator_epochs, frozen_layers=args.evaluator_frozen_layers
+        ),
+        distill=args.evaluator_distill,
+        seed=args.seed,
+        out=args.out,
+        val_limit=args.val_limit or None,
+        judge_val_limit=args.judge_val_limit or None,
+        test_limit=args.test_limit or None,
+        evaluate_test=not args.no_test_eval,
+        num_threads=args.num_threads,
+        progress=True,
+    )
 
 
 @interruptible
@@ -346,34 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.evaluator_distill and args.grader == "llm":
         print("error: --evaluator-distill trains the evaluator; --grader llm ships none", file=sys.stderr)
         return 2
-    stages = tuple(s.strip() for s in args.stages.split(",") if s.strip())
-    unknown = set(stages) - set(STAGES)
-    if unknown:
-        print(f"error: unknown stage(s) {sorted(unknown)}; choose from {STAGES}", file=sys.stderr)
-        return 2
     try:
-        settings = settings_from_args(args)
-        report = compile_program(
-            settings,
-            optimizer=args.optimizer,
-            demos=args.demos,
-            calibration_pairs=args.calibration_pairs,
-            thresholds=not args.no_thresholds,
-            seed=args.seed,
-            stages=stages,
-            out=args.out,
-            val_limit=args.val_limit or None,
-            judge_val_limit=args.judge_val_limit or None,
-            test_limit=args.test_limit or None,
-            evaluate_test=not args.no_test_eval,
-            num_threads=check_num_threads(args.num_threads, "--num-threads"),
-            grader=args.grader,
-            evaluator_base=args.evaluator_base,
-            evaluator_training=TrainingConfig(
-                max_epochs=args.evaluator_epochs, frozen_layers=args.evaluator_frozen_layers
-            ),
-            distill=args.evaluator_distill,
-        )
+        options = options_from_args(args)  # an unknown stage is refused before the settings are read
+        report = compile_program(settings_from_args(args), options)
     except user_error_types() as exc:
         print(error_line(exc), file=sys.stderr)  # e.g. a --chroma-host with user:password@
         return 2

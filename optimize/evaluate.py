@@ -35,20 +35,27 @@ from crag_dspy.cli import (
 from crag_dspy.domain import Domain, QAPair, load_domain
 from crag_dspy.embeddings import Embedder
 from crag_dspy.faults import CRAGRunError, LMDownError, describe_error, raise_if_lm_down, watch_lm
+from crag_dspy.judges.protocols import Judge
 from crag_dspy.lm import build_lm, lm_identity
+from crag_dspy.module import CRAG
 from crag_dspy.program import apply_program, check_dataset, read_program
+from crag_dspy.protocols import Passage
 from crag_dspy.redaction import configure_logging
 from crag_dspy.routing import Action
 from crag_dspy.settings import Settings
+from crag_dspy.stages import Grade, Retrieve, state_key
+from crag_dspy.stages.base import part_state
+from crag_dspy.stages.calls import judge_once
 from crag_dspy.store import ingest_domain
 
+from .cost import Cost
 from .datasets import qa_split, relevance_examples
 from .grade_source import program_grades
 from .metrics import answer_matches, binary_report, contains_answer, is_answerable, wilson_interval
 from .parallel import check_num_threads, map_questions
 from .report import check_writable, plot_accuracy_bars, write_evaluation_report
-from .shared_work import Cost, CRAGPieces, SharedWork, state_key
-from .variants import ROW_SETS, Outcome, Variant, run_variant, table_variants
+from .shared_work import SharedWork
+from .variants import ROW_SETS, Outcome, Programs, Variant, raw_passages, run_variant, table_variants
 
 __all__ = ["evaluate_domain", "grader_quality", "main", "summarize"]
 
@@ -75,7 +82,7 @@ def _no_retrieval(work: SharedWork, lm: dspy.BaseLM) -> Callable[[str], Outcome]
 def _question_rows(
     q: QAPair,
     variants: Sequence[Variant],
-    pieces: dict[str, CRAGPieces],
+    programs: Programs,
     work: SharedWork,
     no_retrieval: Callable[[str], Outcome],
 ) -> list[dict[str, Any]]:
@@ -83,7 +90,7 @@ def _question_rows(
     for variant in variants:
         raise_if_lm_down()  # an LM outage stops the run between variants, not after every question
         with work.consumer(variant.name) as used:
-            outcome = _outcome(variant, q, pieces, no_retrieval)
+            outcome = _outcome(variant, q, programs, no_retrieval)
         cost = work.cost(used)
         errors = work.notes(used) + ([outcome.error] if outcome.error else [])
         rows.append(
@@ -100,7 +107,7 @@ def _question_rows(
         )
     # Whether the first retrieval held a gold answer is a property of the question, not of a variant.
     with work.consumer("evaluation"):
-        passages = pieces["main"].retrieve(q.question)
+        passages = raw_passages(programs["main"], q.question, work)
     answerable = is_answerable(q.answers)
     held = any(contains_answer(p.display, q.answers) for p in passages)
     for row in rows:
@@ -109,12 +116,12 @@ def _question_rows(
 
 
 def _outcome(
-    variant: Variant, q: QAPair, pieces: dict[str, CRAGPieces], no_retrieval: Callable[[str], Outcome]
+    variant: Variant, q: QAPair, programs: Programs, no_retrieval: Callable[[str], Outcome]
 ) -> Outcome:
     """``variant``'s answer to ``q``; a question that fails (:class:`~crag_dspy.faults.CRAGRunError`)
     is a wrong answer with its error, and the run goes on, unless the LM is down (:func:`watch_lm`)."""
     try:
-        return run_variant(variant, q.question, pieces, no_retrieval)
+        return run_variant(variant, q.question, programs, no_retrieval)
     except CRAGRunError as exc:
         raise_if_lm_down()
         log.warning("%s failed on question %s (counted wrong): %s", variant.name, q.id, describe_error(exc))
@@ -175,10 +182,32 @@ def summarize(rows: Sequence[dict[str, Any]], variants: Sequence[Variant]) -> li
     return table
 
 
+def _graded(crag: CRAG, question: str, cache: SharedWork) -> tuple[list[Passage], list[float | None]]:
+    """The top-k passages (made inert) and their grades, through the program's cached stages."""
+    run = crag.new_run(question, cache=cache)
+    with crag.lm_scope(run.trace):
+        passages = Retrieve(crag, run)(question=question)
+        return passages, [g.score for g in Grade(crag, run)(question=question, passages=passages)]
+
+
+def _shared_grader(crag: CRAG, cache: SharedWork) -> Judge:
+    """The program's grader as a :class:`~crag_dspy.judges.protocols.Judge` whose judgements are the
+    cache's: a (question, document) pair shown to the grader as a retrieved passage was is not judged
+    again."""
+
+    def grade(**inputs: str) -> dspy.Prediction:
+        run = crag.new_run(inputs["question"], cache=cache)
+        with crag.lm_scope(run.trace):
+            judgement, _ = judge_once(crag.grader, "grader", run, **inputs)
+        return dspy.Prediction(score=judgement.score, judgement=judgement)
+
+    return grade  # type: ignore[return-value] - a Judge is any callable of the judge's inputs
+
+
 def grader_quality(
     domain: Domain,
     questions: Sequence[QAPair],
-    graders: dict[str, CRAGPieces],
+    graders: dict[str, CRAG],
     work: SharedWork,
     split: str,
     *,
@@ -194,27 +223,28 @@ def grader_quality(
     """
     examples = relevance_examples(domain.relevance, split)
     results, seen = [], set()
-    for name, pieces in graders.items():
-        if pieces.grader_key in seen:
+    for name, crag in graders.items():
+        # Programs with equal keys grade identically: measured once.
+        key = state_key(part_state(crag.grader), part_state(crag.grading), crag.config.k)
+        if key in seen:
             continue
-        seen.add(pieces.grader_key)
+        seen.add(key)
         with work.consumer("grader quality"):
             if examples:
 
-                def run(pieces=pieces):
+                def run(crag=crag):
                     with dspy.context(lm=lm):
                         # Through the program's grade source: LLM judge, trained evaluator or both.
-                        scores = program_grades(
-                            pieces.crag, examples, embedder, grader=pieces.grader, progress=progress
-                        )
+                        grader = _shared_grader(crag, work)
+                        scores = program_grades(crag, examples, embedder, grader=grader, progress=progress)
                     return binary_report(scores, [int(e.relevant) for e in examples])
 
-                report = work.get(("grader_eval", split, pieces.grader_key), run)
+                report = work.get(("grader_eval", split, key), run)
                 results.append({"grader": name, "data": f"relevance.jsonl ({split})", **report.as_dict()})
             scores, labels, failed = [], [], 0
             for q in questions:
                 try:
-                    passages, grades = pieces.documents(q.question)
+                    passages, grades = _graded(crag, q.question, work)
                 except CRAGRunError:  # its rows hold the error; it has no grades to measure
                     failed += 1
                     continue
@@ -275,18 +305,16 @@ def evaluate_domain(
     ingest_domain(backends.client, domain, backends.embedder, progress=progress)  # refresh if data changed
     backends.embedder.encode(["warm-up"])  # loading the embedding model is no variant's cost
     work = SharedWork()
-    pieces = {"default": CRAGPieces(default_crag, work)}
-    pieces["main"] = (
-        CRAGPieces(apply_program(default_crag.deepcopy(), document, Path(program).parent), work)
-        if document
-        else pieces["default"]
+    main_crag = (
+        apply_program(default_crag.deepcopy(), document, Path(program).parent) if document else default_crag
     )
+    programs = Programs(main_crag, default_crag, work)
     variants = table_variants(document is not None, rows)
     no_retrieval = _no_retrieval(work, lm)
 
     with watch_lm():  # one failed question is counted wrong; an LM that is down stops the run
         per_question = map_questions(
-            lambda q: _question_rows(q, variants, pieces, work, no_retrieval),
+            lambda q: _question_rows(q, variants, programs, work, no_retrieval),
             questions,
             num_threads=num_threads,
             desc=f"evaluate {domain.name}/{split}",
@@ -296,7 +324,7 @@ def evaluate_domain(
         graders = grader_quality(
             domain,
             questions,
-            {"program" if document else "default": pieces["main"], "default": pieces["default"]},
+            {"program" if document else "default": main_crag, "default": default_crag},
             work,
             split,
             lm=lm,
@@ -309,7 +337,6 @@ def evaluate_domain(
         marginal = owned.get(entry["name"])
         entry["marginal"] = (marginal or Cost()).as_dict()
     total = work.total()
-    main_crag = pieces["main"].crag
     report = {
         "domain": domain.name,
         "split": split,
@@ -317,7 +344,7 @@ def evaluate_domain(
         "lm": getattr(lm, "model", lm_identity(settings)),
         "program": str(program) if program else None,
         "thresholds": {
-            "default": dict(zip(("lower", "upper"), pieces["default"].thresholds)),
+            "default": {"lower": default_crag.thresholds.lower, "upper": default_crag.thresholds.upper},
             "main": main_crag.thresholds.dump_state(),
         },
         "created": datetime.now(UTC).isoformat(timespec="seconds"),

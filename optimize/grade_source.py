@@ -43,6 +43,7 @@ from .metrics import binary_report, bootstrap_auc_interval, wilson_interval
 __all__ = [
     "GRADER_CHOICES",
     "MIN_TRAIN_PAIRS",
+    "GradeSourceChoice",
     "JudgeScores",
     "choose_grade_source",
     "distilled_pairs",
@@ -70,6 +71,15 @@ class JudgeScores:
     held_out: list[dspy.Example]
     held_out_scores: list[float | None]
     uncompiled_val: list[float | None]
+
+
+@dataclass
+class GradeSourceChoice:
+    """What :func:`choose_grade_source` measured and shipped (``report``), and the evaluator it trained,
+    shipped or not: the compile measures that one on the strip filter's pairs too."""
+
+    report: dict[str, Any]
+    evaluator: RelevanceEvaluator | None = None
 
 
 def measured(scores: Sequence[float | None], gold: Sequence[int], questions: Sequence[str]) -> dict[str, Any]:
@@ -217,7 +227,7 @@ def choose_grade_source(
     cache_dir: Path | None = None,
     distill: Sequence[str] = (),
     progress: bool = True,
-) -> dict[str, Any]:
+) -> GradeSourceChoice:
     """Measure the grade sources on ``val``, switch ``crag.grading`` to the chosen one, report why.
 
     ``distill``: train questions (none with labels outside train) whose unlabelled top-k passages the
@@ -250,7 +260,7 @@ def choose_grade_source(
         if choice in ("evaluator", "fused"):
             raise ValueError(f"--grader {choice}: {reason}")
         crag.grading.use("llm")
-        return {**report, "shipped": "llm", "why": f"LLM judge: {reason}"}
+        return GradeSourceChoice({**report, "shipped": "llm", "why": f"LLM judge: {reason}"})
 
     evaluator, training = trained_evaluator(
         fit_pairs, holdout, base=base, config=config, cache_dir=cache_dir, progress=progress
@@ -286,11 +296,13 @@ def choose_grade_source(
         if choice in ("evaluator", "fused"):
             raise ValueError(f"--grader {choice}: the evaluator's score map cannot be fitted: {exc}") from exc
         crag.grading.use("llm")
-        return {
-            **report,
-            "shipped": "llm",
-            "why": f"LLM judge: the evaluator's score map cannot be fitted ({exc})",
-        }
+        return GradeSourceChoice(
+            {
+                **report,
+                "shipped": "llm",
+                "why": f"LLM judge: the evaluator's score map cannot be fitted ({exc})",
+            }
+        )
     val_logits = evaluator.logits([(e.question, e.document) for e in val])
     candidates["evaluator"] = measured(
         [evaluator_score({"evaluator": x}) for x in val_logits], gold, questions
@@ -327,8 +339,7 @@ def choose_grade_source(
         evaluator_score if shipped != "llm" else None,
         fused_score if shipped == "fused" else None,
     )
-    # The trained model travels on (popped by the compile) to be measured on the strip filter's pairs.
-    return {**report, "shipped": shipped, "why": why, "_evaluator": evaluator}
+    return GradeSourceChoice({**report, "shipped": shipped, "why": why}, evaluator)
 
 
 def program_grades(
@@ -340,7 +351,7 @@ def program_grades(
     progress: bool = True,
 ) -> list[float | None]:
     """What ``crag`` grades each (question, document) example, through its grade source, as
-    :meth:`CRAG.grade_documents <crag_dspy.module.CRAG.grade_documents>` would with the pair's
+    the :class:`~crag_dspy.stages.Grade` stage would with the pair's
     retrieval similarity; the LLM judge (``crag.grader`` unless ``grader`` stands in for it, e.g. one
     that shares judgements) is asked only when the grade source uses it."""
     from .measure import judge_outcomes

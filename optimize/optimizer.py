@@ -43,19 +43,21 @@ from dspy.teleprompt import Teleprompter
 from crag_dspy.embeddings import Embedder, bundled_model_path
 from crag_dspy.faults import CRAGRunError, describe_error, raise_if_lm_down, watch_lm
 from crag_dspy.judges.calibration import Calibration, fit_calibration
-from crag_dspy.judges.evaluator import TrainingConfig
+from crag_dspy.judges.evaluator import RelevanceEvaluator
 from crag_dspy.judges.llm import BinaryJudge, Judgement
 from crag_dspy.module import CRAG
+from crag_dspy.routing import DEFAULT_THRESHOLDS
 from crag_dspy.trace import usage_from_tracker
 
 from .datasets import interleave_balanced, round_robin, spread, strip_examples_from
-from .grade_source import GRADER_CHOICES, JudgeScores, choose_grade_source, evaluator_on_strips
+from .grade_source import GradeSourceChoice, JudgeScores, choose_grade_source, evaluator_on_strips
 from .measure import judge_outcomes
 from .metrics import answer_matches, beats_beyond_noise, binary_report, wilson_interval
+from .options import GENERATORS, CompileOptions
 from .parallel import map_questions
 from .report import plot_landscape
-from .shared_work import CRAGPieces, SharedWork
-from .teleprompters import OPTIMIZERS, compile_stage, judge_metric
+from .shared_work import SharedWork
+from .teleprompters import compile_stage, judge_metric
 from .thresholds import (
     QuestionRoutes,
     TuningResult,
@@ -64,12 +66,11 @@ from .thresholds import (
     routes_fingerprint,
     tune_thresholds,
 )
-from .variants import INTERNAL_RETRY_ROUNDS, Variant, run_variant
+from .variants import INTERNAL_RETRY_ROUNDS, Programs, Variant, run_variant
 
 __all__ = [
-    "GENERATORS",
-    "STAGES",
     "CRAGOptimizer",
+    "CompiledJudge",
     "StageClock",
     "ValQuestion",
     "answer_metric",
@@ -78,8 +79,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-STAGES = ("grader", "strips", "rewriter", "answerer", "retry")
-GENERATORS = ("rewriter", "answerer")
 Metric = Callable[..., Any]
 
 
@@ -132,6 +131,48 @@ class ValQuestion:
     example: dspy.Example
 
 
+@dataclass(frozen=True)
+class CompileData:
+    """What the steps compile on, checked by :meth:`CRAGOptimizer._check`: the LM they ask and the
+    examples, in the order the compile takes them (evenly across kinds)."""
+
+    lm: dspy.BaseLM
+    train: list[dspy.Example]
+    questions: list[ValQuestion]
+    """QA val (``val_limit`` questions of it) as the threshold and retry steps replay it."""
+    relevance_train: list[dspy.Example]
+    relevance_val: list[dspy.Example]
+    relevance: list[dspy.Example]
+    """Every relevance pair and every QA example given (``qa``): the strip labels' gold aliases."""
+    qa: list[dspy.Example]
+
+
+@dataclass(frozen=True)
+class GraderStep:
+    """The grader compiled on its train and val pairs, which the grade-source step measures on too."""
+
+    judge: CompiledJudge
+    train: list[dspy.Example]
+    val: list[dspy.Example]
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The rewriter/answerer bootstrap's report, and the program as it was before the bootstrap when
+    it gave demos: the threshold step keeps them only if they score higher on val."""
+
+    report: dict[str, Any]
+    before: CRAG | None
+
+
+@dataclass(frozen=True)
+class TunedThresholds:
+    """The threshold step's report, and what it found about the generation demos when it weighed them."""
+
+    report: dict[str, Any]
+    generation: dict[str, Any] | None = None
+
+
 class CRAGOptimizer(Teleprompter):
     """Compile a :class:`~crag_dspy.module.CRAG` program: judges, grade source, generation demos,
     thresholds and internal retries, each shipped only when it measures better on val.
@@ -140,24 +181,12 @@ class CRAGOptimizer(Teleprompter):
         metric: ``metric(example, prediction, trace=None)``, truthy when ``prediction.answer`` is right
             for the QA ``example``; judges bootstrapped demos, threshold routes and retries
             (default :func:`answer_metric`).
-        optimizer: DSPy teleprompter proposing few-shot judge prompts (``none``: zero-shot + calibration).
-        demos: few-shot demos per predictor.
-        calibration_pairs: held-out train examples per judge to fit its calibrations on.
-        stages: a subset of :data:`STAGES`.
-        thresholds: tune (lower, upper) on ``valset``; False keeps the program's.
-        grader: where grades come from (``auto``, ``llm``, ``evaluator``, ``fused``; docs/evaluator.md).
-        evaluator_base, evaluator_training: the encoder the evaluator is fine-tuned from and how.
-        distill: the compiled LLM judge also labels the unlabelled top-k retrieved passages of the QA
-            and relevance train questions (none with val labels) for the evaluator's training: LM calls
-            the evaluator then saves at run time (docs/evaluator.md, "Distilling the LLM judge").
+        options: what to compile and how (:class:`~optimize.options.CompileOptions`), or its fields as
+            keywords: ``CRAGOptimizer(stages=("grader", "strips"), grader="llm")``.
         embedder: sentence embeddings for the retrieval similarity a fused grade weighs (default: the
-            program's, else the bundled MiniLM); cache_dir: where trained evaluators are cached.
-        judge_val_limit: judge val examples measured (whole questions spread over the split; None: all).
-        val_limit: QA val questions the thresholds and retries are decided on, evenly across kinds.
+            program's, else the bundled MiniLM).
+        cache_dir: where trained evaluators are cached.
         name: names the Optuna study (and titles the landscape plot).
-        out: with a path, the Optuna journal and the accuracy landscape are written beside it
-            (``PATH.optuna.log``, ``PATH.landscape.png``); None keeps the study in memory.
-        num_threads: val questions routed at a time.
 
     After :meth:`compile`, ``report`` holds what each stage measured and shipped, and why
     (``stages``, ``thresholds``, ``internal_retry``, ``stage_seconds``), as the compile report shows it.
@@ -166,46 +195,30 @@ class CRAGOptimizer(Teleprompter):
     def __init__(
         self,
         metric: Metric | None = None,
+        options: CompileOptions | None = None,
         *,
-        optimizer: str = "none",
-        demos: int = 4,
-        calibration_pairs: int = 64,
-        stages: Sequence[str] = ("grader", "strips"),
-        thresholds: bool = True,
-        grader: str = "auto",
-        evaluator_base: Path | None = None,
-        evaluator_training: TrainingConfig | None = None,
-        distill: bool = False,
         embedder: Embedder | None = None,
         cache_dir: Path | None = None,
-        judge_val_limit: int | None = 80,
-        val_limit: int | None = None,
-        seed: int = 0,
         name: str = "crag",
-        out: Path | None = None,
-        num_threads: int = 1,
-        progress: bool = False,
+        **keywords: Any,
     ):
         super().__init__()
-        unknown = sorted(set(stages) - set(STAGES))
-        if unknown:
-            raise ValueError(f"unknown stage(s) {unknown}; choose from {STAGES}")
-        if optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {optimizer!r}; choose from {OPTIMIZERS}")
-        if grader not in GRADER_CHOICES:
-            raise ValueError(f"unknown grader {grader!r}; choose from {GRADER_CHOICES}")
-        if seed < 0:  # numpy's generators refuse it, and only after the LM work of the threshold search
-            raise ValueError(f"seed must be a whole number of at least 0, got {seed}")
+        if options is not None and keywords:
+            raise TypeError(f"pass options or its fields as keywords, not both (got {sorted(keywords)} too)")
+        self.options = options if options is not None else CompileOptions(**keywords)
         self.metric = metric or answer_metric
-        self.optimizer, self.demos, self.calibration_pairs = optimizer, demos, calibration_pairs
-        self.stages, self.thresholds, self.grader = tuple(stages), thresholds, grader
-        self.evaluator_base, self.evaluator_training = evaluator_base, evaluator_training
-        self.distill = distill
-        self.embedder, self.cache_dir = embedder, cache_dir
-        self.judge_val_limit, self.val_limit, self.seed = judge_val_limit, val_limit, seed
-        self.name, self.out = name, None if out is None else Path(out)
-        self.num_threads, self.progress = num_threads, progress
+        self.embedder, self.cache_dir, self.name = embedder, cache_dir, name
         self.report: dict[str, Any] = {}
+
+    @property
+    def progress(self) -> bool:
+        """Whether the steps that map over questions show progress bars (``options.progress``)."""
+        return self.options.progress
+
+    @property
+    def num_threads(self) -> int:
+        """Val questions the replaying steps route at a time (``options.num_threads``)."""
+        return self.options.num_threads
 
     def compile(
         self,
@@ -219,103 +232,70 @@ class CRAGOptimizer(Teleprompter):
         """A compiled copy of ``student`` (left as it is): QA ``trainset`` and ``valset``, labelled
         ``relevance`` pairs (fields: the module docstring). The LM is the student's, else
         ``dspy.settings.lm``; the threshold and retry stages search with the student's retriever and
-        web search. Raises ValueError when a stage's data are missing, before any LM call."""
-        if teacher is not None:
-            raise ValueError("CRAGOptimizer takes no teacher: every stage measures the student itself")
-        lm = student.lm or dspy.settings.lm
-        if lm is None:
-            raise ValueError("no LM: pass lm= to CRAG or configure one with dspy.configure(lm=...)")
-        stages = set(self.stages)
-        # In the order the compile always took them: evenly across kinds.
-        train = round_robin(list(trainset or []), _kind)
-        val = round_robin(list(valset or []), _kind, self.val_limit)
-        relevance_train, relevance_val = _relevance_splits(relevance or [])
-        self._check_data(stages, train, val, relevance_train, relevance_val)
+        web search. Raises ValueError when a stage's data are missing, before any LM call.
+
+        The steps: :meth:`_check`, then those of the stages asked for, in this order, each timed:
+        :meth:`_compile_grader`, :meth:`_choose_grade_source`, :meth:`_compile_strip_filter`,
+        :meth:`_bootstrap_generation`, :meth:`_tune_thresholds`, :meth:`_internal_retry`."""
+        data = self._check(student, teacher, trainset, valset, relevance)
+        stages = set(self.options.stages)
         program = student.deepcopy()
         clock = StageClock()
-        report: dict[str, Any] = {"stages": {}}
-        self.report = report
-        with dspy.context(lm=lm), watch_lm():
+        self.report = report = {"stages": {}}
+        with dspy.context(lm=data.lm), watch_lm():
             evaluator = None
             if "grader" in stages:
-                judge_train = interleave_balanced(
-                    [_graded(e) for e in relevance_train], "relevant", self.seed
-                )
-                judge_val = spread([_graded(e) for e in relevance_val], _question, self.judge_val_limit)
-                report["stages"]["grader"] = self._judge(
-                    program, "grader", judge_train, judge_val, "relevant"
-                )
+                grader = self._compile_grader(program, data)
+                report["stages"]["grader"] = grader.judge.report
                 clock.lap("grader")
-                report["stages"]["grade_source"] = choose_grade_source(
-                    program,
-                    judge_train,
-                    judge_val,
-                    report["stages"]["grader"].pop("_scores"),
-                    choice=self.grader,
-                    base=self.evaluator_base or bundled_model_path(),
-                    config=(self.evaluator_training or TrainingConfig()).model_copy(
-                        update={"seed": self.seed}
-                    ),
-                    embedder=self.embedder or program.embedder or Embedder(),
-                    cache_dir=self.cache_dir,
-                    distill=self._distill_questions(train, relevance_train, relevance_val),
-                    progress=self.progress,
-                )
-                evaluator = report["stages"]["grade_source"].pop("_evaluator", None)
+                source = self._choose_grade_source(program, data, grader)
+                report["stages"]["grade_source"], evaluator = source.report, source.evaluator
                 clock.lap("grade source")
             if "strips" in stages:
-                aliases = _aliases(relevance or [], [*(trainset or []), *(valset or [])])
-                spp = program.config.sentences_per_strip
-                strips_train = strip_examples_from(_pairs(relevance_train), aliases, spp)
-                strips_val = strip_examples_from(_pairs(relevance_val), aliases, spp)
-                judge_train = interleave_balanced(strips_train, "keep", self.seed)
-                judge_val = spread(strips_val, _question, self.judge_val_limit)
-                report["stages"]["strip_filter"] = self._judge(
-                    program, "strip_filter", judge_train, judge_val, "keep"
-                )
-                report["stages"]["strip_filter"].pop("_scores")
-                if evaluator is not None:
-                    report["stages"]["strip_filter"]["grader_evaluator"] = evaluator_on_strips(
-                        evaluator, judge_val
-                    )
+                report["stages"]["strip_filter"] = self._compile_strip_filter(program, data, evaluator)
                 clock.lap("strip filter")
-            without_generation = None
+            before_generation = None
+            if stages & set(GENERATORS):
+                generation = self._bootstrap_generation(program, data.train)
+                report["stages"]["generation"], before_generation = generation.report, generation.before
+                clock.lap("rewriter/answerer bootstrap")
             # The QA-val pieces (grades, knowledge, answers) the threshold and retry stages both use.
             work = SharedWork()
-            if set(GENERATORS) & stages:
-                before_generation = program.deepcopy()
-                bootstrapped = self._generation(program, train, stages)
-                raise_if_lm_down()  # the bootstrap counts failed examples as errors and goes on
-                report["stages"]["generation"] = {"demos": bootstrapped, "kept": "no demos bootstrapped"}
-                if any(bootstrapped.values()):
-                    without_generation = before_generation
-                    report["stages"]["generation"]["kept"] = (
-                        "with demos (not checked on val: --no-thresholds)"
-                    )
-                clock.lap("rewriter/answerer bootstrap")
-            questions = [self._val_question(e, i) for i, e in enumerate(val)]
-            if self.thresholds:  # False keeps the current thresholds and skips the route precomputation
-                report["thresholds"] = self._tune(program, lm, questions, work, without_generation)
-                if "generation" in report["thresholds"]:
-                    report["stages"]["generation"].update(report["thresholds"].pop("generation"))
+            if self.options.thresholds:  # off keeps the current thresholds and skips the route precomputation
+                tuned = self._tune_thresholds(program, data.lm, data.questions, work, before_generation)
+                report["thresholds"] = tuned.report
+                if tuned.generation is not None:
+                    report["stages"]["generation"].update(tuned.generation)
                 clock.lap("thresholds")
-            elif without_generation is not None:
+            elif before_generation is not None:
                 log.warning("--no-thresholds: the rewriter/answerer demos ship without a check on QA val")
             if "retry" in stages:
-                report["internal_retry"] = self._internal_retry(program, questions, work)
+                report["internal_retry"] = self._internal_retry(program, data.questions, work)
                 clock.lap("internal retry")
         report["stage_seconds"] = clock.seconds
         return program
 
     # -- data -----------------------------------------------------------------------------------------
-    def _check_data(
+    def _check(
         self,
-        stages: set[str],
-        train: list[dspy.Example],
-        val: list[dspy.Example],
-        relevance_train: list[dspy.Example],
-        relevance_val: list[dspy.Example],
-    ) -> None:
+        student: CRAG,
+        teacher: Any,
+        trainset: Sequence[dspy.Example] | None,
+        valset: Sequence[dspy.Example] | None,
+        relevance: Sequence[dspy.Example] | None,
+    ) -> CompileData:
+        """The LM and the examples, checked before any LM call: a compile that fails on its data must
+        fail before the LM work of the stages before the one that needs them."""
+        if teacher is not None:
+            raise ValueError("CRAGOptimizer takes no teacher: every stage measures the student itself")
+        lm = student.lm or dspy.settings.lm
+        if lm is None:
+            raise ValueError("no LM: pass lm= to CRAG or configure one with dspy.configure(lm=...)")
+        stages = set(self.options.stages)
+        # In the order the compile always took them: evenly across kinds.
+        train = round_robin(list(trainset or []), _kind)
+        val = round_robin(list(valset or []), _kind, self.options.val_limit)
+        relevance_train, relevance_val = _relevance_splits(relevance or [])
         needs = []
         if stages & {"grader", "strips"} and not (relevance_train and relevance_val):
             needs.append(
@@ -323,25 +303,29 @@ class CRAGOptimizer(Teleprompter):
             )
         if stages & set(GENERATORS) and not train:
             needs.append("a QA trainset")
-        if (self.thresholds or "retry" in stages) and not val:
+        if (self.options.thresholds or "retry" in stages) and not val:
             needs.append("a QA valset (thresholds=False and no retry stage need none)")
         if needs:
             raise ValueError(f"stages {sorted(stages)} need {', '.join(needs)}")
         for example in [*train, *val]:
             gold_answers(example)  # every QA example has its gold answers, checked before any LM call
+        return CompileData(
+            lm=lm,
+            train=train,
+            questions=[self._val_question(e, i) for i, e in enumerate(val)],
+            relevance_train=relevance_train,
+            relevance_val=relevance_val,
+            relevance=list(relevance or []),
+            qa=[*(trainset or []), *(valset or [])],
+        )
 
-    def _distill_questions(
-        self,
-        train: list[dspy.Example],
-        relevance_train: list[dspy.Example],
-        relevance_val: list[dspy.Example],
-    ) -> list[str]:
+    def _distill_questions(self, data: CompileData) -> list[str]:
         """With ``distill``, the train questions whose passages the LLM judge may label: the QA and
         relevance train questions, none that val labels (their pairs must stay unseen)."""
-        if not self.distill:
+        if not self.options.distill:
             return []
-        in_val = {e.question for e in relevance_val}
-        questions = [e.question for e in [*train, *relevance_train]]
+        in_val = {e.question for e in data.relevance_val}
+        questions = [e.question for e in [*data.train, *data.relevance_train]]
         return [q for q in dict.fromkeys(questions) if q not in in_val]
 
     def _val_question(self, example: dspy.Example, index: int) -> ValQuestion:
@@ -352,38 +336,86 @@ class CRAGOptimizer(Teleprompter):
     def _right(self, question: ValQuestion, answer: str) -> bool:
         return bool(self.metric(question.example, dspy.Prediction(answer=answer)))
 
-    # -- stages ---------------------------------------------------------------------------------------
+    # -- steps ----------------------------------------------------------------------------------------
+    def _compile_grader(self, program: CRAG, data: CompileData) -> GraderStep:
+        """The grader compiled and calibrated on the relevance pairs: train balanced by label, val whole
+        questions spread over the split."""
+        train = interleave_balanced([_graded(e) for e in data.relevance_train], "relevant", self.options.seed)
+        val = spread([_graded(e) for e in data.relevance_val], _question, self.options.judge_val_limit)
+        return GraderStep(self._judge(program, "grader", train, val, "relevant"), train, val)
+
+    def _choose_grade_source(self, program: CRAG, data: CompileData, grader: GraderStep) -> GradeSourceChoice:
+        """The LLM judge, a trained evaluator or both fused, chosen on the grader's val pairs
+        (:func:`~optimize.grade_source.choose_grade_source`)."""
+        options = self.options
+        return choose_grade_source(
+            program,
+            grader.train,
+            grader.val,
+            grader.judge.scores,
+            choice=options.grader,
+            base=options.evaluator_base or bundled_model_path(),
+            config=options.evaluator_training.model_copy(update={"seed": options.seed}),
+            embedder=self.embedder or program.embedder or Embedder(),
+            cache_dir=self.cache_dir,
+            distill=self._distill_questions(data),
+            progress=options.progress,
+        )
+
+    def _compile_strip_filter(
+        self, program: CRAG, data: CompileData, evaluator: RelevanceEvaluator | None
+    ) -> dict[str, Any]:
+        """The strip filter compiled on strips of the same pairs, labelled by the gold aliases they hold;
+        with the grader's trained ``evaluator``, how that one ranks them too (could one serve both?)."""
+        aliases = _aliases(data.relevance, data.qa)
+        spp = program.config.sentences_per_strip
+        strips_train = strip_examples_from(_pairs(data.relevance_train), aliases, spp)
+        strips_val = strip_examples_from(_pairs(data.relevance_val), aliases, spp)
+        train = interleave_balanced(strips_train, "keep", self.options.seed)
+        val = spread(strips_val, _question, self.options.judge_val_limit)
+        report = self._judge(program, "strip_filter", train, val, "keep").report
+        if evaluator is not None:
+            report["grader_evaluator"] = evaluator_on_strips(evaluator, val)
+        return report
+
     def _judge(
         self, program: CRAG, name: str, train: list[dspy.Example], val: list[dspy.Example], label: str
-    ) -> dict[str, Any]:
+    ) -> CompiledJudge:
+        options = self.options
         return compile_judge(
             program,
             name,
             train,
             val,
             label,
-            optimizer=self.optimizer,
-            demos=self.demos,
-            calibration_pairs=self.calibration_pairs,
-            seed=self.seed,
-            progress=self.progress,
+            optimizer=options.optimizer,
+            demos=options.demos,
+            calibration_pairs=options.calibration_pairs,
+            seed=options.seed,
+            progress=options.progress,
         )
 
-    def _generation(self, program: CRAG, train: list[dspy.Example], stages: set[str]) -> dict[str, int]:
-        """Bootstrap demos for the rewriter and/or answerer from train runs the metric accepts."""
+    def _bootstrap_generation(self, program: CRAG, train: list[dspy.Example]) -> Generation:
+        """Demos for the rewriter and/or answerer bootstrapped from train runs the metric accepts."""
+        before = program.deepcopy()
         teleprompter = dspy.teleprompt.BootstrapFewShot(
             metric=self.metric,
-            max_bootstrapped_demos=self.demos,
+            max_bootstrapped_demos=self.options.demos,
             max_labeled_demos=0,
             max_errors=len(train),
         )
         compiled = teleprompter.compile(program.deepcopy(), trainset=train)
-        copied = {}
+        demos = {}
         for name in GENERATORS:
-            if name in stages:
+            if name in self.options.stages:
                 getattr(program, name).load_state(getattr(compiled, name).dump_state())
-                copied[name] = len(getattr(program, name).demos)
-        return copied
+                demos[name] = len(getattr(program, name).demos)
+        raise_if_lm_down()  # the bootstrap counts failed examples as errors and goes on
+        if not any(demos.values()):
+            return Generation({"demos": demos, "kept": "no demos bootstrapped"}, None)
+        return Generation(
+            {"demos": demos, "kept": "with demos (not checked on val: --no-thresholds)"}, before
+        )
 
     def _tuned_on_routes(
         self, program: CRAG, lm: dspy.BaseLM, questions: list[ValQuestion], work: SharedWork
@@ -402,24 +434,24 @@ class CRAGOptimizer(Teleprompter):
         with dspy.track_usage() as trial_tracker:
             tuned = tune_thresholds(
                 routes,
-                seed=self.seed,
-                storage=self.out.with_suffix(".optuna.log") if self.out else None,
+                seed=self.options.seed,
+                storage=self.options.out.with_suffix(".optuna.log") if self.options.out else None,
                 # Keyed by the routes: a study tuned on other grades or answers (changed data, prompts or
                 # calibration) must not be resumed as if its trials still scored the same.
-                study_name=f"{self.name}-thresholds-seed{self.seed}-{routes_fingerprint(routes)}",
+                study_name=f"{self.name}-thresholds-seed{self.options.seed}-{routes_fingerprint(routes)}",
             )
         # Two independent counts of LM requests made while trials ran: the LM's history and DSPy's tracker.
         trial_calls = len(lm.history) - calls_before + usage_from_tracker(trial_tracker).calls
         return routes, tuned, trial_calls, precompute_usage.calls
 
-    def _tune(
+    def _tune_thresholds(
         self,
         program: CRAG,
         lm: dspy.BaseLM,
         questions: list[ValQuestion],
         work: SharedWork,
         without_generation: CRAG | None,
-    ) -> dict[str, Any]:
+    ) -> TunedThresholds:
         """Precompute every val question's routes once, tune the thresholds on them, plot the landscape.
 
         With ``without_generation`` (the program before its rewriter/answerer demos were bootstrapped),
@@ -460,16 +492,16 @@ class CRAGOptimizer(Teleprompter):
         )
         axis, grid = accuracy_landscape(routes)
         plot = None
-        if self.out is not None:
+        if self.options.out is not None:
             plot = plot_landscape(
                 axis,
                 grid,
                 (tuned.lower, tuned.upper),
-                (0.3, 0.7),
-                self.out.with_suffix(".landscape.png"),
+                DEFAULT_THRESHOLDS,
+                self.options.out.with_suffix(".landscape.png"),
                 f"{self.name}: val accuracy over thresholds",
             )
-        result = {
+        report = {
             **tuned.as_dict(),
             "questions": len(routes),
             "failed": [{"id": r.question_id, "error": r.error} for r in routes if r.error],
@@ -478,9 +510,7 @@ class CRAGOptimizer(Teleprompter):
             "precompute_lm_calls": precompute_calls,
             "landscape": {"axis": axis, "grid": grid},
         }
-        if generation is not None:
-            result["generation"] = generation
-        return result
+        return TunedThresholds(report, generation)
 
     def _internal_retry(
         self, program: CRAG, questions: list[ValQuestion], work: SharedWork
@@ -489,14 +519,16 @@ class CRAGOptimizer(Teleprompter):
         (:mod:`crag_dspy.retry`) and ship the rounds only when they beat none beyond noise (exact McNemar,
         p < 0.05, more questions right). Both share every piece (grades, web query, web knowledge), and
         the threshold stage's pieces too."""
-        pieces = {"main": CRAGPieces(program, work)}
+        programs = Programs(program, program, work)
 
         def right(q: ValQuestion) -> tuple[bool, bool, list[dict[str, Any]]]:
             results, failed = [], []
             for rounds in (0, INTERNAL_RETRY_ROUNDS):
                 raise_if_lm_down()
                 try:
-                    outcome = run_variant(Variant("CRAG", internal_retries=rounds), q.question, pieces, None)
+                    outcome = run_variant(
+                        Variant("CRAG", internal_retries=rounds), q.question, programs, None
+                    )
                     results.append(self._right(q, outcome.answer))
                 except CRAGRunError as exc:  # wrong either way, like a failed question in the evaluation
                     raise_if_lm_down()  # unless the LM is down: then the run stops
@@ -581,6 +613,15 @@ def _aliases(relevance: Sequence[dspy.Example], qa: Sequence[dspy.Example]) -> d
 
 
 # -- one judge --------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CompiledJudge:
+    """What :func:`compile_judge` measured (``report``: val metrics before and after, every candidate),
+    and the shipped judge's scores, which the grade-source step weighs the other grade sources against."""
+
+    report: dict[str, Any]
+    scores: JudgeScores
+
+
 def compile_judge(
     crag: CRAG,
     name: str,
@@ -593,14 +634,14 @@ def compile_judge(
     calibration_pairs: int,
     seed: int,
     progress: bool,
-) -> dict[str, Any]:
+) -> CompiledJudge:
     """Compile one yes/no judge in place and return its val metrics before and after.
 
     Candidates: the zero-shot prompt and (unless ``optimizer`` is "none") the teleprompter's few-shot
     prompt, each with a calibration of its P(yes) fitted on held-out train examples, and with one that
     also weighs the lexical evidence of the judged text (``+ evidence``). Each prompt's LM answers are
     computed once; the calibrations rescore them. The best on val is shipped, and only if it is at least
-    as good as the uncompiled judge: small models can get worse with demos (the 1.5B turns into a
+    as good as the uncompiled judge: small models can get worse with demos (the embedded one turns into a
     yes-sayer, docs/compile.md), and a compile must never ship a judge worse than its starting point.
     The winner's state is copied into ``crag``'s own bare predictor instead of assigning a compiled
     module, so its demos are saved with the program (DSPy skips compiled sub-modules when saving).
@@ -665,14 +706,7 @@ def compile_judge(
     for candidate in candidates.values():
         candidate.pop("state")
         candidate.pop("scores")
-    return {
-        # For the grade-source stage (popped before the report is written): the shipped judge's scores.
-        "_scores": JudgeScores(
-            kept_scores["val"],
-            kept_scores["held_out"],
-            kept_scores["held_out_scores"],
-            uncompiled_scores["val"],
-        ),
+    report = {
         "train": len(train),
         "val": len(val),
         "demos": len(judge.predict.demos),
@@ -682,6 +716,10 @@ def compile_judge(
         "kept": kept,
         "candidates": candidates,
     }
+    scores = JudgeScores(
+        kept_scores["val"], kept_scores["held_out"], kept_scores["held_out_scores"], uncompiled_scores["val"]
+    )
+    return CompiledJudge(report, scores)
 
 
 def _held_out(judge: BinaryJudge, train: list[dspy.Example], pairs: int) -> list[dspy.Example]:

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from crag_dspy.routing import DEFAULT_THRESHOLDS
+
 from .metrics import mcnemar_exact, wilson_interval
 
 __all__ = [
@@ -313,7 +315,7 @@ def _threshold_lines(t: dict) -> list[str]:
             f"{_pct(t['tuned_accuracy'])}{_interval(t['tuned_interval'])} | - |"
         ),
         (
-            f"| defaults 0.3/0.7 | {_pct(t['default_accuracy'])}{_interval(t['default_interval'])} | "
+            f"| defaults {DEFAULT_THRESHOLDS[0]}/{DEFAULT_THRESHOLDS[1]} | {_pct(t['default_accuracy'])}{_interval(t['default_interval'])} | "
             f"{t['default_requests_per_question']:.2f} |"
         ),
         (
@@ -323,7 +325,7 @@ def _threshold_lines(t: dict) -> list[str]:
         ),
         "",
         f"The optimum is exact: {t['grid_points']} valid cells between the observed grades, each one trial of "
-        f"an Optuna GridSampler study ({speed}; {t['lm_calls_during_trials']} LM calls during trials); "
+        f"an Optuna study over the valid cells ({speed}; {t['lm_calls_during_trials']} LM calls during trials); "
         f"{t['tied_fraction'] * 100:.1f}% of the cells tie at the optimum. Ties go to the defaults when they "
         "are optimal, else to the point deepest inside the optimal region"
         + ("" if math.isnan(t["depth"]) else f" (depth {t['depth']:.3f})")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from crag_dspy.routing import Action
+from crag_dspy.routing import DEFAULT_THRESHOLDS, Action
 
 __all__ = [
     "ACTIONS",
@@ -147,7 +147,9 @@ class ThresholdChoice:
     grid_points: int
 
 
-def choose_thresholds(table: RouteTable, defaults: tuple[float, float] = (0.3, 0.7)) -> ThresholdChoice:
+def choose_thresholds(
+    table: RouteTable, defaults: tuple[float, float] = DEFAULT_THRESHOLDS
+) -> ThresholdChoice:
     """The exact optimum of route accuracy over (lower, upper), ties broken by the documented rule:
     the defaults if they are optimal, else the deepest optimal point, then fewer LM requests, then the
     wider AMBIGUOUS band (the action the paper found robust to grader mistakes)."""

@@ -3,9 +3,10 @@
 The thresholds only choose among three actions, so each validation question is graded once and each
 action's answer generated at most once (:func:`precompute_routes`); a trial then re-routes the cached
 results and makes no LM call at all. Only the cells between observed grades matter
-(:mod:`optimize.threshold_search`), so an Optuna ``GridSampler`` over one point per cell finds the
-optimum exactly, and tuned thresholds ship only when they beat the defaults beyond noise: out-of-fold
-on the val questions, by an exact McNemar test (``python benchmarks/optuna_trials.py`` times it).
+(:mod:`optimize.threshold_search`), so an Optuna study with one trial per valid pair of cells
+(:class:`BreakpointGridSampler`) finds the optimum exactly, and tuned thresholds ship only when they beat
+the defaults beyond noise: out-of-fold on the val questions, by an exact McNemar test
+(``python benchmarks/thresholds.py`` times it).
 """
 
 from __future__ import annotations
@@ -21,18 +22,19 @@ from typing import Any
 
 import numpy as np
 import optuna
-from optuna.storages.journal import BaseJournalBackend, JournalFileBackend, JournalStorage
+from optuna.distributions import BaseDistribution
+from optuna.storages.journal import JournalFileBackend, JournalStorage
 from optuna.trial import FrozenTrial, TrialState
 
 from crag_dspy.domain import QAPair
 from crag_dspy.faults import CRAGRunError, describe_error, raise_if_lm_down
 from crag_dspy.module import CRAG
-from crag_dspy.routing import Action, decide_action, question_type
+from crag_dspy.routing import DEFAULT_THRESHOLDS, Action, decide_action, question_type
 from crag_dspy.trace import StageUsage
 
 from .metrics import answer_matches, beats_beyond_noise, wilson_interval
 from .parallel import map_questions
-from .shared_work import CRAGPieces, SharedWork
+from .shared_work import SharedWork
 from .threshold_search import (
     RouteTable,
     ThresholdChoice,
@@ -47,6 +49,7 @@ __all__ = [
     "QuestionRoutes",
     "TuningResult",
     "accuracy_landscape",
+    "grid_cells",
     "precompute_routes",
     "route_accuracy",
     "route_requests",
@@ -90,9 +93,10 @@ def precompute_routes(
 ) -> tuple[list[QuestionRoutes], StageUsage]:
     """Grade each question once and answer it once per distinct action context; count the LM usage.
 
-    Internal and external knowledge do not depend on the thresholds (see ``CRAG.internal_knowledge``),
-    so CORRECT uses k_in, INCORRECT k_ex (k_in when the web gave nothing, as at run time) and
-    AMBIGUOUS both; actions whose contexts coincide share one answer (:class:`CRAGPieces`). Each
+    Each question is three forwards with a forced action over one shared stage cache: internal and
+    external knowledge do not depend on the thresholds (see ``stages.RefineInternal``), so CORRECT uses
+    k_in, INCORRECT k_ex (k_in when the web gave nothing, as at run time) and AMBIGUOUS both, and
+    actions whose contexts coincide share one answer. Each
     route also records what it would cost alone at run time, in LM requests (cache hits included, so
     the count does not depend on what is cached). Pass ``work`` to share pieces with other
     computations; the usage returned is what this call added. ``num_threads`` questions are routed at
@@ -102,20 +106,19 @@ def precompute_routes(
     """
     correct = correct or (lambda q, answer: answer_matches(answer, q.answers))
     work = work if work is not None else SharedWork()
-    pieces = CRAGPieces(crag, work)
     before = work.total()
 
     def route(q: QAPair) -> QuestionRoutes:
         raise_if_lm_down()
-        answers, requests, error = {}, {}, None
+        answers, requests, scores, error = {}, {}, [], None
         try:
-            _, scores = pieces.documents(q.question)
             for action in Action:
                 # Each action's standalone cost: the pieces it needs, shared or not (grading included).
                 with work.consumer(action.value) as used:
-                    pieces.documents(q.question)
-                    answers[action.value] = pieces.route(q.question, action)
+                    prediction = crag(question=q.question, action=action, cache=work)
+                answers[action.value] = prediction.answer
                 requests[action.value] = work.cost(used).requests
+            scores = [grade.score for grade in prediction.trace.documents]
         except CRAGRunError as exc:
             raise_if_lm_down()  # an LM that is down is no wrong answer: the run stops
             # A question the LM or store failed on is wrong under every threshold; tuning goes on.
@@ -167,33 +170,48 @@ def route_requests(routes: Sequence[QuestionRoutes], lower: float, upper: float)
     return sum(r.requests.get(r.action(lower, upper), 0) for r in routes) / len(routes)
 
 
-class BreakpointGridSampler(optuna.samplers.GridSampler):
-    """Optuna's ``GridSampler`` over the valid (lower <= upper) pairs of breakpoint cells, trial ``i``
-    on pair ``i``, O(1) per trial.
+PARAMETERS = ("lower", "upper")
+"""The grid study's parameters, in the order a trial suggests them."""
 
-    The stock sampler rescans every trial of the study after each trial (O(n^2) over a grid of n
+
+def grid_cells(points: Sequence[float]) -> list[tuple[float, float]]:
+    """The valid (lower <= upper) pairs of breakpoint cells' points, row by row: one trial each."""
+    return [(lo, up) for i, lo in enumerate(points) for up in points[i:]]
+
+
+class BreakpointGridSampler(optuna.samplers.BaseSampler):
+    """Gives each trial of a study the next (lower, upper) pair of ``cells``, O(1) per trial.
+
+    Optuna's ``GridSampler`` rescans every trial of the study after each trial (O(n^2) over a grid of n
     points: ~10 points/s on a 3,600-point grid here) and takes only full products, half of which would
-    be invalid pairs here. A study that one process fills in trial order needs no scan: a resumed
-    study's stored trials are pairs ``0..k-1`` and the next trial is ``k``. Pairs run row by row.
+    be invalid pairs here. This one needs only the sampler interface: the study runs one trial per
+    cell, in order, and which cells a resumed study still lacks is the caller's to say.
     """
 
-    def __init__(self, points: Sequence[float]) -> None:
-        super().__init__({"lower": list(points), "upper": list(points)}, seed=0)
-        # Parameter names are sorted by GridSampler: ("lower", "upper").
-        self._all_grids = [(lo, up) for i, lo in enumerate(points) for up in points[i:]]
-        self._n_min_trials = len(self._all_grids)
+    def __init__(self, cells: Sequence[tuple[float, float]]) -> None:
+        self._cells = iter(cells)
+        self._cell: dict[str, float] = {}
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        return {}  # nothing is sampled jointly: each trial's pair is given
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        return {}
 
     def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
-        if trial.number >= self._n_min_trials:
-            raise ValueError(f"the grid has {self._n_min_trials} points; trial {trial.number} is past it")
+        cell = next(self._cells, None)
+        if cell is None:
+            raise ValueError(f"trial {trial.number} is past the last cell of the grid")
+        self._cell = dict(zip(PARAMETERS, cell, strict=True))
 
-    def sample_independent(self, study, trial, param_name, param_distribution) -> Any:
-        # The trial number is the grid id: no per-trial system attribute to write and read back.
-        return self._all_grids[trial.number][self._param_names.index(param_name)]
-
-    def after_trial(self, study, trial, state, values) -> None:
-        if trial.number + 1 >= self._n_min_trials:
-            study.stop()
+    def sample_independent(
+        self, study: optuna.Study, trial: FrozenTrial, param_name: str, param_distribution: BaseDistribution
+    ) -> float:
+        return self._cell[param_name]
 
 
 @dataclass
@@ -233,62 +251,46 @@ class TuningResult:
         return asdict(self)
 
 
-class _LogBuffer(BaseJournalBackend):
-    """Journal operations held in memory, so that a finished study reaches its file in one write:
-    Optuna's file backend syncs the disk after every operation, which costs more than a trial."""
-
-    def __init__(self, logs: list[dict[str, Any]]):
-        self.logs = logs
-
-    def read_logs(self, log_number_from: int) -> list[dict[str, Any]]:
-        return self.logs[log_number_from:]
-
-    def append_logs(self, logs: list[dict[str, Any]]) -> None:
-        self.logs.extend(logs)
-
-
-def _stored_trials(storage: JournalStorage, study_name: str) -> list[FrozenTrial]:
-    try:
-        study = optuna.load_study(study_name=study_name, storage=storage)
-    except KeyError:  # no such study in the journal yet
-        return []
-    return [t for t in study.trials if t.state.is_finished()]
+def _journal_study(path: Path, study_name: str) -> optuna.Study:
+    """The study ``study_name`` of the journal file at ``path`` (what ``optuna-dashboard`` reads), made
+    if the file or the study is not there yet."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    storage = JournalStorage(JournalFileBackend(str(path)))
+    return optuna.create_study(
+        study_name=study_name, storage=storage, load_if_exists=True, direction="maximize"
+    )
 
 
 def _grid_study(
     table: RouteTable, points: Sequence[float], storage: Path | None, study_name: str
 ) -> tuple[float, int, float, float]:
-    """Evaluate every valid (lower, upper) grid point in an Optuna study (resumed from ``storage``);
-    returns the best accuracy, the trials run now, and the seconds spent running and saving them."""
+    """Evaluate every valid (lower, upper) grid point in an Optuna study (resumed from ``storage``:
+    the pairs it holds are not run again); returns the best accuracy, the trials run now, and the
+    seconds spent running and saving them.
+
+    The trials run in memory and are then added to the journal: a study run on the journal itself
+    writes and syncs each trial's every operation to disk, ~65 trials/s here."""
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    if storage:
-        storage.parent.mkdir(parents=True, exist_ok=True)
-        file = JournalFileBackend(str(storage))
-        buffer = _LogBuffer(list(file.read_logs(0)))
-        written = len(buffer.logs)
-        journal = JournalStorage(buffer)
-    stored = _stored_trials(journal, study_name) if storage else []
-    sampler = BreakpointGridSampler([float(p) for p in points])
-    study = optuna.create_study(study_name=study_name, direction="maximize", sampler=sampler)
-    study.add_trials(stored)
+    journal = _journal_study(storage, study_name) if storage else None
+    complete = (TrialState.COMPLETE,)
+    stored = journal.get_trials(deepcopy=False, states=complete) if journal is not None else []
+    done = {tuple(t.params[name] for name in PARAMETERS) for t in stored}
+    cells = [cell for cell in grid_cells([float(p) for p in points]) if cell not in done]
+    study = optuna.create_study(direction="maximize", sampler=BreakpointGridSampler(cells))
 
     def objective(trial: optuna.Trial) -> float:
-        return table.accuracy(trial.suggest_float("lower", 0.0, 1.0), trial.suggest_float("upper", 0.0, 1.0))
+        return table.accuracy(*(trial.suggest_float(name, 0.0, 1.0) for name in PARAMETERS))
 
-    remaining = sampler._n_min_trials - len(stored)
     started = time.perf_counter()
-    if remaining > 0:
-        study.optimize(objective, n_trials=remaining)
+    if cells:
+        study.optimize(objective, n_trials=len(cells))
     seconds = time.perf_counter() - started
     started = time.perf_counter()
-    if storage and remaining > 0:
-        persistent = optuna.create_study(
-            study_name=study_name, storage=journal, load_if_exists=True, direction="maximize"
-        )
-        persistent.add_trials(study.trials[len(stored) :])
-        file.append_logs(buffer.logs[written:])
-    best = max(t.value for t in study.trials if t.state == TrialState.COMPLETE)
-    return best, max(remaining, 0), seconds, time.perf_counter() - started
+    ran = study.get_trials(deepcopy=False, states=complete)
+    if journal is not None and ran:
+        journal.add_trials(ran)
+    best = max(t.value for t in [*stored, *ran])
+    return best, len(ran), seconds, time.perf_counter() - started
 
 
 MIN_TYPE_QUESTIONS = 12
@@ -335,7 +337,7 @@ def tune_thresholds(
     *,
     storage: Path | None = None,
     study_name: str = "crag-thresholds",
-    default: tuple[float, float] = (0.3, 0.7),
+    default: tuple[float, float] = DEFAULT_THRESHOLDS,
     folds: int = 5,
     alpha: float = 0.05,
     seed: int = 0,

@@ -1,45 +1,41 @@
-"""The programs the evaluation compares, as configuration over shared pieces: baselines, CRAG, and the
-paper's ablations of CRAG (Yan et al., 2024, section 5.4).
+"""The programs the evaluation compares: baselines, CRAG, and the paper's ablations of CRAG (Yan et al.,
+2024, section 5.4), each a call of ``CRAG.forward`` (or, for the baselines, of CRAG's own stages) over
+one shared stage cache, so that all variants share grades, web results and answers to identical
+contexts.
 
-A variant computes nothing itself: it chooses which already-computed pieces of a question
-(:class:`~optimize.shared_work.CRAGPieces`) to combine, so that all variants share grades, web
-results and answers to identical contexts.
-
-Ablations, as in the paper:
-
-- w/o Correct: questions that would take CORRECT take AMBIGUOUS instead.
-- w/o Incorrect: questions that would take INCORRECT take AMBIGUOUS instead.
-- w/o Ambiguous: one threshold instead of two, so every question is CORRECT or INCORRECT; the paper
-  does not say where the single threshold lies, so an AMBIGUOUS question goes to the action whose
-  threshold its best grade is nearer to: CORRECT when it is >= (lower + upper) / 2, else INCORRECT
-  (also when no grade is known).
-- w/o refinement: internal knowledge is the raw retrieved passages (no decompose, filter, recompose).
-- w/o rewriting: web search with the original question instead of the rewritten query.
-- w/o external-knowledge selection: every web strip is used, none judged or dropped.
+Ablations, as in the paper (:class:`~crag_dspy.routing.Ablation`): w/o Correct, w/o Incorrect and
+w/o Ambiguous remove an action (:func:`~crag_dspy.routing.ablated_action`); w/o refinement answers
+from the raw retrieved passages; w/o rewriting searches the web with the question; w/o
+external-knowledge selection keeps every web strip unjudged.
 
 Beyond the paper, "CRAG + internal retry" is the program with two rewrite-and-retry rounds on the
-internal store before the web (``CRAGConfig(internal_retries=2)``, :mod:`crag_dspy.retry`): it shares the
-program's grades, web query and web knowledge, and adds only the rounds' retrievals and grades, the
-revised query of round 2, and the refinement and answers of the contexts that change.
+internal store before the web (``CRAGConfig(internal_retries=2)``): it shares the program's grades, web
+query and web knowledge, and adds only the rounds' retrievals and grades, the revised query of round 2,
+and the refinement and answers of the contexts that change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from crag_dspy.baselines import passage_strips
-from crag_dspy.routing import Action, decide_action
-
-from .shared_work import CRAGPieces
+from crag_dspy.module import CRAG
+from crag_dspy.protocols import Passage
+from crag_dspy.routing import NO_ABLATION, Ablation, Action
+from crag_dspy.run import StageCache
+from crag_dspy.stages import Answer, RefineExternal, Retrieve, SearchWeb
+from crag_dspy.strips import format_context
 
 __all__ = [
     "INTERNAL_RETRY_ROUNDS",
     "ROW_SETS",
     "Outcome",
+    "Programs",
     "Variant",
-    "ablated_action",
+    "rag_answer",
+    "raw_passages",
     "run_variant",
     "table_variants",
 ]
@@ -61,10 +57,7 @@ class Variant:
     kind: Kind = "crag"
     program: Literal["main", "default"] = "main"
     group: Literal["baseline", "crag", "ablation"] = "crag"
-    remove: Action | None = None
-    refine: bool = True
-    rewrite: bool = True
-    select: bool = True
+    ablation: Ablation = NO_ABLATION
     internal_retries: int | None = None  # None: the program's own (``CRAG.config.internal_retries``)
 
 
@@ -92,26 +85,16 @@ def table_variants(has_program: bool, rows_set: str = "all") -> list[Variant]:
     if rows_set == "main+retry":
         return rows
     return rows + [
-        Variant("w/o Correct", group="ablation", remove=Action.CORRECT),
-        Variant("w/o Incorrect", group="ablation", remove=Action.INCORRECT),
-        Variant("w/o Ambiguous", group="ablation", remove=Action.AMBIGUOUS),
-        Variant("w/o refinement", group="ablation", refine=False),
-        Variant("w/o rewriting", group="ablation", rewrite=False),
-        Variant("w/o external selection", group="ablation", select=False),
+        Variant(f"w/o {name}", group="ablation", ablation=ablation)
+        for name, ablation in (
+            ("Correct", Ablation(remove=Action.CORRECT)),
+            ("Incorrect", Ablation(remove=Action.INCORRECT)),
+            ("Ambiguous", Ablation(remove=Action.AMBIGUOUS)),
+            ("refinement", Ablation(refine=False)),
+            ("rewriting", Ablation(rewrite=False)),
+            ("external selection", Ablation(select=False)),
+        )
     ]
-
-
-def ablated_action(
-    scores: Sequence[float | None], lower: float, upper: float, remove: Action | None = None
-) -> Action:
-    """:func:`~crag_dspy.routing.decide_action` with one action removed as the paper removes it."""
-    action = decide_action(scores, lower, upper)
-    if remove is None or action is not remove:
-        return action
-    if remove is not Action.AMBIGUOUS:
-        return Action.AMBIGUOUS
-    known = [s for s in scores if s is not None]
-    return Action.CORRECT if known and max(known) >= (lower + upper) / 2 else Action.INCORRECT
 
 
 @dataclass(frozen=True)
@@ -121,36 +104,62 @@ class Outcome:
     error: str | None = None
 
 
+class Programs:
+    """The programs a table's variants run, over one stage cache: ``main`` and ``default``, and a copy
+    of either with other ``internal_retries`` (made once; its stages share the original's keys)."""
+
+    def __init__(self, main: CRAG, default: CRAG, cache: StageCache):
+        self.cache = cache
+        self._programs: dict[tuple[str, int | None], CRAG] = {
+            ("main", None): main,
+            ("default", None): default,
+        }
+
+    def __getitem__(self, name: str) -> CRAG:
+        return self._programs[(name, None)]
+
+    def of(self, variant: Variant) -> CRAG:
+        key = (variant.program, variant.internal_retries)
+        if key not in self._programs:
+            program = self[variant.program].deepcopy()
+            program.config = program.config.replace(internal_retries=variant.internal_retries)
+            self._programs[key] = program
+        return self._programs[key]
+
+
+def raw_passages(crag: CRAG, question: str, cache: StageCache) -> list[Passage]:
+    """The top-k passages as stored (plain RAG's view of the retrieval), through CRAG's retrieve stage."""
+    run = crag.new_run(question, cache=cache)
+    return Retrieve(crag, run)(question=question, sanitize=False)
+
+
+def rag_answer(crag: CRAG, question: str, cache: StageCache, *, web: bool) -> str:
+    """Plain RAG's answer (the raw top-k passages), or with ``web`` the paper's "RAG w. web" (those and
+    every strip of the web's results for the question), by CRAG's own stages and answerer."""
+    run = crag.new_run(question, cache=cache)
+    with crag.lm_scope(run.trace):
+        internal = passage_strips(Retrieve(crag, run)(question=question, sanitize=False))
+        external = []
+        if web and (results := SearchWeb(crag, run)(query=question).results):
+            external = RefineExternal(crag, run)(question=question, results=results, select=False).kept
+        context = format_context(internal, external)
+        return Answer(crag, run)(question=question, context=context, unjudged=0).answer
+
+
 def run_variant(
     variant: Variant,
     question: str,
-    pieces: dict[str, CRAGPieces],
-    no_retrieval: Callable[[str], Outcome],
+    programs: Programs,
+    no_retrieval: Callable[[str], Outcome] | None,
 ) -> Outcome:
-    """Answer ``question`` as ``variant`` would, from shared pieces.
-
-    ``pieces`` maps "main" and "default" to their programs' pieces; ``no_retrieval(question)`` is the
-    shared no-retrieval answer.
-    """
-    p = pieces[variant.program]
+    """Answer ``question`` as ``variant`` would, over the programs' shared cache; ``no_retrieval(question)``
+    is the shared no-retrieval answer."""
     if variant.kind == "no_retrieval":
+        if no_retrieval is None:
+            raise ValueError("the no-retrieval row needs its answerer")
         return no_retrieval(question)
-    if variant.kind == "plain_rag":
-        return Outcome(p.answer(question, passage_strips(p.retrieve(question)), []))
-    if variant.kind == "rag_web":
-        web = p.external(question, rewrite=False, select=False)
-        return Outcome(p.answer(question, passage_strips(p.retrieve(question)), web.strips if web else []))
-    retries = p.crag.config.internal_retries if variant.internal_retries is None else variant.internal_retries
-    _, rounds = p.retry_route(question, retries)
-    # The rounds ran on the program's own actions; an ablation then removes an action from the last one.
-    scores = [*p.documents(question)[1], *(x for r in rounds for x in r.scores)]
-    action = ablated_action(scores, *p.thresholds_for(question), variant.remove)
-    answer = p.route(
-        question,
-        action,
-        refine=variant.refine,
-        rewrite=variant.rewrite,
-        select=variant.select,
-        rounds=rounds,
-    )
-    return Outcome(answer, action)
+    crag = programs.of(variant)
+    if variant.kind != "crag":
+        return Outcome(rag_answer(crag, question, programs.cache, web=variant.kind == "rag_web"))
+    prediction = crag(question=question, ablation=variant.ablation, cache=programs.cache)
+    return Outcome(prediction.answer, Action(prediction.action))

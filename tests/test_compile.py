@@ -15,6 +15,7 @@ from crag_dspy.config import CRAGConfig
 from crag_dspy.routing import decide_action
 from crag_dspy.settings import Settings
 from optimize.compile import compile_program, main
+from optimize.options import CompileOptions
 from optimize.thresholds import QuestionRoutes, route_accuracy, tune_thresholds
 
 KB = {"zeta": "Z100", "theta": "T200", "kappa": "K300", "sigma": "S400", "delta": "D500", "lambda": "L600"}
@@ -109,7 +110,7 @@ def compiled(tmp_path_factory):
     holder["lm"] = lm = ScriptedLM(needs_demos)
     settings = Settings(domain_dir=domain, chroma_path=tmp_path / "chroma", web_search="offline")
     out = tmp_path / "out" / "program.json"
-    report = compile_program(settings, lm=lm, optimizer="labeled", seed=1, out=out, progress=False)
+    report = compile_program(settings, CompileOptions(optimizer="labeled", seed=1, out=out), lm=lm)
     return report, out, lm, settings
 
 
@@ -305,7 +306,7 @@ def compile_tiny_grader(tmp_path, lm, demos=0, optimizer="none"):
             calibration_pairs=8,
             seed=0,
             progress=False,
-        )
+        ).report
     return crag, lm, result, val
 
 
@@ -414,12 +415,7 @@ def test_rewriter_and_answerer_demos_ship_only_when_they_raise_val_accuracy(tmp_
     )
     out = tmp_path / "program.json"
     report = compile_program(
-        settings,
-        lm=lm,
-        stages=("grader", "answerer"),
-        out=out,
-        evaluate_test=False,
-        progress=False,
+        settings, CompileOptions(stages=("grader", "answerer"), out=out, evaluate_test=False), lm=lm
     )
     generation = report["stages"]["generation"]
     assert generation["demos"]["answerer"] > 0
@@ -464,12 +460,8 @@ def test_internal_retry_ships_only_with_a_gain_beyond_noise(tmp_path, retry_help
     out = tmp_path / "program.json"
     report = compile_program(
         settings,
+        CompileOptions(stages=("retry",), out=out, evaluate_test=False, grader="llm"),
         lm=ScriptedLM(retrying),
-        stages=("retry",),
-        out=out,
-        evaluate_test=False,
-        progress=False,
-        grader="llm",
     )
     retry = report["internal_retry"]
     assert retry["questions"] > 0 and retry["rounds"] == 2
@@ -496,7 +488,7 @@ def test_one_failed_question_is_counted_wrong_in_every_qa_stage_and_the_compile_
 
     out = tmp_path / "out" / "program.json"
     report = compile_program(
-        settings, lm=ScriptedLM(two_unanswerable), stages=("retry",), out=out, progress=False
+        settings, CompileOptions(stages=("retry",), out=out), lm=ScriptedLM(two_unanswerable)
     )
     assert out.is_file() and out.with_suffix(".report.md").is_file()
     (failed,) = report["thresholds"]["failed"]
@@ -528,17 +520,18 @@ def test_an_lm_that_is_down_stops_the_compile_fast_with_one_line(tmp_path, capsy
 def test_evaluator_flags_reach_its_training_config(monkeypatch, tmp_path):
     seen = {}
 
-    def record(settings, **kwargs):  # stands in for the compile: only what main passes it matters here
-        seen.update(kwargs)
+    def record(settings, options):  # stands in for the compile: only what main passes it matters here
+        seen["options"] = options
         raise KeyboardInterrupt
 
     monkeypatch.setattr("optimize.compile.compile_program", record)
     argv = ["--evaluator-frozen-layers", "0", "--evaluator-epochs", "2", "--out", str(tmp_path / "p.json")]
     assert main(argv) == 130  # stopped by the stand-in's Ctrl-C
-    assert seen["evaluator_training"].frozen_layers == 0 and seen["evaluator_training"].max_epochs == 2
-    assert seen["distill"] is False
+    training = seen["options"].evaluator_training
+    assert training.frozen_layers == 0 and training.max_epochs == 2
+    assert seen["options"].distill is False
     assert main(["--evaluator-distill", "--grader", "evaluator", "--out", str(tmp_path / "p.json")]) == 130
-    assert seen["distill"] is True and seen["grader"] == "evaluator"
+    assert seen["options"].distill is True and seen["options"].grader == "evaluator"
 
 
 def test_distilling_for_the_llm_grade_source_is_a_usage_error(monkeypatch, capsys):

@@ -164,6 +164,15 @@ def test_ambiguous_uses_the_web_reserve_only_when_no_internal_knowledge_survived
     assert pred.trace.internal_strips[0].kept and not any(s.kept for s in pred.trace.external_strips)
 
 
+def test_no_reserve_strips_answers_i_dont_know_unread_when_nothing_reached_the_threshold():
+    script = make_script({"0 to 25": 0.45}, {"90 days": 0.41, "0 to 25": 0.46})
+    pred, lm = run([("kb-1", GOOD)], script, reserve_strips=0)
+    assert pred.action == Action.AMBIGUOUS.value and pred.answer == "I don't know"
+    assert answer_contexts(lm) == []  # no LM call for the answer
+    assert not any(s.kept for s in [*pred.trace.internal_strips, *pred.trace.external_strips])
+    assert any("no knowledge survived refinement" in f for f in pred.trace.fallbacks)
+
+
 def test_the_web_reserve_never_holds_an_unjudged_strip():
     def script(system, user):
         if "You judge short knowledge strips" in system and "day ticket" in field(user, "strip"):
@@ -305,7 +314,7 @@ def test_deepcopy_shares_infrastructure_but_not_state():
 
 
 def test_knowledge_for_each_action():
-    from crag_dspy.module import Knowledge, knowledge_for
+    from crag_dspy.stages import Knowledge, knowledge_for
 
     kb, web, reserve = ["kb"], ["web"], ["weak web"]
     internal = Knowledge(kb)
@@ -326,7 +335,7 @@ def test_knowledge_for_each_action():
 
 
 def test_knowledge_for_takes_the_best_scored_reserve_of_the_sources_the_action_reads():
-    from crag_dspy.module import Knowledge, knowledge_for
+    from crag_dspy.stages import Knowledge, knowledge_for
 
     low_kb, high_kb = Knowledge([], ["weak kb"], 0.3), Knowledge([], ["weak kb"], 0.45)
     weak_web = Knowledge([], ["weak web"], 0.4)

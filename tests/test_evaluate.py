@@ -16,8 +16,8 @@ from crag_dspy.program import save_program
 from crag_dspy.settings import Settings
 from optimize.datasets import qa_split
 from optimize.evaluate import evaluate_domain, main
-from optimize.shared_work import CRAGPieces, SharedWork
-from optimize.variants import Outcome, run_variant, table_variants
+from optimize.shared_work import SharedWork
+from optimize.variants import Outcome, Programs, run_variant, table_variants
 
 NAMES = [
     "no retrieval",
@@ -142,10 +142,12 @@ def test_standalone_cost_is_what_a_variant_costs_alone(evaluated, setup):
         crag, backends = assemble(settings, lm, progress=False)
         work = SharedWork()
         program = apply_program(crag.deepcopy(), read_program(settings.domain_dir.parent / "program.json"))
-        pieces = {"default": CRAGPieces(crag, work), "main": CRAGPieces(program, work)}
+        programs = Programs(program, crag, work)
         closed = NoRetrieval(lm=lm)
         for q in [q for q in backends.domain.qa if q.split == "test"]:
-            run_variant(variant, q.question, pieces, lambda text, c=closed: Outcome(c(question=text).answer))
+            run_variant(
+                variant, q.question, programs, lambda text, c=closed: Outcome(c(question=text).answer)
+            )
         assert len(lm.calls) == rows_of(report)[variant.name]["standalone"]["calls"], variant.name
 
 
@@ -166,19 +168,19 @@ def test_the_internal_retry_row_is_computed_from_the_programs_shared_pieces(eval
     crag, backends = assemble(settings, lm, progress=False)
     program = apply_program(crag.deepcopy(), read_program(tmp / "program.json"))
     work = SharedWork()
-    pieces = {"default": CRAGPieces(crag, work), "main": CRAGPieces(program, work)}
+    programs = Programs(program, crag, work)
     (row,) = [v for v in table_variants(True) if v.name == "CRAG + internal retry"]
     q = next(q for q in backends.domain.qa if q.split == "test")
     with work.consumer("program") as by_program:
-        run_variant(Variant("CRAG (program)"), q.question, pieces, None)
+        run_variant(Variant("CRAG (program)"), q.question, programs, None)
     with work.consumer("retry") as by_retry:
-        outcome = run_variant(row, q.question, pieces, None)
+        outcome = run_variant(row, q.question, programs, None)
     kinds = lambda keys: {k[0] for k in keys}
     # The grades, the web query and the web knowledge are the program's; the row adds its two rounds.
-    assert {"grade", "rewrite", "external"} <= kinds(by_program & by_retry)
-    assert kinds(by_retry - by_program) <= {"retry", "revise", "retrieve", "judge", "internal", "answer"}
-    rounds = [k for k in by_retry if k[0] == "retry"]
-    assert len(rounds) == 2 and set(work.owned()) == {"program", "retry"}
+    assert {"grade", "rewrite", "web_search", "refine_external"} <= kinds(by_program & by_retry)
+    assert kinds(by_retry - by_program) <= {"internal_retry", "judge", "refine_internal", "answer"}
+    rounds = [k for k in by_retry if k[0] == "internal_retry"]
+    assert len(rounds) == 3 and set(work.owned()) == {"program", "retry"}  # two searches, one revision
     # The same answer as the module itself with two rounds on.
     program.config = program.config.replace(internal_retries=2)
     program.lm = ScriptedLM(eval_script)

@@ -316,7 +316,7 @@ def _choose(tiny_encoder, embedder, llm_val, *, train_n=240, choice="auto", inve
         config=FAST,
         embedder=embedder,
         progress=False,
-    )
+    ).report
     return crag, result
 
 
@@ -490,7 +490,7 @@ def _distil(tiny_encoder, embedder, *, noisy_train: bool, judge):
             embedder=embedder,
             distill=list(fresh),
             progress=False,
-        )
+        ).report
     fit = sum(e.question not in held_questions for e in train)
     return crag, lm, result, fit
 

@@ -2,7 +2,6 @@
 (cap, early stop, trace, faults), the option in program JSON and on the command line, and the rounds as
 shared pieces. Scripted LM and stores: control flow, not quality."""
 
-import itertools
 import json
 
 import pytest
@@ -13,9 +12,9 @@ from crag_dspy.cli import build_parser, format_trace, settings_from_args
 from crag_dspy.config import CRAGConfig
 from crag_dspy.program import ProgramError, apply_program, save_program
 from crag_dspy.protocols import Passage, WebResult
-from crag_dspy.retry import check_internal_retries, is_new_query, route_with_retries
+from crag_dspy.retry import check_internal_retries, is_new_query
 from crag_dspy.routing import Action, decide_action
-from optimize.shared_work import CRAGPieces, SharedWork
+from optimize.shared_work import SharedWork
 
 C, A, I = Action.CORRECT, Action.AMBIGUOUS, Action.INCORRECT
 
@@ -25,66 +24,6 @@ BAD = "The canteen opens at 08:00."
 MID = "The AquaProbe 220 sheet lists its sensors."
 GOOD = "The AquaProbe 220 has a range of 0 to 25 mg/L."
 WEB = WebResult("Range", "https://x.example", "The AquaProbe 220 measures 0 to 25 mg/L.")
-
-
-# -- the pure rule ----------------------------------------------------------------------------------
-# (rounds, max_retries, action, rounds used) with lower=0.3, upper=0.7
-CASES = [
-    ([[0.9]], 2, C, 0),  # CORRECT at once: no round
-    ([[0.9], [0.1]], 2, C, 0),  # a round computed anyway is not used
-    ([[0.5]], 2, A, 0),  # no round available: the first retrieval decides
-    ([[0.5], [0.8]], 2, C, 1),  # stops at CORRECT
-    ([[0.5], [0.8], [0.1]], 2, C, 1),
-    ([[0.1], [0.5]], 2, A, 1),  # INCORRECT becomes AMBIGUOUS on a new grade between the thresholds
-    ([[0.1], [0.2], [0.9]], 2, C, 2),
-    ([[0.1], [0.2], [0.9]], 1, I, 1),  # the cap holds
-    ([[0.1], [0.2], [0.2], [0.9]], 2, I, 2),
-    ([[0.1], [], [0.9]], 2, C, 2),  # a round that found nothing new counts and changes nothing
-    ([[0.1], [None]], 2, A, 1),  # an unknown grade blocks INCORRECT, as in decide_action
-    ([[0.5], [0.9]], 0, A, 0),  # off
-    ([[]], 3, I, 0),  # nothing retrieved and no round
-    ([[], [0.7]], 3, C, 1),  # upper is inclusive
-]
-
-
-@pytest.mark.parametrize(("rounds", "cap", "action", "used"), CASES)
-def test_route_with_retries(rounds, cap, action, used):
-    assert route_with_retries(rounds, 0.3, 0.7, cap) == (action, used)
-
-
-GRID = [None, 0.0, 0.29, 0.3, 0.69, 0.7, 1.0]
-
-
-def test_route_with_retries_exhaustively():
-    """First retrievals of up to two grades, then up to three rounds of up to one grade each (none: a
-    round that found nothing new), caps 0-3, three threshold pairs: every combination."""
-    firsts = [g for n in range(3) for g in itertools.product(GRID, repeat=n)]
-    later = [(), *((g,) for g in GRID)]
-    all_later = [r for n in range(4) for r in itertools.product(later, repeat=n)]
-    for first, rest in itertools.product(firsts, all_later):
-        rounds = [first, *rest]
-        for cap, (lower, upper) in itertools.product(range(4), [(0.3, 0.7), (0.0, 1.0), (0.5, 0.5)]):
-            action, used = route_with_retries(rounds, lower, upper, cap)
-            assert 0 <= used <= min(cap, len(rest))
-            # The action is decide_action on the grades of the first retrieval and the rounds used.
-            assert action is decide_action([g for r in rounds[: used + 1] for g in r], lower, upper)
-            # A round is used only while the action before it still searches the web ...
-            for j in range(used):
-                assert decide_action([g for r in rounds[: j + 1] for g in r], lower, upper).uses_web
-            # ... and the rounds stop early (before the cap and the rounds given) only at CORRECT.
-            if used < min(cap, len(rest)):
-                assert action is C
-            if cap == 0:
-                assert action is decide_action(first, lower, upper)
-
-
-def test_route_with_retries_validates_its_input():
-    with pytest.raises(ValueError, match="internal_retries"):
-        route_with_retries([[0.5]], 0.3, 0.7, -1)
-    with pytest.raises(ValueError, match="rounds\\[0\\]"):
-        route_with_retries([], 0.3, 0.7, 2)
-    with pytest.raises(ValueError, match="thresholds"):
-        route_with_retries([[0.5]], 0.8, 0.2, 2)
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, None, "two"])
@@ -167,9 +106,19 @@ def first_grades(trace):
 
 
 def agrees_with_the_pure_rule(trace):
-    rounds = [first_grades(trace), *(r.scores for r in trace.internal_rounds)]
-    action, used = route_with_retries(rounds, trace.lower, trace.upper, trace.internal_retries)
-    return action.value == trace.action and used == len(trace.internal_rounds)
+    """The rule, written out: a round runs while the action on every grade so far uses the web, no round
+    ended with an error and fewer than ``internal_retries`` ran; the action is decided on them all."""
+    scores, used = first_grades(trace), 0
+    for number, found in enumerate(trace.internal_rounds, 1):
+        if not decide_action(scores, trace.lower, trace.upper).uses_web or number > trace.internal_retries:
+            return False  # a round that should not have run
+        scores += found.scores
+        used = number
+        if found.error:
+            break
+    action = decide_action(scores, trace.lower, trace.upper)
+    stopped = action is C or used == trace.internal_retries or (used and trace.internal_rounds[-1].error)
+    return action.value == trace.action and used == len(trace.internal_rounds) and bool(stopped or not used)
 
 
 def test_off_is_todays_behaviour():
@@ -369,36 +318,38 @@ def test_the_flag_overrides_a_compiled_programs_value(monkeypatch, tmp_path):
     assert (crag.thresholds.lower, crag.thresholds.upper) == (0.1, 0.9)  # the program's stay
 
 
-# -- shared pieces ------------------------------------------------------------------------------------
-def test_pieces_route_like_forward_and_re_route_other_thresholds_without_the_lm():
+# -- a shared stage cache ------------------------------------------------------------------------------
+def test_forwards_over_a_shared_cache_reuse_the_rounds_and_re_route_without_searching_again():
     pred, _, _, _ = run(retries=2)
     lm = ScriptedLM(make_script())
     retriever = QueryRetriever(STORE)
-    crag = CRAG(retriever, ListWebSearch([WEB]), CRAGConfig(k=3, internal_retries=2), lm=lm)
-    pieces = CRAGPieces(crag, SharedWork())
-    action, rounds = pieces.retry_route(Q, 2)
-    assert action.value == pred.action and [r.query for r in rounds] == [REWRITE, "query v2"]
-    assert pieces.route(Q, action, rounds=rounds) == pred.answer
+    config = CRAGConfig(k=3, internal_retries=2, witness_results=0)
+    crag = CRAG(retriever, ListWebSearch([WEB]), config, lm=lm)
+    work = SharedWork()
+    shared = crag(question=Q, cache=work)
+    assert (shared.answer, shared.action) == (pred.answer, pred.action)
+    assert [r.query for r in shared.trace.internal_rounds] == [REWRITE, "query v2"]
     assert len(set(lm.calls)) == len(lm.calls) == len(pred.trace.documents) + 3  # + rewrite, revise, answer
     calls = len(lm.calls)
+    again = crag(question=Q, cache=work)
+    assert len(lm.calls) == calls  # every stage came from the cache ...
+    assert again.trace.documents == shared.trace.documents  # ... with the trace entries it wrote
+    assert again.trace.internal_rounds == shared.trace.internal_rounds and again.answer == pred.answer
     # Other thresholds re-route from the rounds already computed: round 1 now makes it CORRECT.
-    assert pieces.retry_route(Q, 2, thresholds=(0.0, 0.4)) == (C, rounds[:1])
-    assert pieces.retry_route(Q, 1) == (A, rounds[:1])
-    assert pieces.retry_route(Q, 0) == (I, [])
-    assert len(lm.calls) == calls and retriever.queries == [Q, REWRITE, "query v2"]
-    with pytest.raises(ValueError, match="count from 1"):
-        pieces.retry_round(Q, 0)
+    early = crag.deepcopy()
+    early.thresholds.load_state({"lower": 0.0, "upper": 0.4})
+    rerouted = early(question=Q, cache=work).trace
+    assert rerouted.action == "CORRECT" and [r.query for r in rerouted.internal_rounds] == [REWRITE]
+    assert crag(question=Q, action=I, cache=work).trace.internal_rounds == []  # a forced action: no rounds
+    assert retriever.queries == [Q, REWRITE, "query v2"]
 
 
 def test_no_round_follows_one_that_ended_the_retries():
     crag = CRAG(
         QueryRetriever(STORE, fail={REWRITE}),
         ListWebSearch([WEB]),
-        CRAGConfig(k=3),
+        CRAGConfig(k=3, internal_retries=3, witness_results=0),
         lm=ScriptedLM(make_script()),
     )
-    pieces = CRAGPieces(crag, SharedWork())
-    action, rounds = pieces.retry_route(Q, 3)
-    assert action is I and len(rounds) == 1 and rounds[0].error
-    with pytest.raises(ValueError, match="round 1 ended the internal retries"):
-        pieces.retry_round(Q, 2)
+    trace = crag(question=Q, cache=SharedWork()).trace
+    assert trace.action == "INCORRECT" and len(trace.internal_rounds) == 1 and trace.internal_rounds[0].error

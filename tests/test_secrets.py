@@ -113,12 +113,13 @@ def test_program_json_and_compile_report_never_hold_keys(tmp_path, keys):
 
     from crag_dspy.settings import Settings
     from optimize.compile import compile_program
+    from optimize.options import CompileOptions
 
     settings = Settings(
         domain_dir=make_domain(tmp_path / "tiny"), chroma_path=tmp_path / "chroma", web_search="offline"
     )
     out = tmp_path / "out" / "program.json"
-    compile_program(settings, lm=ScriptedLM(compile_script), out=out, progress=False, evaluate_test=False)
+    compile_program(settings, CompileOptions(out=out, evaluate_test=False), lm=ScriptedLM(compile_script))
     written = [p for p in out.parent.iterdir() if p.suffix in {".json", ".md"}]
     assert {p.name for p in written} >= {"program.json", "program.report.json", "program.report.md"}
     for path in written:

@@ -211,13 +211,13 @@ def test_store_failure_is_503_naming_the_store():
     assert client.get("/program").json()["retriever"] == "chroma:broken"  # the guard keeps the name
 
 
-def test_a_bug_is_500_naming_the_exception():
+def test_a_bug_is_500_naming_the_exception(monkeypatch):
     service = make_service()
 
-    def broken_generate(*args, **kwargs):
+    def broken_format(*args, **kwargs):
         raise KeyError("context")
 
-    service.crag.generate = broken_generate
+    monkeypatch.setattr("crag_dspy.stages.answer.format_context", broken_format)
     client = local_client(create_app(service), raise_server_exceptions=False)
     response = client.post("/ask", json={"question": "q"})
     assert response.status_code == 500 and response.json()["detail"] == "internal error: KeyError: 'context'"

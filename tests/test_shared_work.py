@@ -1,4 +1,5 @@
-"""SharedWork's memo and cost accounting, the shared backends and judgements, and CRAG's stage knobs."""
+"""SharedWork's memo and cost accounting; forwards over a shared stage cache (forced actions, ablations);
+the stage cache's keys."""
 
 import time
 
@@ -9,8 +10,9 @@ from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 from crag_dspy import CRAG
 from crag_dspy.config import CRAGConfig
 from crag_dspy.protocols import WebResult, WebSearchError
-from crag_dspy.routing import Action
-from optimize.shared_work import CRAGPieces, SharedWebSearch, SharedWork
+from crag_dspy.routing import Ablation, Action
+from crag_dspy.stages import Answer, Grade, Stage, config_value
+from optimize.shared_work import SharedWork
 
 Q = "What is the range of the AquaProbe 220?"
 GOOD = "The AquaProbe 220 has a range of 0 to 25 mg/L."
@@ -87,17 +89,21 @@ def test_a_failed_piece_fails_again_without_recomputing():
     assert calls == [1]
 
 
-def test_shared_web_search_gives_every_variant_the_same_results_or_error():
+def test_every_variant_gets_the_same_web_results_or_the_same_failure():
     work = SharedWork()
-    inner = ListWebSearch([WEB])
-    web = SharedWebSearch(inner, work)
-    assert web.search("q", 3) == web.search("q", 3) == [WEB]
-    assert inner.queries == ["q"]
-    failing = SharedWebSearch(ListWebSearch(error=WebSearchError("down")), work)
+    web = ListWebSearch([WEB])
+    crag = CRAG(
+        ListRetriever([("kb-1", BAD)]), web, CRAGConfig(k=1, witness_results=0), lm=ScriptedLM(script)
+    )
     for _ in range(2):
-        with pytest.raises(WebSearchError):
-            failing.search("q2", 3)
-    assert failing.inner.queries == ["q2"]
+        assert crag(question=Q, action=Action.INCORRECT, cache=work).trace.web_results[0].url == WEB.url
+    assert web.queries == ["AquaProbe 220; range"]
+    failing, work = ListWebSearch(error=WebSearchError("down")), SharedWork()  # backends are keyed by name
+    down = CRAG(ListRetriever([("kb-1", BAD)]), failing, CRAGConfig(k=1), lm=ScriptedLM(script))
+    for _ in range(2):  # the failure and its fallback reach every run that reads the cached search
+        trace = down(question=Q, action=Action.INCORRECT, cache=work).trace
+        assert trace.web_results == [] and any("web search failed (down)" in f for f in trace.fallbacks)
+    assert failing.queries == ["AquaProbe 220; range"]
 
 
 def make(lm, **config):
@@ -106,70 +112,67 @@ def make(lm, **config):
     )
 
 
-def test_programs_with_the_same_predictors_share_pieces_and_the_crag_is_not_changed():
+def test_programs_with_the_same_predictors_share_stages_and_the_crag_is_not_changed():
     lm = ScriptedLM(script)
     work = SharedWork()
     crag = make(lm)
-    a, b = CRAGPieces(crag, work), CRAGPieces(make(lm, lower=0.0, upper=1.0), work)
-    assert a.documents(Q) == b.documents(Q)
-    assert a.route(Q, Action.AMBIGUOUS) == b.route(Q, Action.AMBIGUOUS) == "0 to 25 mg/L"
+    a = crag(question=Q, action=Action.AMBIGUOUS, cache=work)
+    b = make(lm, lower=0.0, upper=1.0)(question=Q, action=Action.AMBIGUOUS, cache=work)
+    assert a.trace.documents == b.trace.documents and a.answer == b.answer == "0 to 25 mg/L"
     assert len(lm.calls) == len(set(lm.calls))
     assert type(crag.retriever).__name__ == "ListRetriever" and type(crag.grader).__name__ == "BinaryJudge"
 
     compiled = make(lm)
     compiled.grader.predict.demos = [dspy.Example(question="q", document="d", relevant=True)]
-    c = CRAGPieces(compiled, work)
-    assert c.grader_key != a.grader_key
     before = len(lm.calls)
-    c.documents(Q)
-    assert len(lm.calls) == before + 2  # another grader grades again
+    compiled(question=Q, action=Action.CORRECT, cache=work)
+    assert len([u for s, u in lm.calls[before:] if "You judge search results" in s]) == 2  # graded again
 
 
-def test_one_strip_is_judged_once_whatever_knowledge_it_came_from():
+def test_one_strip_is_judged_once_whatever_query_found_it():
     lm = ScriptedLM(script)
-    pieces = CRAGPieces(make(lm), SharedWork())
-    rewritten = pieces.external(Q)
-    original = pieces.external(Q, rewrite=False)  # same web page for both queries here
-    assert rewritten == original
-    strip_calls = [u for s, u in lm.calls if "knowledge strips" in s]
+    crag, work = make(lm, witness_results=0), SharedWork()
+    rewritten = crag(question=Q, action=Action.INCORRECT, cache=work)
+    original = crag(question=Q, action=Action.INCORRECT, ablation=Ablation(rewrite=False), cache=work)
+    assert rewritten.trace.web_query != original.trace.web_query == Q  # same web page for both queries
+    assert rewritten.trace.external_strips == original.trace.external_strips
+    strip_calls = [u for s, u in lm.calls if "You judge short knowledge strips" in s]
     assert len(strip_calls) == len(set(strip_calls)) == 1
 
 
-def test_stage_knobs_original_query_and_unselected_web_strips():
+def test_ablations_original_query_unselected_web_strips_and_raw_passages():
     lm = ScriptedLM(script)
     web = ListWebSearch([WEB, WebResult("Canteen", "https://c.example", BAD)])
-    crag = CRAG(ListRetriever([("kb-1", BAD)]), web, CRAGConfig(k=1), lm=lm)
-    run = crag.new_run(Q)
-    with crag.lm_scope(run.trace):
-        strips = crag.external_knowledge(Q, run, query=Q, select=False).strips
+    crag = CRAG(ListRetriever([("kb-1", BAD)]), web, CRAGConfig(k=1, witness_results=0), lm=lm)
+    raw = Ablation(refine=False, rewrite=False, select=False)
+    pred = crag(question=Q, action=Action.AMBIGUOUS, ablation=raw)
     assert web.queries == [Q]
-    assert [s.doc_id for s in strips] == ["https://x.example", "https://c.example"]  # nothing dropped
-    assert lm.calls == []  # no rewrite, no strip judged
-    assert {s.score_source for s in run.trace.external_strips} == {"unfiltered"}
-    assert all(s.kept for s in run.trace.external_strips)
-    run = crag.new_run(Q)
-    with crag.lm_scope(run.trace):
-        assert crag.rewrite_query(Q, run) == "AquaProbe 220; range" == run.trace.web_query
+    assert [s.doc_id for s in pred.trace.external_strips] == ["https://x.example", "https://c.example"]
+    assert pred.trace.documents == []  # a forced action without refinement reads no grade
+    assert [s for s, _ in lm.calls if "You judge" in s or "web search query" in s] == []
+    assert {s.score_source for s in pred.trace.external_strips} == {"unfiltered"}
+    assert all(s.kept for s in pred.trace.external_strips)
+    assert pred.trace.context.startswith(f"[internal] (kb-1) {BAD}")  # the passage whole, unjudged
+    rewritten = crag(question=Q, action=Action.INCORRECT)
+    assert rewritten.trace.web_query == "AquaProbe 220; range" == web.queries[-1]
 
 
-def test_a_text_judged_in_one_piece_is_not_judged_again_in_another():
-    # The web result repeats a strip of the passage: the internal piece judges it, the web piece reuses it.
+def test_a_text_judged_in_one_stage_is_not_judged_again_in_another():
+    # The web result repeats a strip of the passage: internal refinement judges it, the web's reuses it.
     web = WebResult("Range", "https://x.example", GOOD)
     passage = f"{GOOD} {BAD} The canteen closes at 16:00."
-    crag = CRAG(
-        ListRetriever([("kb-1", passage)]), ListWebSearch([web]), CRAGConfig(k=1, sentences_per_strip=1)
-    )
+    config = CRAGConfig(k=1, sentences_per_strip=1, witness_results=0)
+    crag = CRAG(ListRetriever([("kb-1", passage)]), ListWebSearch([web]), config)
     crag.lm = lm = ScriptedLM(script)
-    pieces = CRAGPieces(crag, SharedWork())
-    internal = pieces.internal(Q)
+    work = SharedWork()
+    internal = crag(question=Q, action=Action.CORRECT, cache=work).trace.internal_strips
     judged = [u for s, u in lm.calls if "You judge" in s]
-    external = pieces.external(Q, rewrite=False)
+    external = crag(question=Q, action=Action.INCORRECT, ablation=Ablation(rewrite=False), cache=work)
     assert [u for s, u in lm.calls if "You judge" in s] == judged  # no strip judged twice
-    assert [s.text for s in internal.strips] == [s.text for s in external.strips] == [GOOD]
+    assert [s.text for s in internal if s.kept] == [s.text for s in external.trace.external_strips if s.kept]
     assert len(judged) == 4  # the passage, then its three strips
-    other = CRAGPieces(crag, SharedWork())  # another memo: nothing shared
-    other.external(Q, rewrite=False)
-    assert len([u for s, u in lm.calls if "You judge" in s]) == len(judged) + 1
+    crag(question=Q, action=Action.INCORRECT, ablation=Ablation(rewrite=False), cache=SharedWork())
+    assert len([u for s, u in lm.calls if "You judge" in s]) == len(judged) + 2  # another cache: all again
 
 
 def test_passages_shown_alike_share_one_answer_of_the_lm_each_calibrated_with_its_own_evidence():
@@ -179,12 +182,12 @@ def test_passages_shown_alike_share_one_answer_of_the_lm_each_calibrated_with_it
     crag.lm = lm = ScriptedLM(script)
     crag.grader.view = lambda inputs: {**inputs, "document": GOOD}  # both passages cut to one excerpt
     crag.grader.calibration = Calibration(1.0, -1.0, {"term_coverage": 2.0})
-    _, scores = CRAGPieces(crag, SharedWork()).documents(Q)
-    assert len([u for s, u in lm.calls if "You judge" in s]) == 1
+    scores = [d.score for d in crag(question=Q, action=Action.CORRECT, cache=SharedWork()).trace.documents]
+    assert len([u for s, u in lm.calls if "You judge search results" in s]) == 1
     assert scores[0] > scores[1]  # GOOD holds the question's terms, BAD none
 
 
-def test_a_route_answers_from_the_web_reserve_exactly_as_forward_does():
+def test_a_forced_route_answers_from_the_web_reserve_exactly_as_forward_does():
     # The web's only strip scores 0.1: below the strip threshold, so it is the reserve.
     web = WebResult("Fares", "https://f.example", "A day ticket costs 9 velds.")
     crag = CRAG(ListRetriever([("kb-1", BAD)]), ListWebSearch([web]), CRAGConfig(k=1), lm=ScriptedLM(script))
@@ -194,6 +197,86 @@ def test_a_route_answers_from_the_web_reserve_exactly_as_forward_does():
 
     lm = ScriptedLM(script)
     crag.lm = lm
-    assert CRAGPieces(crag, SharedWork()).route(Q, Action.INCORRECT) == pred.answer
+    assert crag(question=Q, action=Action.INCORRECT, cache=SharedWork()).answer == pred.answer
     contexts = [field(user, "context") for system, user in lm.calls if "Answer the question" in system]
     assert contexts == [pred.trace.context]
+
+
+# -- the stage cache's keys -------------------------------------------------------------------------
+def every_stage():
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    return [stage for stage in subclasses(Stage) if stage.name]
+
+
+def test_every_stage_reads_real_config_fields_and_uses_real_parts_of_the_program():
+    crag = make(ScriptedLM(script))
+    assert {stage.name for stage in every_stage()} >= {
+        "retrieve",
+        "grade",
+        "rewrite",
+        "web_search",
+        "refine_internal",
+        "refine_external",
+        "answer",
+        "witness_search",
+        "internal_retry",
+    }
+    for stage in every_stage():
+        for path in stage.reads:
+            config_value(crag.config, path)  # raises AttributeError for a field that does not exist
+        for part in stage.uses:
+            assert getattr(crag, part) is not None, (stage.__name__, part)
+
+
+@pytest.mark.parametrize("stage", every_stage(), ids=lambda stage: stage.__name__)
+def test_a_stage_key_changes_with_every_config_field_it_reads_and_only_with_those(stage):
+    crag = make(ScriptedLM(script))
+    key = stage(crag, crag.new_run(Q)).key({"question": Q})
+    for path in stage.reads:
+        head, *rest = path.split(".")
+        value = config_value(crag.config, path)
+        changed = (
+            (not value) if isinstance(value, bool) else value + 1 if isinstance(value, int) else value / 2
+        )
+        other = crag.deepcopy()
+        if rest:  # a nested group: lm_calls.retries
+            other.config = other.config.replace(
+                **{head: {**config_value(crag.config, head), rest[0]: changed}}
+            )
+        else:
+            other.config = other.config.replace(**{head: changed})
+        assert stage(other, other.new_run(Q)).key({"question": Q}) != key, path
+    unread = next(f for f in ("k", "web_results", "max_strips") if f not in stage.reads)
+    other = crag.deepcopy()
+    other.config = other.config.replace(**{unread: config_value(crag.config, unread) + 1})
+    assert stage(other, other.new_run(Q)).key({"question": Q}) == key
+
+
+def test_a_new_config_field_a_stage_reads_changes_its_key():
+    class Config(CRAGConfig):
+        patience: int = 1
+
+    class Patient(Stage):
+        name = "patient"
+        reads = ("patience",)
+
+    crag = make(ScriptedLM(script))
+    keys = set()
+    for patience in (1, 2):
+        crag.config = Config(k=2, patience=patience)
+        keys.add(Patient(crag, crag.new_run(Q)).key({"question": Q}))
+    assert len(keys) == 2
+
+
+def test_a_stage_key_changes_with_the_state_of_what_it_uses():
+    crag = make(ScriptedLM(script))
+    key = Answer(crag, crag.new_run(Q)).key({"question": Q, "context": "c"})
+    crag.answerer.demos = [dspy.Example(question="q", context="c", answer="a")]
+    assert Answer(crag, crag.new_run(Q)).key({"question": Q, "context": "c"}) != key
+    grade = Grade(crag, crag.new_run(Q)).key({"question": Q, "passages": []})
+    crag.grader.calibration = crag.grader.calibration.__class__(1.0, -1.0, {})
+    assert Grade(crag, crag.new_run(Q)).key({"question": Q, "passages": []}) != grade

@@ -10,11 +10,21 @@ import optuna
 import pytest
 from fakes import compile_report
 
-from crag_dspy.module import Thresholds
-from crag_dspy.routing import QUESTION_TYPES, question_type
+from crag_dspy.routing import QUESTION_TYPES, decide_action, question_type
+from crag_dspy.thresholds import Thresholds
 from optimize.report import write_report
+from optimize.threshold_search import ACTIONS as TABLE_ACTIONS
 from optimize.threshold_search import RouteTable, accuracy_grid, cell_midpoints, choose_thresholds
-from optimize.thresholds import QuestionRoutes, route_accuracy, route_requests, route_table, tune_thresholds
+from optimize.thresholds import (
+    BreakpointGridSampler,
+    QuestionRoutes,
+    _grid_study,
+    grid_cells,
+    route_accuracy,
+    route_requests,
+    route_table,
+    tune_thresholds,
+)
 
 ACTIONS = ("CORRECT", "AMBIGUOUS", "INCORRECT")
 
@@ -61,6 +71,20 @@ def test_exact_search_equals_brute_force_on_random_sets(seed):
     # The chosen point really scores the optimum under the routing rule the product uses.
     assert route_accuracy(routes, choice.lower, choice.upper) == pytest.approx(choice.accuracy)
     assert 0.0 <= choice.lower <= choice.upper <= 1.0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_route_table_routes_every_question_as_decide_action_does(seed):
+    """The vectorised route table is the one twin of the product's routing rule: equal on random grades
+    (unknown ones included) and random threshold pairs, the edges among them."""
+    rng = random.Random(seed)
+    routes = _random_routes(rng, 25)
+    table = route_table(routes)
+    edges = [0.0, 0.1, 0.25, 0.3, 0.5, 0.7, 0.9, 1.0]
+    for _ in range(50):
+        lower, upper = sorted(rng.choice([*edges, rng.random()]) for _ in range(2))
+        routed = [TABLE_ACTIONS[i] for i in table.actions(lower, upper)]
+        assert routed == [decide_action(r.scores, lower, upper) for r in routes], (lower, upper)
 
 
 def test_the_grid_scores_every_point_as_the_routing_rule_does():
@@ -205,6 +229,47 @@ def test_the_grid_is_an_optuna_study_that_resumes_from_its_journal(tmp_path):
     resumed = tune_thresholds(routes, storage=journal, study_name="s")
     assert resumed.tuned_accuracy == first.tuned_accuracy
     assert len(optuna.load_study(study_name="s", storage=storage).trials) == valid  # none re-run
+
+
+def _journal_trials(journal, study_name):
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    return optuna.load_study(study_name=study_name, storage=storage).trials
+
+
+def test_the_grid_study_runs_each_valid_cell_once_and_a_rerun_only_what_the_journal_lacks(tmp_path):
+    table = route_table(_random_routes(random.Random(3), 12))
+    points = [float(p) for p in cell_midpoints(table.breakpoints())]
+    cells = grid_cells(points)
+    assert len(set(cells)) == len(cells) == len(points) * (len(points) + 1) // 2
+    assert all(lower <= upper for lower, upper in cells)
+    journal = tmp_path / "study.log"
+    # A journal holding the first third of the cells, as an interrupted save would leave it.
+    done = len(cells) // 3
+    partial = optuna.create_study(
+        study_name="s",
+        storage=optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal))),
+        sampler=BreakpointGridSampler(cells[:done]),
+        direction="maximize",
+    )
+    partial.optimize(lambda t: table.accuracy(*(t.suggest_float(p, 0, 1) for p in ("lower", "upper"))), done)
+
+    best, ran, _, _ = _grid_study(table, points, journal, "s")
+    trials = _journal_trials(journal, "s")
+    assert ran == len(cells) - done
+    assert sorted((t.params["lower"], t.params["upper"]) for t in trials) == sorted(cells)  # each once
+    assert best == max(t.value for t in trials) == choose_thresholds(table, (0.3, 0.7)).accuracy
+    assert _grid_study(table, points, journal, "s")[:2] == (best, 0)  # nothing left to run
+    assert len(_journal_trials(journal, "s")) == len(cells)
+    assert _grid_study(table, points, None, "in memory")[:2] == (best, len(cells))
+
+
+def test_the_sampler_gives_each_trial_the_next_cell_and_no_more():
+    cells = [(0.1, 0.1), (0.1, 0.5), (0.5, 0.5)]
+    study = optuna.create_study(sampler=BreakpointGridSampler(cells))
+    study.optimize(lambda trial: trial.suggest_float("lower", 0, 1) - trial.suggest_float("upper", 0, 1), 3)
+    assert [(t.params["lower"], t.params["upper"]) for t in study.trials] == cells
+    with pytest.raises(ValueError, match="trial 3 is past the last cell of the grid"):
+        study.optimize(lambda trial: 0.0, 1)
 
 
 def test_no_routes_is_an_error():

@@ -4,8 +4,8 @@ import itertools
 
 import pytest
 
-from crag_dspy.routing import Action, decide_action
-from optimize.variants import ablated_action, table_variants
+from crag_dspy.routing import Action, ablated_action, decide_action
+from optimize.variants import table_variants
 
 C, A, I = Action.CORRECT, Action.AMBIGUOUS, Action.INCORRECT
 
@@ -70,8 +70,10 @@ def test_table_rows():
     assert (retry.program, retry.group, retry.internal_retries) == ("main", "crag", 2)
     ablations = [v for v in table_variants(True) if v.group == "ablation"]
     assert len(ablations) == 6 and all(v.program == "main" for v in ablations)
-    assert sum(v.remove is not None for v in ablations) == 3
-    assert [(v.refine, v.rewrite, v.select) for v in ablations if v.remove is None] == [
+    assert sum(v.ablation.remove is not None for v in ablations) == 3
+    assert [
+        (v.ablation.refine, v.ablation.rewrite, v.ablation.select) for v in ablations if not v.ablation.remove
+    ] == [
         (False, True, True),
         (True, False, True),
         (True, True, False),

@@ -1,6 +1,6 @@
 """Learned calibration of a judge's P(yes): the part of a compiled judge that small models need most.
 
-A 1.5B model ranks relevant passages above irrelevant ones well (ROC AUC ~0.9 on the default domain)
+A small LLM (the embedded one) ranks relevant passages above irrelevant ones well (ROC AUC ~0.9 on the default domain)
 but its P(yes) is biased, and few-shot demos shift that bias further (docs/compile.md). Platt scaling,
 ``sigmoid(slope * logit(p) + intercept)`` fitted on labelled training pairs, moves the decision point
 to where the labels say it is. It is monotone, so the ranking (and AUC) is untouched, and it costs no

@@ -1,6 +1,6 @@
 """Lexical evidence that a text answers a question: which of the question's terms and numbers it holds.
 
-The grader's LM reads only an excerpt of each passage (``crag_dspy.judges.view``), and a 1.5B model's
+The grader's LM reads only an excerpt of each passage (``crag_dspy.judges.view``), and a small model's
 P(yes) misses passages that hold the question's specific terms outside that excerpt, or that name
 another model number or year. How much of the question a passage covers is a cheap, complementary
 signal; ``optimize.compile`` learns how much to trust it next to the LM's P(yes)

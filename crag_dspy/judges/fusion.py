@@ -143,6 +143,10 @@ class Grading(Parameter):
             "fused_score": self.fused_score.as_dict() if self.fused_score else None,
         }
 
+    def cache_state(self) -> tuple[dict[str, Any], str | None]:
+        """What its grades depend on, for caches of them: its state and the evaluator's weights."""
+        return self.dump_state(), self.evaluator.fingerprint if self.evaluator is not None else None
+
     def load_state(self, state: dict[str, Any]) -> Grading:
         mode = state.get("mode", "llm")
         try:

@@ -93,6 +93,11 @@ class BinaryJudge(dspy.Module):
             config.update(rollout_id=attempt, temperature=0.7)
         return config
 
+    def cache_state(self) -> tuple[Any, ...]:
+        """What its judgements depend on, for caches of them: its DSPy state (demos, instructions,
+        calibration), how it asks the LM and what its view shows."""
+        return self.dump_state(), self.use_logprobs, self.retries, getattr(self.view, "key", None)
+
     def shown_inputs(self, inputs: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
         """What the LM is shown for ``inputs``, and why the view failed (then it is shown everything)."""
         if self.view is None:

@@ -163,3 +163,10 @@ class SentenceFocus:
 
     def __repr__(self) -> str:
         return f"SentenceFocus(sentences={self.sentences}, embedder={self.embedder.name!r}, field={self.field!r})"
+
+
+def focus_view(
+    sentences: int, embedder: Embedder | None, field: str, vectors_of: SentenceFocus | None = None
+) -> SentenceFocus | None:
+    """The view a config's ``JudgeView`` asks for: None (the whole text) for 0 sentences."""
+    return SentenceFocus(sentences, embedder, field=field, vectors_of=vectors_of) if sentences else None

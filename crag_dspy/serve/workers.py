@@ -22,7 +22,7 @@ def embedded_lm_refusal(settings: Settings, workers: int) -> str | None:
         return None
     return (
         f"--workers {workers} with the embedded LM would start {workers} copies of the model in this "
-        "machine's memory (about 1.8 GB each for the 1.5B, each answering one question at a time on the "
+        "machine's memory (about 1.8 GB each for the default embedded model, each answering one question at a time on the "
         "same CPU cores), which is slower, not faster. Run the model once in an OpenAI-compatible server "
         "(llama.cpp's llama-server with --parallel, vLLM, or a hosted API) and point the workers at it: "
         "--lm openai/<model> --lm-api-base http://<host>:<port>/v1. Or serve with one worker (the default); "

@@ -64,7 +64,7 @@ KB_CHECK_DEPTH = 5
 web-only (the program would find it internally)."""
 QUESTIONS_PER_PASSAGE = 3
 """Questions the LM writes per passage, in one reply (what the writers' signatures ask for; more lines
-are not read). The passage is read (prefilled) once for all of them: on the embedded 1.5B model, three
+are not read). The passage is read (prefilled) once for all of them: on the embedded model, three
 questions in one call took 2.4 s each against 3.2 s asked one by one (the same 7 popqa-dev passages),
 and the later questions of a reply ask for other facts than the subject's name, which the first one
 often asks for (docs/synthesize.md)."""
@@ -217,7 +217,7 @@ into another's questions; it comes first in the prompt, a prefix the LM's KV cac
 
 MAX_TOKENS = 160
 """Reply tokens for a passage's questions: three questions with their answers took 39-94 tokens on the
-embedded 1.5B model; a model that rambles on is cut off instead of writing the LM's default 512
+embedded model; a model that rambles on is cut off instead of writing the LM's default 512
 tokens (a rule rejects what was cut)."""
 
 

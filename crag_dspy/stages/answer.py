@@ -1,0 +1,88 @@
+"""Answer from the refined, source-tagged knowledge only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..faults import LMUnavailableError
+from ..generation import attach_unit, clean_answer
+from ..grounding import grounding_of_trace
+from ..routing import Action
+from ..run import QuestionRun
+from ..strips import format_context
+from .base import Program, Stage
+from .calls import predict_with_retries
+from .knowledge import Knowledge, knowledge_for, note_reserve_used
+
+__all__ = ["UNKNOWN_ANSWER", "Answer", "Answered", "answer_from"]
+
+UNKNOWN_ANSWER = "I don't know"
+
+
+@dataclass(frozen=True)
+class Answered:
+    """The answer, the context it was given, and the LM's own reply when the answer differs from it."""
+
+    answer: str
+    context: str
+    lm_answer: str | None = None
+
+
+class Answer(Stage[Answered]):
+    """Answer ``question`` from ``context`` (the formatted strips); an empty context is "I don't know"
+    without an LM call (``unjudged``: how many strips the LM failed to judge, for the fallback)."""
+
+    name = "answer"
+    uses = ("answerer",)
+    reads = ("lm_calls.retries", "answer_units")
+
+    def compute(self, question: str, context: str, unjudged: int = 0) -> Answered:
+        run, config = self.run, self.program.config
+        if not context:
+            detail = (
+                f" ({unjudged} strips the LM failed to judge were dropped, not trusted)" if unjudged else ""
+            )
+            run.fallback(f"no knowledge survived refinement{detail}; answered without calling the LM")
+            return Answered(UNKNOWN_ANSWER, context)
+        retries = config.lm_calls.retries
+        pred = predict_with_retries(
+            self.program.answerer, "answer", run, retries, question=question, context=context
+        )
+        answer = clean_answer(pred)
+        if not answer:
+            # No made-up "I don't know": the knowledge was there, the LM failed to use it.
+            raise LMUnavailableError(
+                f"the LM {run.trace.lm_model} gave no usable answer after {retries + 1} attempts "
+                f"(last: {run.trace.errors[-1] if run.trace.errors else 'an empty answer'})",
+                run.trace,
+                "answer",
+            )
+        with_unit = attach_unit(answer, context) if config.answer_units else answer
+        return Answered(with_unit, context, lm_answer=answer if with_unit != answer else None)
+
+    def record(self, value: Answered, run: QuestionRun) -> None:
+        trace = run.trace
+        trace.context, trace.answer, trace.lm_answer = value.context, value.answer, value.lm_answer
+        # No LM call: a string check of the answer against what the run read, so every answer carries
+        # one, also a trace cut short by a deadline before the witness search (stages.check).
+        trace.grounding = grounding_of_trace(trace)
+
+
+def answer_from(
+    program: Program,
+    run: QuestionRun,
+    question: str,
+    action: Action,
+    internal: Knowledge,
+    external: Knowledge | None,
+) -> Answered:
+    """Answer from the knowledge ``action`` reads (:func:`~crag_dspy.stages.refine.knowledge_for`),
+    saying so in the trace when it is a reserve strip."""
+    strips = knowledge_for(action, internal, external)
+    for known in (internal, external):
+        if known is not None and known.reserve and known.reserve in strips:
+            note_reserve_used(known.reserve, run, program.config.strip_threshold)
+    context = format_context(*strips)
+    records = [*run.trace.internal_strips, *run.trace.external_strips]
+    unjudged = 0 if context else sum(r.score is None for r in records)
+    return Answer(program, run)(question=question, context=context, unjudged=unjudged)
