@@ -133,6 +133,7 @@ class Stage(dspy.Module, Generic[T]):
         config = self.program.config
         return (
             self.name,
+            type(self).__name__,  # two stages may share a name (the internal retry's query and search)
             state_key(sorted(inputs.items())),
             tuple(states[part] for part in self.uses),
             state_key([config_value(config, path) for path in self.reads]),
