@@ -149,6 +149,7 @@ class CRAG(SavedAsProgram, dspy.Module):
         action: Action | None = None,
         ablation: Ablation = NO_ABLATION,
         cache: StageCache | None = None,
+        witness: bool = True,
         on_start: Callable[[CRAGTrace], None] | None = None,
         cancel: threading.Event | None = None,
     ) -> dspy.Prediction:
@@ -157,9 +158,10 @@ class CRAG(SavedAsProgram, dspy.Module):
 
         ``action`` forces the route (no decision, no retry rounds; passages graded only when refinement
         reads the grades); ``ablation`` leaves out what the paper's ablations do; ``cache`` keeps stage
-        results across calls (default: this call's own). ``on_start`` gets the trace as the run begins
-        (a server with a deadline answers with what was done so far); setting ``cancel`` stops the run
-        as its next stage starts (:class:`~crag_dspy.faults.RunCancelled`)."""
+        results across calls (default: this call's own); ``witness=False`` skips the witness search,
+        for callers that read only answers (it changes the grounding, never the answer). ``on_start``
+        gets the trace as the run begins (a server with a deadline answers with what was done so far);
+        setting ``cancel`` stops the run as its next stage starts (:class:`~crag_dspy.faults.RunCancelled`)."""
         # Any length: the length limit is the app's (CLI, server), which knows its users and budget.
         question = normalize_question(question, max_chars=None)
         run = self.new_run(question, cache=cache, cancel=cancel)
@@ -186,7 +188,8 @@ class CRAG(SavedAsProgram, dspy.Module):
                     run.fallback("web search gave nothing; answered from internal knowledge instead")
                 internal = internal_knowledge(self, run, question, passages, scores, refine=ablation.refine)
             answer_from(self, run, question, action, internal, external)
-            check_answer(self, run, question)
+            if witness:
+                check_answer(self, run, question)
         return run.prediction()
 
     async def aforward(

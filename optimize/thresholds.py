@@ -115,7 +115,7 @@ def precompute_routes(
             for action in Action:
                 # Each action's standalone cost: the pieces it needs, shared or not (grading included).
                 with work.consumer(action.value) as used:
-                    prediction = crag(question=q.question, action=action, cache=work)
+                    prediction = crag(question=q.question, action=action, cache=work, witness=False)
                 answers[action.value] = prediction.answer
                 requests[action.value] = work.cost(used).requests
             scores = [grade.score for grade in prediction.trace.documents]

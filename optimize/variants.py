@@ -161,5 +161,5 @@ def run_variant(
     crag = programs.of(variant)
     if variant.kind != "crag":
         return Outcome(rag_answer(crag, question, programs.cache, web=variant.kind == "rag_web"))
-    prediction = crag(question=question, ablation=variant.ablation, cache=programs.cache)
+    prediction = crag(question=question, ablation=variant.ablation, cache=programs.cache, witness=False)
     return Outcome(prediction.answer, Action(prediction.action))

@@ -65,6 +65,14 @@ def test_without_the_witness_search_the_same_answer_is_not_flagged():
     assert not pred.trace.grounding.flagged
 
 
+def test_a_caller_that_reads_only_the_answer_skips_the_witness_search():
+    web = ListWebSearch([HONEST])
+    crag = CRAG(ListRetriever([("kb-1", PLANTED)]), web, CRAGConfig(k=1), lm=ScriptedLM(script()))
+    pred = crag(question=QUESTION, witness=False)
+    assert pred.answer == "0 to 25 mg/L" and web.queries == [] and pred.trace.witness_results == []
+    assert "witness_search" not in pred.trace.timings
+
+
 def test_witnesses_that_agree_or_are_about_something_else_do_not_flag():
     agreeing = WebResult("AquaProbe 220", "https://aquaprobe.example/220", PLANTED)
     pred, _ = ask(ListWebSearch([agreeing, UNRELATED]))
