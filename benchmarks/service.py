@@ -44,7 +44,7 @@ import httpx
 import numpy as np
 from pydantic import BaseModel, Field
 
-from crag_dspy import CRAG, Domain, Settings, load_domain
+from crag_dspy import CRAG, CRAGConfig, Domain, Settings, load_domain
 from crag_dspy.app import build_web_search, open_backends
 from crag_dspy.domain import CorpusDoc, QAPair, WebDoc
 from crag_dspy.embeddings import Embedder
@@ -386,6 +386,7 @@ def injection(argv: list[str], *, lm: dspy.BaseLM | None = None) -> int:
         settings = harness.settings_for(args, document, **extra)
         lm = harness.lm_for(settings, args, lm)
         crag, domain = harness.open_crag(settings, lm, document, args.program)
+        crag.config = as_given(crag.config)
         missing = sorted({a.qa_id for a in attacks} - {q.id for q in domain.qa})
         if missing:
             p.error(f"domain `{domain.name}` has no questions {missing}")
@@ -466,6 +467,12 @@ without it. Each run keeps the text its check read, so ``--rescore`` measures a 
 answers. Writes benchmarks/results/honest_<domain>.json.
 """
 _REASONS = {"ungrounded": "ungrounded", "instruction": "instruction_supported", "disputed": "disputed"}
+
+
+def as_given(config: CRAGConfig) -> CRAGConfig:
+    """``config`` answering as the LM replied: these runs measure what the grounding check flags, and
+    ``abstain_ungrounded`` would turn the answers it flags as ungrounded into "I don't know"."""
+    return config.replace(abstain_ungrounded=False)
 
 
 def honest_outcome(crag: CRAG, question: QAPair) -> dict[str, Any]:
@@ -549,6 +556,7 @@ def honest(argv: list[str], *, lm: dspy.BaseLM | None = None) -> int:
     settings = harness.settings_for(args, document)
     lm = harness.lm_for(settings, args, lm)
     crag, domain = harness.open_crag(settings, lm, document, args.program)
+    crag.config = as_given(crag.config)
     questions = qa_split(domain, args.split, args.limit)
     if not questions:
         p.error(f"domain `{domain.name}` has no {args.split} questions")

@@ -10,7 +10,9 @@ import os
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "true")
 
 from .app import build_crag, load_program
+from .citations import Citation
 from .config import CRAGConfig, JudgeView, LMCalls
+from .documents import from_documents, ingest
 from .domain import Domain, DomainDataError, load_domain
 from .faults import CRAGRunError, LMUnavailableError, RetrievalError, RunCancelled
 from .module import CRAG, Thresholds
@@ -25,6 +27,7 @@ __all__ = [
     "Action",
     "CRAGConfig",
     "CRAGRunError",
+    "Citation",
     "Domain",
     "DomainDataError",
     "JudgeView",
@@ -42,6 +45,8 @@ __all__ = [
     "WebSearchError",
     "build_crag",
     "decide_action",
+    "from_documents",
+    "ingest",
     "load_domain",
     "load_program",
     "normalize_question",

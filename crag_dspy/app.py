@@ -13,6 +13,7 @@ import dspy
 
 from .domain import Domain, DomainDataError, check_domain_name, load_domain
 from .embeddings import Embedder
+from .hybrid import HybridRetriever, bm25_cache_root
 from .lm import build_lm
 from .module import CRAG
 from .program import ProgramError, apply_program, check_dataset, check_domain, read_program
@@ -63,8 +64,13 @@ class Backends:
     def web_available(self) -> bool:
         return self.domain.has_web if self.has_web is None else self.has_web
 
-    def retriever(self, which: str = "kb") -> ChromaRetriever:
+    def retriever(self, which: str = "kb") -> ChromaRetriever | HybridRetriever:
+        """The retriever of the internal knowledge (``kb``, ranked as ``settings.retrieval`` says) or of
+        the offline web stand-in (``web``: dense, as it stands in for a search engine's own ranking)."""
         kb, web = collection_names(self.domain.name)
+        if which == "kb" and self.settings.retrieval == "hybrid":
+            cache = bm25_cache_root(self.settings)
+            return HybridRetriever(self.client, kb, self.embedder, cache_dir=cache)
         return ChromaRetriever(self.client, kb if which == "kb" else web, self.embedder)
 
 

@@ -18,7 +18,9 @@ __all__ = ["NoRetrieval", "PlainRAG", "passage_strips"]
 
 def passage_strips(passages: Sequence[Passage]) -> list[Strip]:
     """Retrieved passages as whole, unjudged internal strips: the context plain RAG answers from."""
-    return [Strip(p.text, "internal", p.doc_id, p.title, p.rank, 0, p.url) for p in passages]
+    return [
+        Strip(p.text, "internal", p.doc_id, p.title, p.rank, 0, p.url, p.page, p.section) for p in passages
+    ]
 
 
 class PlainRAG(dspy.Module):

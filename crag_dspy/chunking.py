@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .records import DocPart
 from .strips import split_sentences
 
 __all__ = ["Chunk", "chunk_document", "chunk_text", "split_paragraphs"]
@@ -16,6 +18,8 @@ class Chunk:
     doc_id: str
     index: int
     text: str
+    page: int | None = None
+    section: str | None = None
 
 
 def split_paragraphs(text: str) -> list[str]:
@@ -58,12 +62,25 @@ def chunk_text(text: str, max_words: int) -> list[str]:
     return chunks
 
 
-def chunk_document(doc_id: str, title: str, text: str, max_words: int) -> list[Chunk]:
-    """Chunks with ids that hash the document id, title and chunk text: unchanged chunks keep their id."""
+def chunk_document(
+    doc_id: str, title: str, text: str, max_words: int, parts: Sequence[DocPart] | None = None
+) -> list[Chunk]:
+    """Chunks with ids that hash the document id, title and chunk text: unchanged chunks keep their id.
+
+    With ``parts`` (a PDF's pages, a document's sections) each part is chunked on its own, so a chunk
+    never spans two pages or sections and carries the ``page`` or ``section`` it is from; ``text`` is
+    then not read. The location is part of the id, so a paragraph that moves to another page is a new
+    chunk (its citation changed).
+    """
+    located = [(p.text, p.page, p.section) for p in parts] if parts else [(text, None, None)]
+    pieces = [
+        (piece, page, section) for body, page, section in located for piece in chunk_text(body, max_words)
+    ]
     chunks, seen = [], {}
-    for index, piece in enumerate(chunk_text(text, max_words)):
-        digest = hashlib.sha256(f"{doc_id}\x00{title}\x00{piece}".encode()).hexdigest()[:32]
+    for index, (piece, page, section) in enumerate(pieces):
+        where = "" if page is None and section is None else f"\x00{page or ''}\x00{section or ''}"
+        digest = hashlib.sha256(f"{doc_id}\x00{title}\x00{piece}{where}".encode()).hexdigest()[:32]
         seen[digest] = seen.get(digest, -1) + 1
         chunk_id = digest if seen[digest] == 0 else f"{digest}-{seen[digest]}"
-        chunks.append(Chunk(chunk_id, doc_id, index, piece))
+        chunks.append(Chunk(chunk_id, doc_id, index, piece, page, section))
     return chunks

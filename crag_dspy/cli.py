@@ -195,6 +195,16 @@ def _grade_sources(documents) -> str:
     return ", ".join(names) or "nothing: no documents"
 
 
+def _why_changed(trace) -> str:
+    if trace.lm_answer and trace.lm_answer.strip() and trace.answer == "I don't know":
+        return "no kept strip states it"
+    return "unit from the context"
+
+
+def _quoted(text: str, most: int = 100) -> str:
+    return f'"{text[:most]}{"..." if len(text) > most else ""}"'
+
+
 def format_trace(trace) -> str:
     """A compact, human-readable account of one CRAG run."""
     rounds = trace.internal_rounds
@@ -202,8 +212,9 @@ def format_trace(trace) -> str:
     warning = warning_line(trace.grounding)
     lines = [
         f"answer: {trace.answer}"
-        + (f"  (the LM replied {trace.lm_answer!r}; unit from the context)" if trace.lm_answer else ""),
+        + (f"  (the LM replied {trace.lm_answer!r}; {_why_changed(trace)})" if trace.lm_answer else ""),
         *([warning] if warning else []),  # right under the answer: it is about the answer
+        *(f"  [{n}] {c.label}: {_quoted(c.quote)}" for n, c in enumerate(trace.citations, 1)),
         f"action: {trace.action}  (lower={trace.lower:.2f}, upper={trace.upper:.2f}"
         + (f" for {trace.question_type} questions" if trace.question_type else "")
         + f"{retried})",

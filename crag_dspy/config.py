@@ -116,6 +116,12 @@ class CRAGConfig(BaseModel):
         True,
         description='A bare-number answer gets the unit its context states ("260" -> "260 velds").',
     )
+    abstain_ungrounded: bool = Field(
+        True,
+        description="Answer \"I don't know\" when the grounding check finds the answer's key content (a "
+        "number with its unit, a name) in no kept strip and not in the question; the LM's reply stays in "
+        "the trace (lm_answer) and a fallback says why.",
+    )
     internal_retries: int = Field(
         0,
         ge=0,

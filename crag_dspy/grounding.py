@@ -70,11 +70,13 @@ __all__ = [
     "Grounding",
     "KeyItem",
     "SupportText",
+    "answer_items",
     "check_grounding",
     "defused_note",
     "grounding_of_trace",
     "key_content",
     "reads_as_instruction",
+    "states",
     "support_of_trace",
     "warning_line",
 ]
@@ -312,6 +314,17 @@ def key_content(answer: str) -> list[KeyItem]:
     for item in items:
         unique.setdefault((item.kind, item.value, item.unit), item)
     return list(unique.values())
+
+
+def answer_items(answer: str, question: str) -> list[KeyItem]:
+    """The answer's key content that the question does not state: what a source must say."""
+    asked = _normalize(question)
+    return [item for item in key_content(answer) if not _supports(item, asked)]
+
+
+def states(item: KeyItem, text: str) -> bool:
+    """Whether ``text`` (as written) states ``item``: the number with its unit, or the name."""
+    return _supports(item, _normalize(text))
 
 
 def _values(text: str, unit: str = "") -> set[str]:
@@ -686,7 +699,7 @@ def check_grounding(
     seen = [(t.source, _normalize(t.text)) for t in texts]
     kept = [pair for pair, t in zip(seen, texts, strict=True) if t.kept]
     asked = _normalize(question)
-    items = [item for item in key_content(answer or "") if not _supports(item, asked)]
+    items = answer_items(answer or "", question)
     classified: set[str] = set()
     if classifier is not None:
         candidates = sorted(

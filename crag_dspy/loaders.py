@@ -2,8 +2,9 @@
 
 One reader per format behind :func:`load_document`, chosen by the file's suffix. PDF, HTML and DOCX need
 the ``documents`` extra (pypdf, trafilatura, python-docx; docs/ingestion.md says why these and not
-markitdown, by measurement). Markdown and text are read as they always were, so their documents (and
-chunk ids) do not change.
+markitdown, by measurement). Each reader also says where each part of the text is
+(:class:`~crag_dspy.records.DocPart`): a PDF's pages, and the sections of HTML, DOCX and Markdown under
+their heading paths, which chunks keep and citations name. Plain text is one part.
 
 A file a reader cannot parse is a :class:`UnreadableDocumentError` naming it: a corpus folder skips it
 and goes on (:func:`load_folder`); a missing package is a :class:`MissingExtraError` naming the extra,
@@ -13,11 +14,13 @@ which stops the load (every file of that format would fail the same way).
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .records import CorpusDoc, DomainDataError
+from .records import CorpusDoc, DocPart, DomainDataError
+from .sections import markdown_parts, sectioned
 
 __all__ = [
     "SUFFIXES",
@@ -46,39 +49,65 @@ class EmptyDocumentError(UnreadableDocumentError):
     """A document that parsed but holds no text."""
 
 
-def _text_file(path: Path) -> tuple[str | None, str]:
-    # The first line is the title, as the corpus folder has always read .md/.txt (stable chunk ids).
+Read = tuple[str | None, str, list[DocPart] | None]
+"""A reader's result: the title (None: none found), the text, and its located parts (None: one part)."""
+
+
+def _text_file(path: Path) -> Read:
+    # The first line is the title, as the corpus folder has always read .md/.txt.
     try:
         text = path.read_text(encoding="utf-8").strip()
     except UnicodeDecodeError as exc:
         raise UnreadableDocumentError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
-    return (text.splitlines()[0].lstrip("# ").strip() if text else None), text
+    title = text.splitlines()[0].lstrip("# ").strip() if text else None
+    return title, text, None
 
 
-def _pdf(path: Path) -> tuple[str | None, str]:
+def _markdown(path: Path) -> Read:
+    title, text, _ = _text_file(path)
+    return title, text, markdown_parts(text, title)
+
+
+def _pdf(path: Path) -> Read:
     import pypdf
 
     reader = pypdf.PdfReader(path)
     if reader.is_encrypted:
         reader.decrypt("")  # many PDFs are "encrypted" with an empty user password; others raise below
     title = reader.metadata.title if reader.metadata else None
-    # Pages become paragraphs; inside a page pypdf breaks lines with single newlines, which the chunker
-    # joins, so a sentence wrapped across lines stays one sentence.
-    return title, "\n\n".join((page.extract_text() or "").strip() for page in reader.pages)
+    # One part per page, so every chunk has its page to cite (LlamaIndex's PDF reader makes a document
+    # of each page for the same reason). Inside a page pypdf breaks lines with single newlines, which
+    # the chunker joins, so a sentence wrapped across lines stays one sentence.
+    pages = [(number, (page.extract_text() or "").strip()) for number, page in enumerate(reader.pages, 1)]
+    parts = [DocPart(text=text, page=number) for number, text in pages if text]
+    return title, "\n\n".join(part.text for part in parts), parts
 
 
-def _html(path: Path) -> tuple[str | None, str]:
+def _html(path: Path) -> Read:
     import trafilatura
 
     raw = path.read_bytes()  # bytes: trafilatura detects the page's encoding itself
     metadata = trafilatura.extract_metadata(raw)
     # Markdown keeps paragraphs apart with blank lines (the chunker's paragraph boundary); the main-content
-    # extraction drops navigation, cookie banners, sidebars and footers.
-    text = trafilatura.extract(raw, output_format="markdown", include_tables=True, include_comments=False)
-    return (metadata.title if metadata else None), text or ""
+    # extraction drops navigation, cookie banners, sidebars and footers. favor_recall: the default
+    # precision mode dropped whole bulleted lists of real documentation (SQLite's wal.html: "Advantages
+    # include:" followed by nothing; 3,876 words kept of 4,360), and boilerplate stays out either way.
+    text = trafilatura.extract(
+        raw, output_format="markdown", include_tables=True, include_comments=False, favor_recall=True
+    )
+    title = metadata.title if metadata else None
+    return title, text or "", markdown_parts(text or "", title)
 
 
-def _docx(path: Path) -> tuple[str | None, str]:
+def _heading_level(style_name: str | None) -> int | None:
+    """The outline level of a DOCX paragraph style ("Title" 1, "Heading 2" 2), None for body text."""
+    if style_name == "Title":
+        return 1
+    match = re.fullmatch(r"Heading (\d)", style_name or "")
+    return int(match.group(1)) if match else None
+
+
+def _docx(path: Path) -> Read:
     import docx
 
     document = docx.Document(str(path))
@@ -92,23 +121,32 @@ def _docx(path: Path) -> tuple[str | None, str]:
         ),
         None,
     )
-    blocks = []
+    blocks: list[tuple[int | None, str]] = []
     for block in document.iter_inner_content():  # paragraphs and tables in document order
         if hasattr(block, "rows"):
-            blocks.extend(" | ".join(cell.text.strip() for cell in row.cells) for row in block.rows)
+            rows = (" | ".join(cell.text.strip() for cell in row.cells) for row in block.rows)
+            blocks.extend((None, row) for row in rows if row.strip(" |"))
+        elif block.text.strip():
+            blocks.append((_heading_level(getattr(block.style, "name", None)), block.text.strip()))
+    text = "\n\n".join(b for _, b in blocks)
+    # Body paragraphs of one section are one block, paragraphs apart, as the chunker reads them.
+    merged: list[tuple[int | None, str]] = []
+    for level, b in blocks:
+        if level is None and merged and merged[-1][0] is None:
+            merged[-1] = (None, f"{merged[-1][1]}\n\n{b}")
         else:
-            blocks.append(block.text)
-    return title, "\n\n".join(b.strip() for b in blocks if b.strip())
+            merged.append((level, b))
+    return title, text, sectioned(merged, title)
 
 
-Reader = Callable[[Path], tuple[str | None, str]]
+Reader = Callable[[Path], Read]
 SUFFIXES: dict[str, Reader] = {
     ".pdf": _pdf,
     ".html": _html,
     ".htm": _html,
     ".docx": _docx,
-    ".md": _text_file,
-    ".markdown": _text_file,
+    ".md": _markdown,
+    ".markdown": _markdown,
     ".txt": _text_file,
 }
 """The suffixes a corpus folder reads, and the reader of each."""
@@ -126,7 +164,7 @@ def load_document(path: Path | str, doc_id: str | None = None) -> CorpusDoc:
     if reader is None:
         raise UnreadableDocumentError(f"{path}: unsupported file type (supported: {', '.join(SUFFIXES)})")
     try:
-        title, text = reader(path)
+        title, text, parts = reader(path)
     except (MissingExtraError, UnreadableDocumentError):
         raise
     except ImportError as exc:  # the reader's package, or one of its own (justext needs lxml_html_clean)
@@ -141,7 +179,7 @@ def load_document(path: Path | str, doc_id: str | None = None) -> CorpusDoc:
         scanned = " (a scanned PDF needs OCR first)" if path.suffix.lower() == ".pdf" else ""
         raise EmptyDocumentError(f"{path}: no text found{scanned}")
     title = " ".join((title or "").split()) or path.stem
-    return CorpusDoc(id=doc_id or path.name, title=title, text=text.strip(), source=str(path))
+    return CorpusDoc(id=doc_id or path.name, title=title, text=text.strip(), source=str(path), parts=parts)
 
 
 @dataclass
@@ -170,7 +208,7 @@ def load_folder(folder: Path) -> LoadedFolder:
         try:
             docs.append(load_document(path, doc_id=str(path.relative_to(folder))))
         except EmptyDocumentError as exc:
-            if SUFFIXES[path.suffix.lower()] is _text_file:
+            if SUFFIXES[path.suffix.lower()] in (_text_file, _markdown):
                 continue  # an empty note is nothing to report; an empty PDF is (scanned, needs OCR)
             log.warning("skipped %s", exc)
             skipped.append(str(exc))

@@ -32,15 +32,18 @@ from .stages import (
     Grade,
     Knowledge,
     Retrieve,
+    abstain,
     answer_from,
     check_answer,
     internal_knowledge,
     retry_internal,
     web_knowledge,
+    why_no_web,
 )
 from .thresholds import Thresholds
 from .trace import CRAGTrace
 from .validation import normalize_question
+from .web import NoWebSearch
 
 __all__ = ["CRAG", "Thresholds"]
 
@@ -182,10 +185,15 @@ class CRAG(SavedAsProgram, dspy.Module):
                 action = ablated_action(scores, *bounds, ablation.remove)
             run.trace.action = action.value
             external = web_knowledge(self, run, question, ablation) if action.uses_web else None
+            if action is Action.INCORRECT and isinstance(self.web_search, NoWebSearch):
+                # The grader rejected every passage and there is no web to correct it: on own documents
+                # such answers were never right, only made up (docs/experiments.md, "INCORRECT without web").
+                abstain(run, f"{why_no_web(self)}; every passage was graded below lower ({run.trace.lower})")
+                return run.prediction()
             internal = Knowledge([])
             if action.uses_internal or external is None:
                 if action is Action.INCORRECT:
-                    run.fallback("web search gave nothing; answered from internal knowledge instead")
+                    run.fallback(f"{why_no_web(self)}; answered from internal knowledge instead")
                 internal = internal_knowledge(self, run, question, passages, scores, refine=ablation.refine)
             answer_from(self, run, question, action, internal, external)
             if witness:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Passage", "Retriever", "WebResult", "WebSearch", "WebSearchError"]
+__all__ = ["Passage", "Retriever", "WebResult", "WebSearch", "WebSearchError", "passage_heading"]
 
 
 @dataclass(frozen=True)
@@ -20,11 +20,20 @@ class Passage:
     similarity: float
     source: str | None = None
     url: str | None = None
+    page: int | None = None
+    """1-based page of a PDF the chunk is from."""
+    section: str | None = None
+    """Heading path of the section the chunk is from ("Options > Limits")."""
 
     @property
     def display(self) -> str:
-        """What graders and strip filters read: the title gives a chunk its subject."""
-        return f"{self.title}\n{self.text}"
+        """What graders and strip filters read: the title (and section) give a chunk its subject."""
+        return f"{passage_heading(self.title, self.section)}\n{self.text}"
+
+
+def passage_heading(title: str, section: str | None) -> str:
+    """A chunk's heading line: its document's title, and the section's heading path when it has one."""
+    return f"{title} > {section}" if section else title
 
 
 @dataclass(frozen=True)

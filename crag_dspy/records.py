@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["CorpusDoc", "DomainDataError", "Record"]
+__all__ = ["CorpusDoc", "DocPart", "DomainDataError", "Record"]
 
 
 class DomainDataError(ValueError):
@@ -24,10 +24,24 @@ def _not_blank(value: str) -> str:
     return value
 
 
+class DocPart(BaseModel):
+    """A located part of a document: one page of a PDF, or one section (under a heading path) of an HTML,
+    DOCX or Markdown document. Chunks never cross parts, so each chunk has one place to cite."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    text: str
+    page: int | None = Field(None, ge=1, description="1-based page of a PDF")
+    section: str | None = Field(None, description='heading path, e.g. "Options > Limits"')
+
+
 class CorpusDoc(Record):
     id: str = Field(min_length=1)
     title: str = Field(min_length=1)
     text: str = Field(min_length=1)
     source: str | None = None
+    parts: list[DocPart] | None = Field(
+        None, description="where each part of the text is (pages, sections); None: the text is one part"
+    )
 
     _blank = field_validator("id", "title", "text")(_not_blank)

@@ -115,6 +115,12 @@ class Settings(BaseSettings):
     embedding_model: str | None = Field(
         None, description="sentence-transformers model path or name (default: the bundled all-MiniLM-L6-v2)."
     )
+    retrieval: Literal["dense", "hybrid"] = Field(
+        "dense",
+        description="How the internal knowledge is ranked: 'dense' (embedding cosine similarity), or "
+        "'hybrid' (dense and BM25 over the same chunks fused by reciprocal rank, crag_dspy.hybrid: finds "
+        "identifiers such as option names, error codes and versions that the embedder ranks poorly).",
+    )
     max_question_chars: int = Field(
         DEFAULT_MAX_QUESTION_CHARS, ge=1, description="Longer questions are refused (not truncated)."
     )

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 from .chunking import chunk_document
 from .domain import CorpusDoc, Domain, SourceFiles
 from .embeddings import Embedder
-from .protocols import Passage
+from .protocols import Passage, passage_heading
 from .settings import Settings
 from .version import __version__
 
@@ -26,11 +26,13 @@ __all__ = [
     "StoreError",
     "collection_names",
     "content_hash",
+    "get_collection",
     "ingest_documents",
     "ingest_domain",
     "ingest_gap",
     "ingest_gaps",
     "open_client",
+    "open_retrievable",
     "planned_chunks",
     "source_record",
     "store_errors",
@@ -100,12 +102,18 @@ def planned_chunks(docs: Sequence[CorpusDoc], chunk_words: int) -> Planned:
     """The chunks a collection of ``docs`` must hold, by id (ids hash document id, title and text)."""
     planned: Planned = {}
     for doc in docs:
-        for chunk in chunk_document(doc.id, doc.title, doc.text, chunk_words):
+        for chunk in chunk_document(doc.id, doc.title, doc.text, chunk_words, doc.parts):
             metadata = {"doc_id": doc.id, "title": doc.title, "chunk_index": chunk.index}
             for key in ("source", "url"):
                 if getattr(doc, key, None):
                     metadata[key] = getattr(doc, key)
-            planned[chunk.id] = (f"{doc.title}\n{chunk.text}", chunk.text, metadata)
+            # Chroma metadata holds no None: a location is stored only where the document has one.
+            if chunk.page is not None:
+                metadata["page"] = chunk.page
+            if chunk.section:
+                metadata["section"] = chunk.section
+            heading = passage_heading(doc.title, chunk.section)
+            planned[chunk.id] = (f"{heading}\n{chunk.text}", chunk.text, metadata)
     return planned
 
 
@@ -185,7 +193,9 @@ class IngestReport:
     removed: int
 
 
-def _get_collection(client: chromadb.ClientAPI, name: str, embedder: Embedder, create: bool):
+def get_collection(client: chromadb.ClientAPI, name: str, embedder: Embedder, create: bool):
+    """Collection ``name`` (created when ``create``); a missing one, or one embedded with another model,
+    is a :class:`StoreError` that says what to do."""
     metadata = {"embedding_model": embedder.name}
     if create:
         # embedding_function=None: we embed ourselves, so Chroma never fetches its default model.
@@ -243,7 +253,7 @@ def _ingest(
     progress: bool,
     source: str | None,
 ) -> IngestReport:
-    collection = _get_collection(client, name, embedder, create=True)
+    collection = get_collection(client, name, embedder, create=True)
     wanted = planned_chunks(docs, chunk_words)
     existing = set(collection.get(include=[])["ids"])
     stale = sorted(existing - wanted.keys())
@@ -352,18 +362,25 @@ def stored_gap(collection) -> str | None:
     return None
 
 
+def open_retrievable(client: chromadb.ClientAPI, collection: str, embedder: Embedder):
+    """Collection ``collection`` to retrieve from: a :class:`StoreError` when it is missing, was
+    embedded with another model, or is empty (each says what to run)."""
+    with store_errors(f"opening collection {collection!r}"):
+        found = get_collection(client, collection, embedder, create=False)
+        empty = found.count() == 0
+    if empty:
+        raise StoreError(
+            f"Collection {collection!r} is empty: run `python -m crag_dspy ingest <domain dir>` first"
+        )
+    return found
+
+
 class ChromaRetriever:
     """:class:`~crag_dspy.protocols.Retriever` over one Chroma collection (cosine similarity)."""
 
     def __init__(self, client: chromadb.ClientAPI, collection: str, embedder: Embedder):
         self.name = f"chroma:{collection}"
-        with store_errors(f"opening collection {collection!r}"):
-            self._collection = _get_collection(client, collection, embedder, create=False)
-            empty = self._collection.count() == 0
-        if empty:
-            raise StoreError(
-                f"Collection {collection!r} is empty: run `python -m crag_dspy ingest <domain dir>` first"
-            )
+        self._collection = open_retrievable(client, collection, embedder)
         self._embedder = embedder
 
     def count(self) -> int:
@@ -391,6 +408,8 @@ class ChromaRetriever:
                     similarity=1.0 - float(distance),
                     source=meta.get("source"),
                     url=meta.get("url"),
+                    page=int(meta["page"]) if meta.get("page") is not None else None,
+                    section=meta.get("section"),
                 )
             )
         return passages

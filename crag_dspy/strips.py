@@ -7,6 +7,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from .protocols import passage_heading
+
 __all__ = [
     "Strip",
     "decompose",
@@ -99,6 +101,8 @@ class Strip:
     rank: int
     position: int
     url: str | None = None
+    page: int | None = None
+    section: str | None = None
 
     @property
     def tag(self) -> str:
@@ -126,5 +130,7 @@ def recompose(strips: Iterable[Strip]) -> list[Strip]:
 
 def format_context(internal: Sequence[Strip], external: Sequence[Strip]) -> str:
     """One line per strip, tagged with its source, internal knowledge first (CORRECT/AMBIGUOUS/INCORRECT)."""
-    lines = [f"{s.tag} ({s.title}) {s.text}" for s in [*recompose(internal), *recompose(external)]]
+    # A strip cut from its passage keeps the section it is from: "the default is 30" needs its heading.
+    strips = [*recompose(internal), *recompose(external)]
+    lines = [f"{s.tag} ({passage_heading(s.title, s.section)}) {s.text}" for s in strips]
     return "\n".join(lines)

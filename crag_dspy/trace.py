@@ -11,6 +11,7 @@ from typing import Any
 import dspy
 from pydantic import BaseModel, Field
 
+from .citations import Citation
 from .grounding import Grounding
 from .redaction import redact
 
@@ -63,6 +64,8 @@ class StripRecord(BaseModel):
     )
     kept: bool
     url: str | None = None
+    page: int | None = Field(None, description="1-based page of the PDF the strip is from")
+    section: str | None = Field(None, description="heading path of the section the strip is from")
     judged_text: str | None = Field(
         None, description="what the strip filter read, when it was shown an excerpt of the strip"
     )
@@ -114,7 +117,9 @@ class CRAGTrace(BaseModel):
     question: str
     answer: str | None = None
     lm_answer: str | None = Field(
-        None, description="the LM's own reply when the answer differs from it (a unit added from the context)"
+        None,
+        description="the LM's own reply when the answer differs from it (a unit added from the context, or "
+        '"I don\'t know" for a reply no kept strip states: CRAGConfig.abstain_ungrounded)',
     )
     action: str | None = None
     lower: float
@@ -153,6 +158,11 @@ class CRAGTrace(BaseModel):
         description="whether the answer's key content (numbers with units, names) is in the kept strips or "
         "the question, and not in text that instructs the model (crag_dspy.grounding); None until "
         "an answer is given",
+    )
+    citations: list[Citation] = Field(
+        default_factory=list,
+        description="the kept strips that state the answer's key content: document and page or section, "
+        "or URL, with the sentence (crag_dspy.citations); empty for an abstention",
     )
     fallbacks: list[str] = Field(default_factory=list, description="what degraded and what was done instead")
     errors: list[str] = []
@@ -215,7 +225,9 @@ class TraceRecorder:
 
     def prediction(self) -> dspy.Prediction:
         t = self.trace
-        return dspy.Prediction(answer=t.answer, action=t.action, context=t.context, trace=t)
+        return dspy.Prediction(
+            answer=t.answer, action=t.action, context=t.context, citations=t.citations, trace=t
+        )
 
     def fallback(self, message: str) -> None:
         self.trace.fallbacks.append(redact(message))

@@ -2,8 +2,9 @@
 
 For one QA split it measures answer accuracy (normalized gold-alias match, see docs/evaluate.md) of no
 retrieval, plain RAG, RAG with web results always added, CRAG with the default thresholds, CRAG from a
-program JSON and the paper's ablations of that CRAG; per action the questions taken and their
-accuracy; the correction success rate; the grader's quality; and the cost of every variant. Variants
+program JSON and the paper's ablations of that CRAG; their truthfulness (Meta's CRAG benchmark: right
++1, "I don't know" 0, wrong -1), hallucinations and right citations; per action the questions taken and
+their accuracy; the correction success rate; the grader's quality; and the cost of every variant. Variants
 share their pieces of work (:mod:`optimize.shared_work`), so the table costs far fewer LM calls than
 running each variant alone; the report gives both. Writes JSON, markdown and a bar chart PNG.
 """
@@ -14,7 +15,7 @@ import argparse
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -51,13 +52,23 @@ from crag_dspy.store import ingest_domain
 from .cost import Cost
 from .datasets import qa_split, relevance_examples
 from .grade_source import program_grades
-from .metrics import answer_matches, binary_report, contains_answer, is_answerable, wilson_interval
+from .metrics import (
+    answer_matches,
+    binary_report,
+    bootstrap_mean_interval,
+    cites_evidence,
+    contains_answer,
+    is_abstention,
+    is_answerable,
+    truthfulness_score,
+    wilson_interval,
+)
 from .parallel import check_num_threads, map_questions
 from .report import check_writable, plot_accuracy_bars, write_evaluation_report
 from .shared_work import SharedWork
 from .variants import ROW_SETS, Outcome, Programs, Variant, raw_passages, run_variant, table_variants
 
-__all__ = ["evaluate_domain", "grader_quality", "main", "summarize"]
+__all__ = ["answer_fields", "evaluate_domain", "grader_quality", "main", "summarize"]
 
 log = logging.getLogger(__name__)
 SPLITS = ("train", "val", "test")
@@ -85,6 +96,7 @@ def _question_rows(
     programs: Programs,
     work: SharedWork,
     no_retrieval: Callable[[str], Outcome],
+    web_urls: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     rows = []
     for variant in variants:
@@ -97,9 +109,7 @@ def _question_rows(
             {
                 "id": q.id,
                 "variant": variant.name,
-                "answer": outcome.answer,
-                "action": outcome.action.value if outcome.action else None,
-                "correct": answer_matches(outcome.answer, q.answers),
+                **answer_fields(q, outcome, web_urls),
                 **cost.as_dict(),
                 "seconds": round(cost.seconds, 4),
                 "errors": errors,
@@ -108,11 +118,59 @@ def _question_rows(
     # Whether the first retrieval held a gold answer is a property of the question, not of a variant.
     with work.consumer("evaluation"):
         passages = raw_passages(programs["main"], q.question, work)
-    answerable = is_answerable(q.answers)
     held = any(contains_answer(p.display, q.answers) for p in passages)
     for row in rows:
-        row.update(answerable=answerable, retrieval_has_answer=held)
+        row.update(retrieval_has_answer=held)
     return rows
+
+
+def _evidence(q: QAPair) -> list[Any]:
+    """The question's gold evidence (``evidence`` in qa.jsonl, an extra field: a list of
+    ``{"doc_id", "page", "quote"}``); empty when it has none."""
+    evidence = getattr(q, "evidence", None) or (q.model_extra or {}).get("evidence")
+    return list(evidence) if isinstance(evidence, list | tuple) else []
+
+
+def _citation_dict(citation: Any) -> dict[str, Any]:
+    """A citation as JSON: a ``Citation`` object's (or a mapping's) document and page."""
+    if isinstance(citation, dict):
+        return {"doc_id": citation.get("doc_id"), "page": citation.get("page")}
+    return {"doc_id": getattr(citation, "doc_id", None), "page": getattr(citation, "page", None)}
+
+
+def answer_fields(q: QAPair, outcome: Outcome, web_urls: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A question row's measures of ``outcome``, the answer to ``q``; ``web_urls`` maps the domain's
+    web document ids to their URLs (a web result is cited by its URL, evidence names the document).
+
+    ``correct``: a gold alias matches (:func:`~optimize.metrics.answer_matches`); ``abstained``: the
+    answer is "I don't know" (a failed question, answer None, did not abstain: it is wrong);
+    ``score``: truthfulness as in Meta's CRAG benchmark (right +1, abstained 0, wrong -1); ``citations``:
+    the cited ``{"doc_id", "page"}``; ``ungrounded``: the answer's key content no kept strip states
+    (CRAG's grounding check; empty for the baselines); ``cited_right``: right, answerable and citing a gold evidence
+    document (and its page, when the evidence gives one); None when the question has no evidence.
+    """
+    correct = answer_matches(outcome.answer, q.answers)
+    abstained = is_abstention(outcome.answer)
+    answerable = is_answerable(q.answers)
+    citations = [_citation_dict(c) for c in outcome.citations]
+    evidence = _evidence(q)
+    urls = web_urls or {}
+    evidence += [
+        {**e, "doc_id": urls[e["doc_id"]]}
+        for e in evidence
+        if isinstance(e, dict) and e.get("doc_id") in urls
+    ]
+    return {
+        "answer": outcome.answer,
+        "action": outcome.action.value if outcome.action else None,
+        "correct": correct,
+        "abstained": abstained,
+        "score": truthfulness_score(correct, abstained),
+        "answerable": answerable,
+        "citations": citations,
+        "ungrounded": list(outcome.ungrounded),
+        "cited_right": (correct and answerable and cites_evidence(citations, evidence)) if evidence else None,
+    }
 
 
 def _outcome(
@@ -132,13 +190,56 @@ def _share(n: int, total: int) -> dict[str, Any]:
     return {"n": n, "of": total, "rate": n / total if total else None}
 
 
+def _counted(n: int, total: int) -> dict[str, Any]:
+    """A share with its 95% Wilson interval."""
+    return _share(n, total) | {"interval": list(wilson_interval(n, total))}
+
+
+def _truthfulness(mine: Sequence[dict[str, Any]], variant: Variant, measured: bool) -> dict[str, Any]:
+    """The variant's truthfulness summary (see :func:`summarize`) from its question rows."""
+    scores = [r["score"] for r in mine]
+    answerable = [r for r in mine if r["answerable"]]
+    unanswerable = [r for r in mine if not r["answerable"]]
+    interval = bootstrap_mean_interval(scores)
+    cited = None
+    if measured and variant.kind == "crag":  # the baselines cite nothing: not measured, not 0
+        graded = [r for r in mine if r["correct"] and r["answerable"] and r.get("cited_right") is not None]
+        cited = _counted(sum(bool(r["cited_right"]) for r in graded), len(graded))
+    return {
+        "abstained": _counted(sum(r["abstained"] for r in mine), len(mine)),
+        # Every -1: so truthfulness = accuracy - hallucination rate. A failed question counts (its
+        # errors say so): the user got no abstention.
+        "hallucination": _counted(sum(r["score"] < 0 for r in mine), len(mine)),
+        "truthfulness": {
+            "mean": sum(scores) / len(scores) if scores else None,
+            "interval": list(interval) if interval else None,
+        },
+        "answerable_right": _counted(sum(r["correct"] for r in answerable), len(answerable)),
+        "answerable_abstained": _counted(sum(r["abstained"] for r in answerable), len(answerable)),
+        "unanswerable_abstained": _counted(sum(r["abstained"] for r in unanswerable), len(unanswerable)),
+        "cited": cited,
+    }
+
+
 def summarize(rows: Sequence[dict[str, Any]], variants: Sequence[Variant]) -> list[dict[str, Any]]:
-    """Per variant: accuracy, per-action counts and accuracy, correction success, standalone cost.
+    """Per variant: accuracy, truthfulness, citations, per-action counts and accuracy, correction
+    success, standalone cost.
+
+    Truthfulness follows Meta's CRAG benchmark: per question right +1, "I don't know" 0, wrong -1
+    (:func:`~optimize.metrics.truthfulness_score`). ``abstained``: answers that are "I don't know";
+    ``hallucination``: wrong answers that are not (questions that failed included), both over all
+    questions with 95% Wilson intervals; ``truthfulness``: the mean score with a 95% percentile
+    bootstrap interval over the questions (2000 resamples, seed 0: the same rows always give the same
+    interval); ``answerable_right``, ``answerable_abstained`` and ``unanswerable_abstained`` (right,
+    for those) break the questions down. ``cited``: among right answers to answerable questions with
+    gold evidence, those citing it (``cited_right``); None when no question has evidence or the
+    variant is no CRAG row (the baselines cite nothing).
 
     Correction success: among answerable questions whose first retrieval held no gold alias, the share
     answered correctly. Cost is standalone (every piece the variant used, shared or not); seconds are
     per question, p50 and p95.
     """
+    measured = any(r.get("cited_right") is not None for r in rows)  # some question has gold evidence
     table = []
     for variant in variants:
         mine = [r for r in rows if r["variant"] == variant.name]
@@ -163,6 +264,7 @@ def summarize(rows: Sequence[dict[str, Any]], variants: Sequence[Variant]) -> li
                 "correct": sum(r["correct"] for r in mine),
                 "accuracy": sum(r["correct"] for r in mine) / n if n else None,
                 "interval": list(wilson_interval(sum(r["correct"] for r in mine), n)),
+                **_truthfulness(mine, variant, measured),
                 "actions": actions,
                 "correction": _share(sum(r["correct"] for r in missed), len(missed)),
                 "errors": sum(bool(r["errors"]) for r in mine),
@@ -311,10 +413,12 @@ def evaluate_domain(
     programs = Programs(main_crag, default_crag, work)
     variants = table_variants(document is not None, rows)
     no_retrieval = _no_retrieval(work, lm)
+    # A web result is cited by its URL; gold evidence names the web.jsonl document.
+    web_urls = {doc.id: doc.url for doc in domain.web}
 
     with watch_lm():  # one failed question is counted wrong; an LM that is down stops the run
         per_question = map_questions(
-            lambda q: _question_rows(q, variants, programs, work, no_retrieval),
+            lambda q: _question_rows(q, variants, programs, work, no_retrieval, web_urls),
             questions,
             num_threads=num_threads,
             desc=f"evaluate {domain.name}/{split}",
@@ -413,7 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=ROW_SETS,
         default="all",
         help="which rows: all (default); main = baselines and CRAG rows; main+retry = those and "
-        "CRAG + internal retry (ablations and retry rounds cost the most LM calls)",
+        "CRAG + internal retry (ablations and retry rounds cost the most LM calls); crag = the CRAG rows "
+        "only (to compare a setting with another: python -m optimize.compare)",
     )
     return parser
 

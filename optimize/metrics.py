@@ -1,26 +1,34 @@
-"""Pure metric functions: binary classification quality and normalized gold-alias answer matching."""
+"""Pure metric functions: binary classification quality, normalized gold-alias answer matching, and the
+truthfulness scoring of Meta's CRAG benchmark (right +1, "I don't know" 0, wrong -1) with its tests."""
 
 from __future__ import annotations
 
 import re
 import string
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 __all__ = [
     "UNKNOWN_ALIASES",
     "BinaryReport",
+    "SignTest",
     "answer_matches",
     "beats_beyond_noise",
     "binary_report",
     "bootstrap_auc_interval",
+    "bootstrap_mean_interval",
     "bootstrap_ratio_interval",
+    "cites_evidence",
     "contains_answer",
+    "is_abstention",
     "is_answerable",
     "mcnemar_exact",
     "normalize_answer",
     "roc_auc",
+    "sign_test",
+    "truthfulness_score",
     "wilson_interval",
 ]
 
@@ -110,6 +118,16 @@ def contains_answer(text: str | None, aliases: Sequence[str]) -> bool:
     return any(f" {gold} " in padded for gold in _real_aliases(aliases))
 
 
+def is_abstention(prediction: str | None) -> bool:
+    """True when the answer abstains: "I don't know" / "I do not know" occurs in it as whole words after
+    normalization, even hedged ("I don't know, maybe 90 days"). No answer at all (None, "": a failed
+    question) is no abstention: nothing was said, so it is simply wrong."""
+    if not prediction:
+        return False
+    pred = f" {normalize_answer(prediction)} "
+    return any(f" {u} " in pred for u in _UNKNOWN)
+
+
 def answer_matches(prediction: str | None, aliases: Sequence[str]) -> bool:
     """True when any normalized gold alias occurs in the normalized prediction as whole words
     (the paper's PopQA rule: a gold answer string appears in the generation).
@@ -119,10 +137,43 @@ def answer_matches(prediction: str | None, aliases: Sequence[str]) -> bool:
     """
     if not prediction:
         return False
-    pred = f" {normalize_answer(prediction)} "
-    if any(f" {u} " in pred for u in _UNKNOWN):  # an abstention, even a hedged one, is not an answer
+    if is_abstention(prediction):  # an abstention, even a hedged one, is not an answer
         return any(normalize_answer(a) in _UNKNOWN for a in aliases)
     return contains_answer(prediction, aliases)
+
+
+def truthfulness_score(correct: bool, abstained: bool) -> int:
+    """One question's score in Meta's CRAG benchmark (perfect +1, missing 0, incorrect -1): +1 when the
+    answer is right (an unanswerable question answered "I don't know" is right), 0 when it abstains
+    otherwise (an answerable question answered "I don't know"), -1 when it is wrong (an answer that is
+    not an abstention, or none at all because the question failed)."""
+    if correct:
+        return 1
+    return 0 if abstained else -1
+
+
+def _field(item: Any, key: str) -> Any:
+    """``key`` of a mapping (a JSON row) or attribute of an object (a ``Citation``); None if absent."""
+    return item.get(key) if isinstance(item, Mapping) else getattr(item, key, None)
+
+
+def cites_evidence(citations: Sequence[Any], evidence: Sequence[Any]) -> bool:
+    """Whether some citation names a gold evidence document: the same ``doc_id`` and, when that evidence
+    gives a ``page``, the same page (evidence without a page accepts any page of its document).
+    Citations and evidence are mappings or objects with ``doc_id`` and ``page``."""
+    for gold in evidence:
+        doc, page = _field(gold, "doc_id"), _field(gold, "page")
+        if doc is None:  # evidence that names no document can be cited by none
+            continue
+        for cited in citations:
+            if _field(cited, "doc_id") == doc and (page is None or _same_page(_field(cited, "page"), page)):
+                return True
+    return False
+
+
+def _same_page(cited: Any, gold: Any) -> bool:
+    # Hand-written evidence files may spell a page "3" where a citation carries 3: the same page.
+    return cited is not None and str(cited).strip() == str(gold).strip()
 
 
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
@@ -166,6 +217,26 @@ def bootstrap_auc_interval(
             aucs.append(roc_auc_score(y[idx], s[idx]))
     alpha = (1 - confidence) / 2
     return float(np.quantile(aucs, alpha)), float(np.quantile(aucs, 1 - alpha))
+
+
+def bootstrap_mean_interval(
+    values: Sequence[float], *, confidence: float = 0.95, resamples: int = 2000, seed: int = 0
+) -> tuple[float, float] | None:
+    """A percentile bootstrap interval of ``mean(values)``, resampling the items (questions) with a
+    fixed ``seed``, so that one run's table always prints the same interval. None for no items; the
+    value itself when every item has the same one (nothing varies to resample: a small sample of equal
+    scores gets a zero-width interval, so read it next to n and the Wilson intervals). Chosen over a
+    t-interval because the percentile interval stays inside the values' range (truthfulness scores are
+    -1, 0 or +1), where a t-interval of a short, skewed sample crosses it."""
+    import numpy as np
+
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        return None
+    rng = np.random.default_rng(seed)
+    means = data[rng.integers(0, data.size, (resamples, data.size))].mean(axis=1)
+    alpha = (1 - confidence) / 2
+    return float(np.quantile(means, alpha)), float(np.quantile(means, 1 - alpha))
 
 
 def bootstrap_ratio_interval(
@@ -229,3 +300,34 @@ def beats_beyond_noise(
     calibrations that beat the uncompiled judge on every val pair; docs/experiments.md.)"""
     p = mcnemar_exact(candidate, reference)
     return (p < alpha and sum(map(bool, candidate)) > sum(map(bool, reference))), p
+
+
+@dataclass(frozen=True)
+class SignTest:
+    """A paired sign test of two systems' per-question scores: ``wins`` where the first scored higher,
+    ``losses`` where the second did, ``ties`` left out; ``p_value`` two-sided (1.0 without wins or
+    losses)."""
+
+    wins: int
+    losses: int
+    ties: int
+    p_value: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def sign_test(first_scores: Sequence[float], second_scores: Sequence[float]) -> SignTest:
+    """Two-sided sign test (exact binomial, scipy's ``binomtest`` at 0.5) of paired per-question scores,
+    e.g. truthfulness (+1/0/-1) of two systems on the same questions. Only the questions where the two
+    differ count, by direction, not size: a right answer against a wrong one (+1 vs -1) weighs what a
+    right answer against an abstention does, as McNemar does for right/wrong."""
+    from scipy.stats import binomtest
+
+    if len(first_scores) != len(second_scores):
+        raise ValueError(f"paired scores differ in length: {len(first_scores)} and {len(second_scores)}")
+    wins = sum(a > b for a, b in zip(first_scores, second_scores))
+    losses = sum(a < b for a, b in zip(first_scores, second_scores))
+    ties = len(first_scores) - wins - losses
+    p = float(binomtest(wins, wins + losses, 0.5).pvalue) if wins + losses else 1.0
+    return SignTest(wins, losses, ties, p)

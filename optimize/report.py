@@ -12,7 +12,7 @@ from typing import Any
 
 from crag_dspy.routing import DEFAULT_THRESHOLDS
 
-from .metrics import mcnemar_exact, wilson_interval
+from .metrics import is_abstention, mcnemar_exact, sign_test, truthfulness_score, wilson_interval
 
 __all__ = [
     "OutputPathError",
@@ -260,10 +260,11 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
             "## QA test split (same LM, same run)",
             "",
             (
-                "| program | accuracy [95% CI] | vs compiled: only this right / only compiled right, McNemar p | "
-                "s/question | LM calls/question | actions |"
+                "| program | accuracy [95% CI] | vs compiled: only this right / only compiled right, McNemar p "
+                "| vs compiled: truthfulness wins / losses / ties, sign test p | s/question | LM calls/question "
+                "| actions |"
             ),
-            "|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|",
         ]
         compiled = report["test"][0]
         for row in report["test"]:
@@ -271,13 +272,18 @@ def write_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
             actions = ", ".join(f"{k} {v}" for k, v in sorted(row["actions"].items())) or "-"
             right = sum(r["correct"] for r in row["rows"])
             paired = "-" if row is compiled else _paired(row["rows"], compiled["rows"])
+            signs = "-" if row is compiled else _signs(row["rows"], compiled["rows"])
             lines.append(
                 f"| {row['name']} | {_pct(row['accuracy'])}{_interval(wilson_interval(right, row['n']))} | {paired} | "
-                f"{row['seconds_per_question']:.1f} | {calls:.1f} | {actions} |"
+                f"{signs} | {row['seconds_per_question']:.1f} | {calls:.1f} | {actions} |"
             )
         lines += [
             "",
-            "A difference is a difference only at p < 0.05; otherwise there is no measured difference.",
+            (
+                'Truthfulness per question: right +1, "I don\'t know" 0, wrong -1; a win is a question this '
+                "program scores higher on. A difference is a difference only at p < 0.05; otherwise there is "
+                "no measured difference."
+            ),
             "",
         ]
     md_path.write_text("\n".join(lines), encoding="utf-8")
@@ -289,6 +295,20 @@ def _paired(rows: list[dict], reference: list[dict]) -> str:
     only_this = sum(a and not b for a, b in zip(this, other, strict=True))
     only_other = sum(b and not a for a, b in zip(this, other, strict=True))
     return f"{only_this} / {only_other}, p={mcnemar_exact(this, other):.3f}"
+
+
+def _score(row: dict[str, Any]) -> int:
+    """A question row's truthfulness score: its own, or (rows that predate it, e.g. the compile's test
+    rows) from its answer: abstaining needs no gold, and an abstention that is right is +1 anyway."""
+    if "score" in row:
+        return row["score"]
+    return truthfulness_score(bool(row["correct"]), is_abstention(row.get("answer")))
+
+
+def _signs(rows: list[dict], reference: list[dict]) -> str:
+    """The paired sign test of two programs' truthfulness on the same questions, as a cell."""
+    test = sign_test([_score(r) for r in rows], [_score(r) for r in reference])
+    return f"{test.wins} / {test.losses} / {test.ties}, p={test.p_value:.3f}"
 
 
 def _threshold_lines(t: dict) -> list[str]:
@@ -406,12 +426,16 @@ def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
+def _verdict(p: float, ahead: bool) -> str:
+    return ("better" if ahead else "worse") if p < 0.05 else "no measured difference"
+
+
 def _paired_lines(report: dict[str, Any]) -> list[str]:
-    """Each CRAG row against every other row on the same questions: exact McNemar p-values, and a
-    difference stated only at p < 0.05."""
-    outcomes: dict[str, dict[str, bool]] = {}
+    """Each CRAG row against every other row on the same questions: exact McNemar p-values on
+    right/wrong and sign tests on the truthfulness scores, a difference stated only at p < 0.05."""
+    outcomes: dict[str, dict[str, tuple[bool, int]]] = {}
     for r in report.get("rows", []):
-        outcomes.setdefault(r["variant"], {})[r["id"]] = bool(r["correct"])
+        outcomes.setdefault(r["variant"], {})[r["id"]] = (bool(r["correct"]), _score(r))
     crag_rows = [v["name"] for v in report["variants"] if v["kind"] == "crag" and v["group"] == "crag"]
     if not crag_rows or not outcomes:
         return []
@@ -420,24 +444,66 @@ def _paired_lines(report: dict[str, Any]) -> list[str]:
         "",
         (
             "Each CRAG row against every other row on the same questions: right/wrong where the two "
-            "differ, exact McNemar p (two-sided). A difference is a difference only at p < 0.05."
+            'differ, exact McNemar p (two-sided); and truthfulness (right +1, "I don\'t know" 0, wrong -1) '
+            "where the two differ, sign test p (two-sided; wins: the CRAG row scores higher). A difference "
+            "is a difference only at p < 0.05."
         ),
         "",
-        "| CRAG row | against | only CRAG row right | only other right | p | verdict |",
-        "|---|---|---|---|---|---|",
+        (
+            "| CRAG row | against | only CRAG row right | only other right | McNemar p | verdict "
+            "| truthfulness wins / losses / ties | sign test p | verdict |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name in crag_rows:
         mine = outcomes.get(name, {})
         for other in (v["name"] for v in report["variants"] if v["name"] != name):
             theirs = outcomes.get(other, {})
             ids = sorted(mine.keys() & theirs.keys())
-            a, b = [mine[i] for i in ids], [theirs[i] for i in ids]
+            a, b = [mine[i][0] for i in ids], [theirs[i][0] for i in ids]
             only_a = sum(x and not y for x, y in zip(a, b))
             only_b = sum(y and not x for x, y in zip(a, b))
             p = mcnemar_exact(a, b)
-            verdict = ("better" if only_a > only_b else "worse") if p < 0.05 else "no measured difference"
-            lines.append(f"| {name} | {other} | {only_a} | {only_b} | {p:.3f} | {verdict} |")
+            signs = sign_test([mine[i][1] for i in ids], [theirs[i][1] for i in ids])
+            lines.append(
+                f"| {name} | {other} | {only_a} | {only_b} | {p:.3f} | {_verdict(p, only_a > only_b)} "
+                f"| {signs.wins} / {signs.losses} / {signs.ties} | {signs.p_value:.3f} "
+                f"| {_verdict(signs.p_value, signs.wins > signs.losses)} |"
+            )
     return [*lines, ""]
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.2f}"  # signed: a truthfulness of +0.20 and one of -0.20 are told apart at a glance
+
+
+def _truthfulness_cell(t: dict[str, Any]) -> str:
+    if t["mean"] is None:
+        return "-"
+    interval = t["interval"]
+    return _signed(t["mean"]) + (f" [{_signed(interval[0])}, {_signed(interval[1])}]" if interval else "")
+
+
+def _abstained_cell(row: dict[str, Any], split: bool) -> str:
+    """Abstentions over all questions; with unanswerable questions in the split, where they fell."""
+    a = row["abstained"]
+    cell = f"{a['n']} ({_pct(a['rate'])})"
+    if split:
+        yes, no = row["answerable_abstained"], row["unanswerable_abstained"]
+        cell += f": {yes['n']}/{yes['of']} answerable, {no['n']}/{no['of']} unanswerable"
+    return cell
+
+
+def _hallucinated_cell(h: dict[str, Any]) -> str:
+    return f"{_pct(h['rate'])}{_interval(h['interval'])} ({h['n']}/{h['of']})"
+
+
+def _cited_cell(cited: dict[str, Any] | None) -> str:
+    if cited is None:
+        return "n/a"  # a baseline: it cites nothing
+    if not cited["of"]:
+        return "-"
+    return f"{cited['n']}/{cited['of']} ({_pct(cited['rate'])})"
 
 
 def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[Path, Path]:
@@ -459,8 +525,9 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
         f"LM `{report['lm']}`; {program}; {report['created']}.",
         "",
         (
-            "Accuracy: a gold alias occurs in the answer as whole words after normalization (lower case, "
-            "punctuation, articles and thousands separators dropped); an unanswerable question is right "
+            "Accuracy (Wilson 95% interval): a gold alias occurs in the answer as whole words after "
+            "normalization (lower case, punctuation, articles and thousands separators dropped); an "
+            "unanswerable question is right "
             "only when the answer abstains. Correction success: answerable questions whose first "
             "retrieval held no gold alias, answered right. Cost per variant is standalone (every piece "
             "it used, shared or not): LM requests per question, of which served by DSPy's cache, tokens "
@@ -468,25 +535,46 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
             "added to the table, in row order."
         ),
         "",
-        (
-            "| variant | accuracy | correction success | LM requests/q (cached) | prompt tok/q "
-            "| completion tok/q | s/q p50 | s/q p95 | new requests | errors |"
-        ),
-        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    lines[-3] = lines[-3].replace("Accuracy: a gold", "Accuracy (Wilson 95% interval): a gold")
+    # Cited right is a column only when some question has gold evidence; the breakdown of abstentions
+    # only when the split has unanswerable questions (else all abstentions are on answerable ones).
+    cites = any(row.get("cited") is not None for row in report["variants"])
+    split = any(row["unanswerable_abstained"]["of"] for row in report["variants"])
+    header = ["variant", "accuracy", "abstained", "hallucinated", "truthfulness [95% CI]"]
+    header += ["cited right"] if cites else []
+    header += ["correction success", "LM requests/q (cached)", "prompt tok/q", "completion tok/q"]
+    header += ["s/q p50", "s/q p95", "new requests", "errors"]
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in report["variants"]:
         s, n = row["standalone"], max(row["n"], 1)
         requests = f"{s['requests'] / n:.1f} ({(s['requests'] - s['calls']) / n:.1f})"
         ci = _interval(wilson_interval(row["correct"], row["n"]))
-        lines.append(
-            f"| {row['name']} | {_pct(row['accuracy'])}{ci} ({row['correct']}/{row['n']}) | {_cell(row['correction'])} "
-            f"| {requests} | {s['prompt_tokens'] / n:.0f} | {s['completion_tokens'] / n:.0f} "
-            f"| {_seconds(s['seconds_p50'])} | {_seconds(s['seconds_p95'])} | {row['marginal']['requests']} "
-            f"| {row['errors']} |"
+        cells = [
+            row["name"],
+            f"{_pct(row['accuracy'])}{ci} ({row['correct']}/{row['n']})",
+            _abstained_cell(row, split),
+            _hallucinated_cell(row["hallucination"]),
+            _truthfulness_cell(row["truthfulness"]),
+        ]
+        cells += [_cited_cell(row.get("cited"))] if cites else []
+        cells += [_cell(row["correction"]), requests, f"{s['prompt_tokens'] / n:.0f}"]
+        cells += [f"{s['completion_tokens'] / n:.0f}", _seconds(s["seconds_p50"]), _seconds(s["seconds_p95"])]
+        cells += [str(row["marginal"]["requests"]), str(row["errors"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    definitions = (
+        "Truthfulness (Meta's CRAG benchmark): per question right +1 / \"I don't know\" 0 / wrong -1, the "
+        "mean with a 95% percentile bootstrap interval over questions; hallucinated = wrong and not "
+        '"I don\'t know" (failed questions included), with 95% Wilson intervals'
+    )
+    if cites:
+        definitions += (
+            "; cited right = right answers to answerable questions with gold evidence that cite an "
+            "evidence document (and its page, when the evidence gives one); n/a: the row cites nothing"
         )
     cached = cost["lm_requests"] - cost["lm_calls"]
     lines += [
+        "",
+        definitions + ".",
         "",
         f"The whole table made {cost['lm_requests']} LM requests ({cost['lm_calls']} served by the LM, "
         f"{cached} by DSPy's disk cache; {cost['prompt_tokens']} prompt and {cost['completion_tokens']} "

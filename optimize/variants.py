@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from crag_dspy.baselines import passage_strips
 from crag_dspy.module import CRAG
@@ -61,8 +61,9 @@ class Variant:
     internal_retries: int | None = None  # None: the program's own (``CRAG.config.internal_retries``)
 
 
-ROW_SETS = ("all", "main", "main+retry")
-"""``--rows`` of the evaluation: every row; baselines and CRAG rows only; those and the retry row."""
+ROW_SETS = ("all", "main", "main+retry", "crag")
+"""``--rows`` of the evaluation: every row; baselines and CRAG rows only; those and the retry row; the
+CRAG rows only (comparing one setting with another, the baselines are the same in both runs)."""
 
 
 def table_variants(has_program: bool, rows_set: str = "all") -> list[Variant]:
@@ -79,6 +80,8 @@ def table_variants(has_program: bool, rows_set: str = "all") -> list[Variant]:
     ]
     if has_program:
         rows.append(Variant("CRAG (program)"))
+    if rows_set == "crag":
+        return [row for row in rows if row.kind == "crag"]
     if rows_set == "main":
         return rows
     rows.append(Variant("CRAG + internal retry", internal_retries=INTERNAL_RETRY_ROUNDS))
@@ -99,9 +102,17 @@ def table_variants(has_program: bool, rows_set: str = "all") -> list[Variant]:
 
 @dataclass(frozen=True)
 class Outcome:
+    """One variant's answer to one question: the answer (None when the question failed), CRAG's action,
+    the error of a failed question, and the sources the answer cites (CRAG's
+    ``crag_dspy.citations.Citation`` objects, each with ``doc_id`` and ``page``; the baselines cite
+    nothing)."""
+
     answer: str | None
     action: Action | None = None
     error: str | None = None
+    citations: tuple[Any, ...] = ()
+    ungrounded: tuple[str, ...] = ()
+    """CRAG's grounding check: the answer's key content that no kept strip states (and the question does not)."""
 
 
 class Programs:
@@ -162,4 +173,10 @@ def run_variant(
     if variant.kind != "crag":
         return Outcome(rag_answer(crag, question, programs.cache, web=variant.kind == "rag_web"))
     prediction = crag(question=question, ablation=variant.ablation, cache=programs.cache, witness=False)
-    return Outcome(prediction.answer, Action(prediction.action))
+    grounding = prediction.trace.grounding
+    return Outcome(
+        prediction.answer,
+        Action(prediction.action),
+        citations=tuple(prediction.citations),
+        ungrounded=tuple(grounding.ungrounded) if grounding else (),
+    )

@@ -472,3 +472,46 @@ def test_a_strip_repeated_by_two_web_results_is_one_strip_filter_request():
     assert [s.score for s in pred.trace.external_strips] == [pytest.approx(0.9, abs=1e-6)] * 2
     assert sum("You judge short knowledge strips" in system for system, _ in lm.calls) == 1
     assert len(lm.calls) == len(set(lm.calls))
+
+
+@pytest.mark.parametrize("doc_score", [0.05, 0.5])  # INCORRECT and AMBIGUOUS: the routes that read the web
+def test_with_web_search_off_no_query_is_rewritten_and_nothing_is_reported_as_failed(doc_score):
+    from crag_dspy.web import NoWebSearch
+
+    script = make_script({"0 to 25": doc_score}, {"0 to 25": 0.9})
+    pred, lm = run([("kb-1", GOOD), ("kb-2", BAD)], script, web=NoWebSearch())
+    prompts = [system for system, _ in lm.calls]
+    assert not any("web search query" in system for system in prompts)  # no LM call for a search never made
+    assert pred.trace.web_query is None and pred.trace.web_results == []
+    assert not any("fail" in note for note in [*pred.trace.fallbacks, *pred.trace.errors])
+    if doc_score > 0.1:  # AMBIGUOUS: the internal half of the route, as the paper has it
+        assert pred.action == Action.AMBIGUOUS.value and pred.trace.fallbacks == []
+        assert pred.answer == "0 to 25 mg/L" and "[internal]" in answer_contexts(lm)[0]
+        return
+    # INCORRECT with no web to correct it: "I don't know", without reading the rejected passages.
+    assert pred.action == Action.INCORRECT.value and pred.answer == "I don't know"
+    assert [s for s in prompts if "You judge search results" not in s] == []  # only the 2 gradings
+    assert pred.trace.internal_strips == [] and pred.citations == [] and pred.trace.context == ""
+    reason = "web search is disabled (web_search='none')"
+    assert pred.trace.fallbacks == [
+        f'{reason}; every passage was graded below lower (0.3): answered "I don\'t know" without reading them'
+    ]
+
+
+@pytest.mark.parametrize("abstain", [False, True])
+def test_an_answer_no_kept_strip_states_is_flagged_or_turned_into_i_dont_know(abstain):
+    from crag_dspy.cli import format_trace
+
+    script = make_script({"0 to 25": 0.9}, answer="0 to 40 mg/L")  # the context says 0 to 25
+    pred, lm = run([("kb-1", GOOD), ("kb-2", BAD)], script, abstain_ungrounded=abstain)
+    if not abstain:
+        assert pred.answer == "0 to 40 mg/L" and pred.trace.grounding.ungrounded == ["40 mg/l"]
+        # The source that states part of it ("0 mg/L") is still cited; the warning names the rest.
+        assert [c.doc_id for c in pred.citations] == ["kb-1"] and pred.trace.fallbacks == []
+        return
+    assert pred.answer == "I don't know" and pred.trace.lm_answer == "0 to 40 mg/L"
+    assert pred.citations == [] and not pred.trace.grounding.flagged  # nothing left to flag
+    (note,) = pred.trace.fallbacks
+    assert note.startswith("the LM answered '0 to 40 mg/L', but no kept strip states 40 mg/l")
+    assert len(lm.calls) == 3  # no extra LM call: the abstention is a check of strings
+    assert "(the LM replied '0 to 40 mg/L'; no kept strip states it)" in format_trace(pred.trace)

@@ -86,6 +86,26 @@ def test_table_has_every_variant_in_order_and_writes_json_md_png(evaluated, setu
     assert "| no retrieval | 0.0% [0.0, 56.1] (0/3) |" in md
     assert "| CRAG (program) | no retrieval | 3 | 0 | 0.250 | no measured difference |" in md
     assert "| CRAG (default thresholds) | plain RAG | 1 | 0 | 1.000 | no measured difference |" in md
+    # Truthfulness next to accuracy: the tiny domain has no unanswerable question and no evidence, so
+    # abstentions are not broken down and there is no cited-right column.
+    assert (
+        "| variant | accuracy | abstained | hallucinated | truthfulness [95% CI] | correction success |" in md
+    )
+    assert (
+        "| no retrieval | 0.0% [0.0, 56.1] (0/3) | 3 (100.0%) | 0.0% [0.0, 56.1] (0/3) | +0.00 [+0.00, +0.00] |"
+        in md
+    )
+    assert (
+        "| CRAG (program) | no retrieval | 3 | 0 | 0.250 | no measured difference | 3 / 0 / 0 | 0.250 |" in md
+    )
+    assert "cited right" not in md
+    assert all(r["score"] == (1 if r["correct"] else 0 if r["abstained"] else -1) for r in saved["rows"])
+    # CRAG rows carry their citations as JSON; the baselines cite nothing; no evidence: not measured.
+    kinds = {v["name"]: v["kind"] for v in saved["variants"]}
+    assert all(r["citations"] == [] for r in saved["rows"] if kinds[r["variant"]] != "crag")
+    crag_rows = [r for r in saved["rows"] if r["variant"] == "CRAG (default thresholds)"]
+    assert all(r["citations"] and set(r["citations"][0]) == {"doc_id", "page"} for r in crag_rows)
+    assert all(r["cited_right"] is None for r in saved["rows"])
     assert (tmp / "out" / "tiny-test.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -123,7 +123,7 @@ def test_a_persistently_failing_grade_is_unknown_and_the_question_goes_on():
     assert len(seen) == 3 and second.score == pytest.approx(0.5)
     assert pred.action == "AMBIGUOUS"  # unknown is never CORRECT (and blocks INCORRECT)
     assert any("grader failed on kb-1 (treated as unknown)" in e for e in pred.trace.errors)
-    assert pred.answer == "0 to 25 mg/L"
+    assert pred.trace.lm_answer == "0 to 25 mg/L" and pred.answer == "I don't know"  # in no kept strip
 
 
 def test_garbage_http_body_is_an_output_failure_retried_with_a_new_rollout():
@@ -167,7 +167,10 @@ def test_failed_rewrite_searches_with_the_question_itself():
         pred = ask(server, [("kb-1", "The canteen opens at 08:00.")], web=web)
     assert web.queries == [QUESTION]
     assert any("query rewrite failed; searched with the question itself" in f for f in pred.trace.fallbacks)
-    assert pred.action == "AMBIGUOUS" and pred.answer == "0 to 25 mg/L"
+    assert pred.action == "AMBIGUOUS" and (pred.answer, pred.trace.lm_answer) == (
+        "I don't know",
+        "0 to 25 mg/L",
+    )
 
 
 def test_failed_answer_is_a_typed_error_carrying_the_trace_not_a_made_up_answer():
@@ -199,7 +202,7 @@ def test_timeouts_are_retried_then_count_as_failures():
         pred = ask(server, timeout=0.5)
     doc = pred.trace.documents[0]
     assert doc.score is None and "timed out" in doc.error
-    assert pred.answer == "0 to 25 mg/L"  # one failed call is not an outage: the question went on
+    assert pred.trace.lm_answer == "0 to 25 mg/L"  # one failed call is not an outage: the question went on
 
 
 def test_rejected_key_stops_at_once_and_never_shows_the_key():

@@ -209,6 +209,70 @@ def test_a_question_only_the_pdf_answers_is_answered_from_the_pdf(domain, tmp_pa
     assert PDF_FACT in trace.context  # the PDF's passage reached the answerer
     (context,) = [field(user, "context") for system, user in lm.calls if "Answer the question" in system]
     assert PDF_FACT in context
+    # The answer is cited to the PDF's page, with the sentence that states it.
+    (citation,) = pred.citations
+    assert (citation.doc_id, citation.page, citation.label) == ("handbook.pdf", 1, "handbook.pdf, p. 1")
+    assert PDF_FACT in citation.quote and citation.quote in trace.context
+    assert top.doc_id == "handbook.pdf" and trace.internal_strips[0].page == 1
+    from crag_dspy.cli import format_trace
+
+    answer, cited = format_trace(trace).splitlines()[:2]  # `crag-dspy ask` prints the source under it
+    assert answer == "answer: 23:40" and cited.startswith('  [1] handbook.pdf, p. 1: "The night crossing')
+
+
+def test_a_pdf_is_read_page_by_page_and_each_chunk_keeps_its_page(tmp_path):
+    from pypdf import PdfReader
+
+    from crag_dspy.store import planned_chunks
+
+    doc = load_document(PDF)
+    pages = [(page.extract_text() or "").strip() for page in PdfReader(PDF).pages]
+    assert [part.page for part in doc.parts] == [1, 2] and [part.text for part in doc.parts] == pages
+    assert doc.text == "\n\n".join(pages)  # the text is the pages in order, as before
+    chunks = planned_chunks([doc], chunk_words=120).values()
+    by_page = {meta["page"] for _, _, meta in chunks}
+    assert by_page == {1, 2}  # a chunk never spans two pages
+    lost = next(meta for _, stored, meta in chunks if "Lost property" in stored)
+    assert lost["page"] == 2 and "section" not in lost
+
+
+def test_html_docx_and_markdown_sections_keep_their_heading_paths(tmp_path):
+    import docx
+
+    page = tmp_path / "guide.html"
+    page.write_text(
+        "<html><head><title>Tool guide</title></head><body><nav>Home</nav><main><h1>Tool guide</h1>"
+        "<p>This guide explains the tool and how it is set up on a new machine by an administrator.</p>"
+        "<h2>Options</h2><p>The --limit option caps connections at 412 unless it is set otherwise.</p>"
+        "<h3>Cache</h3><p>The cache lives in /var/cache/tool and grows without bound unless pruned.</p>"
+        "</main></body></html>",
+        encoding="utf-8",
+    )
+    html = load_document(page)
+    assert [p.section for p in html.parts] == [None, "Options", "Options > Cache"]  # the title is not a step
+    assert "412" in html.parts[1].text and html.parts[1].page is None
+
+    path = tmp_path / "rules.docx"
+    document = docx.Document()
+    document.core_properties.title = "Staff Rules"
+    document.add_heading("Staff Rules", level=1)
+    document.add_paragraph("These rules apply to every member of staff on every route.")
+    document.add_heading("Leave", level=2)
+    document.add_heading("Deckhands", level=3)  # no body of its own: it goes with the next one's
+    document.add_paragraph("A deckhand has 27 days of annual leave.")
+    document.save(str(path))
+    rules = load_document(path)
+    assert [(p.section, p.text.splitlines()[-1]) for p in rules.parts] == [
+        (None, "These rules apply to every member of staff on every route."),
+        ("Leave > Deckhands", "A deckhand has 27 days of annual leave."),
+    ]
+
+    note = tmp_path / "piers.md"
+    note.write_text("# Piers\n\nPier four has a kiosk.\n\n## Winter\n\n```\n# not a heading\n```\n")
+    assert [p.section for p in load_document(note).parts] == [None, "Winter"]
+    plain = tmp_path / "plain.txt"
+    plain.write_text("Plain notes\n\n# not a heading in a text file\n")
+    assert load_document(plain).parts is None  # a text file is one part, chunked as before
 
 
 def test_a_dependency_a_reader_imports_late_is_a_missing_extra_not_a_bad_file(domain, monkeypatch):

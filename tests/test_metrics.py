@@ -214,3 +214,147 @@ def test_a_gain_ships_only_beyond_noise():
     # Significant, but the reference is the better one: nothing ships.
     assert beats_beyond_noise([False] * 10, better)[0] is False
     assert beats_beyond_noise(better, [False] * 10, alpha=0.01)[0] is False
+
+
+@pytest.mark.parametrize(
+    ("prediction", "expected"),
+    [
+        ("I don't know", True),
+        ("I do not know.", True),
+        ("I DON\u2019T KNOW", True),  # curly apostrophe, upper case
+        ("Sorry, I don't know.", True),
+        ("I don't know, maybe 90 days", True),  # a hedged abstention still abstains
+        ("I know", False),
+        ("90 days", False),
+        ("", False),  # nothing said: no abstention, a wrong answer
+        (None, False),  # a failed question
+    ],
+)
+def test_is_abstention(prediction, expected):
+    from optimize.metrics import is_abstention
+
+    assert is_abstention(prediction) is expected
+
+
+@pytest.mark.parametrize(
+    ("prediction", "aliases", "score"),
+    [
+        ("90 days", ["90 days"], 1),  # right
+        ("I don't know", ["I don't know"], 1),  # unanswerable, abstained: right
+        ("I don't know", ["90 days"], 0),  # answerable, abstained: missing
+        ("30 days", ["90 days"], -1),  # wrong
+        ("90 days", ["I don't know"], -1),  # unanswerable, answered anyway: a hallucination
+        (None, ["90 days"], -1),  # the question failed: wrong, not abstained
+        (None, ["I don't know"], -1),
+        ("I don't know, maybe 90 days", ["90 days"], 0),  # hedged: an abstention, not a right answer
+    ],
+)
+def test_truthfulness_score_follows_the_crag_benchmark(prediction, aliases, score):
+    from optimize.metrics import is_abstention, truthfulness_score
+
+    correct = answer_matches(prediction, aliases)
+    assert truthfulness_score(correct, is_abstention(prediction)) == score
+
+
+def test_truthfulness_score_table():
+    from optimize.metrics import truthfulness_score
+
+    assert truthfulness_score(True, False) == 1
+    assert truthfulness_score(True, True) == 1  # right by abstaining on an unanswerable question
+    assert truthfulness_score(False, True) == 0
+    assert truthfulness_score(False, False) == -1
+
+
+def test_sign_test_ties_only_and_empty():
+    from optimize.metrics import SignTest, sign_test
+
+    assert sign_test([1, 0, -1], [1, 0, -1]) == SignTest(0, 0, 3, 1.0)
+    assert sign_test([], []) == SignTest(0, 0, 0, 1.0)
+
+
+def test_sign_test_all_wins_known_binomial_values():
+    from optimize.metrics import sign_test
+
+    # 5 wins of 5: two-sided p = 2 * 0.5**5.
+    test = sign_test([1] * 5, [-1, 0, -1, 0, -1])
+    assert (test.wins, test.losses, test.ties) == (5, 0, 0) and test.p_value == pytest.approx(2 / 32)
+    # 8 wins, 2 losses: p = 2 * P(X <= 2 | n=10) = 2 * (1 + 10 + 45) / 1024; ties do not count.
+    test = sign_test([1] * 8 + [-1] * 2 + [0] * 7, [0] * 8 + [1] * 2 + [0] * 7)
+    assert (test.wins, test.losses, test.ties) == (8, 2, 7) and test.p_value == pytest.approx(112 / 1024)
+    # 1 win, 0 losses: p = 1 (a coin does that half the time, either way).
+    assert sign_test([1], [0]).p_value == pytest.approx(1.0)
+    # 6 of 6: p = 2 / 64 < 0.05; the size of a difference does not matter, only its direction.
+    assert (
+        sign_test([1] * 6, [0] * 6).p_value == sign_test([1] * 6, [-1] * 6).p_value == pytest.approx(1 / 32)
+    )
+
+
+def test_sign_test_is_symmetric():
+    from optimize.metrics import sign_test
+
+    first, second = [1, 1, 0, -1, 1, 0, -1], [0, -1, 0, 1, 1, -1, -1]
+    forward, backward = sign_test(first, second), sign_test(second, first)
+    assert (forward.wins, forward.losses, forward.ties) == (3, 1, 3)
+    assert (backward.wins, backward.losses, backward.ties) == (1, 3, 3)
+    assert forward.p_value == backward.p_value == pytest.approx(10 / 16)  # 2 * (1 + 4) / 16
+    assert forward.as_dict() == {"wins": 3, "losses": 1, "ties": 3, "p_value": forward.p_value}
+    with pytest.raises(ValueError, match="differ in length"):
+        sign_test([1], [1, 0])
+
+
+def test_bootstrap_mean_interval_is_deterministic_and_within_the_range():
+    from optimize.metrics import bootstrap_mean_interval
+
+    scores = [1, 1, 0, -1, 1, 1, 0, 1, -1, 1]
+    low, high = bootstrap_mean_interval(scores)
+    assert bootstrap_mean_interval(scores) == (low, high)  # fixed seed: the same table every run
+    assert -1 <= low < sum(scores) / len(scores) < high <= 1
+    wide = bootstrap_mean_interval(scores, confidence=0.99)
+    assert wide[0] <= low and high <= wide[1]
+    assert bootstrap_mean_interval([1, 1, 1]) == (1.0, 1.0)  # nothing varies
+    assert bootstrap_mean_interval([-1]) == (-1.0, -1.0)
+    assert bootstrap_mean_interval([]) is None
+
+
+def test_bootstrap_mean_interval_matches_the_normal_approximation_on_a_large_sample():
+    from optimize.metrics import bootstrap_mean_interval
+
+    # 400 questions, half +1 and half -1: mean 0, standard error 1/20, so about +-0.098.
+    low, high = bootstrap_mean_interval([1, -1] * 200)
+    assert low == pytest.approx(-0.098, abs=0.015) and high == pytest.approx(0.098, abs=0.015)
+
+
+@pytest.mark.parametrize(
+    ("citations", "evidence", "expected"),
+    [
+        ([{"doc_id": "pdf/x.pdf", "page": 3}], [{"doc_id": "pdf/x.pdf", "page": 3, "quote": "q"}], True),
+        ([{"doc_id": "pdf/x.pdf", "page": 4}], [{"doc_id": "pdf/x.pdf", "page": 3}], False),  # wrong page
+        ([{"doc_id": "pdf/x.pdf", "page": None}], [{"doc_id": "pdf/x.pdf", "page": 3}], False),
+        ([{"doc_id": "pdf/x.pdf", "page": 7}], [{"doc_id": "pdf/x.pdf"}], True),  # evidence without a page
+        ([{"doc_id": "pdf/x.pdf", "page": None}], [{"doc_id": "pdf/x.pdf", "page": None}], True),
+        ([{"doc_id": "pdf/y.pdf", "page": 3}], [{"doc_id": "pdf/x.pdf", "page": 3}], False),  # wrong doc
+        ([{"doc_id": "pdf/x.pdf", "page": 3}], [{"doc_id": "pdf/x.pdf", "page": "3"}], True),  # "3" is 3
+        (  # any citation against any evidence
+            [{"doc_id": "a", "page": 1}, {"doc_id": "pdf/x.pdf", "page": 2}],
+            [{"doc_id": "b", "page": 1}, {"doc_id": "pdf/x.pdf", "page": 2}],
+            True,
+        ),
+        ([], [{"doc_id": "pdf/x.pdf", "page": 3}], False),
+        ([{"doc_id": "pdf/x.pdf", "page": 3}], [], False),
+        ([{"doc_id": None, "page": None}], [{"page": 3}], False),  # evidence naming no document
+    ],
+)
+def test_cites_evidence(citations, evidence, expected):
+    from optimize.metrics import cites_evidence
+
+    assert cites_evidence(citations, evidence) is expected
+
+
+def test_cites_evidence_reads_citation_objects():
+    from types import SimpleNamespace
+
+    from optimize.metrics import cites_evidence
+
+    cited = [SimpleNamespace(doc_id="pdf/x.pdf", page=3, quote="...")]  # like crag_dspy.citations.Citation
+    assert cites_evidence(cited, [{"doc_id": "pdf/x.pdf", "page": 3}])
+    assert not cites_evidence(cited, [{"doc_id": "pdf/x.pdf", "page": 2}])

@@ -241,6 +241,11 @@ def test_every_cli_error_line_redacts_a_password_in_a_url(tmp_path, capsys):
 
 def test_a_password_in_the_lm_api_base_never_reaches_stderr_or_the_trace(tmp_path):
     tiny_domain(tmp_path / "tiny")
+    # Two documents, two gradings: two failed calls in a row are an outage (exit 1). With web search off
+    # no query is rewritten, so one document would leave one failed call, a failed question, not an outage.
+    other = {"id": "sick", "title": "Sick Leave", "text": "Sick leave needs a note after three days."}
+    with (tmp_path / "tiny" / "corpus.jsonl").open("a", encoding="utf-8") as corpus:
+        corpus.write(json.dumps(other) + "\n")
     env = {**os.environ, "CRAG_CACHE_DIR": str(tmp_path), "CRAG_LM_RETRIES": "0"}
     argv = [
         sys.executable, "-m", "crag_dspy", "ask", "How many days of leave do staff get?",

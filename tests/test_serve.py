@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -70,6 +71,44 @@ def test_ask_returns_answer_action_and_the_trace_trimmed_for_clients(client):
     assert "graded_text" not in trace["documents"][0] and "context" not in trace
     assert set(trace["timings"]) >= {"retrieve", "grade", "answer"} and body.seconds > 0
     assert sum(u["calls"] for u in trace["lm_usage"].values()) == 3  # 2 grades + 1 answer
+
+
+def test_ask_returns_the_citations_with_the_pdf_page_of_the_strip_it_quotes():
+    service = make_service()
+    passages = service.crag.retriever.passages
+    passages[0] = dataclasses.replace(
+        passages[0], doc_id="pdf/aquaprobe-manual.pdf", title="AquaProbe 220 manual", page=2
+    )
+    response = local_client(create_app(service)).post("/ask", json={"question": "What is the range?"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["answer"] == "0 to 25 mg/L"
+    assert body["citations"] == [
+        {
+            "doc_id": "pdf/aquaprobe-manual.pdf",
+            "title": "AquaProbe 220 manual",
+            "source": "internal",
+            "page": 2,
+            "section": None,
+            "url": None,
+            "quote": GOOD[1],
+            "label": "pdf/aquaprobe-manual.pdf, p. 2",
+        }
+    ]
+    assert AskResponse.model_validate(body).citations[0].label == "pdf/aquaprobe-manual.pdf, p. 2"
+    trace = body["trace"]
+    assert trace["citations"] == body["citations"]  # the trimmed trace carries them too
+    assert [(s["doc_id"], s["page"], s["kept"]) for s in trace["internal_strips"]] == [
+        ("pdf/aquaprobe-manual.pdf", 2, True)
+    ]
+
+
+def test_an_abstention_cites_nothing():
+    lm = ScriptedLM(
+        lambda system, user: {"answer": "I don't know"} if "context" in user else script(system, user)
+    )
+    body = local_client(create_app(make_service(lm=lm))).post("/ask", json={"question": "range?"}).json()
+    assert body["answer"] == "I don't know" and body["citations"] == [] and body["trace"]["citations"] == []
 
 
 @pytest.mark.parametrize(
@@ -147,6 +186,17 @@ def test_openapi_schema_is_published_with_every_route_and_error_shape(client):
         components
     )
     assert components["AskRequest"]["properties"]["question"]["maxLength"] == QUESTION_MAX_CHARS
+    # Citations are documented on the answer, in the trimmed trace, and so are the strips' page and section.
+    ask = components["AskResponse"]
+    assert (
+        "citations" in ask["required"] and "page or section" in ask["properties"]["citations"]["description"]
+    )
+    assert ask["properties"]["citations"]["items"]["$ref"].endswith("/Citation")
+    assert {"doc_id", "source", "page", "section", "url", "quote"} <= set(
+        components["Citation"]["properties"]
+    )
+    assert components["ClientTrace"]["properties"]["citations"]["items"]["$ref"].endswith("/Citation")
+    assert {"page", "section"} <= set(components["ClientStrip"]["properties"])
 
 
 def test_page_and_its_script_are_served_with_a_strict_policy(client):

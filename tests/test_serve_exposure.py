@@ -17,6 +17,7 @@ from serving import local_client, serving
 
 from crag_dspy import CRAG
 from crag_dspy.app import LoadedProgram
+from crag_dspy.citations import Citation
 from crag_dspy.config import CRAGConfig
 from crag_dspy.protocols import WebResult
 from crag_dspy.serve import ProgramService, create_app
@@ -24,11 +25,11 @@ from crag_dspy.serve import auth as auth_module
 from crag_dspy.serve.admission import ModelQueue, QueueFull, retry_after_s
 from crag_dspy.serve.auth import identify, key_id
 from crag_dspy.serve.cli import main as serve_main
-from crag_dspy.serve.client_trace import ClientTrace, client_trace
+from crag_dspy.serve.client_trace import ClientStrip, ClientTrace, client_trace
 from crag_dspy.serve.policy import ExposureError, ServePolicy, is_loopback, policy_for
 from crag_dspy.serve.service import without_paths
 from crag_dspy.settings import Settings
-from crag_dspy.trace import CRAGTrace
+from crag_dspy.trace import CRAGTrace, StripRecord
 
 KEY, OTHER, DEBUG = "key-aaaaaaaaaaaaaaaa", "key-bbbbbbbbbbbbbbbb", "dbg-cccccccccccccccc"
 GOOD = ("kb-good", "The AquaProbe 220 has a range of 0 to 25 mg/L.")
@@ -200,6 +201,11 @@ def test_clients_get_a_trace_without_raw_passages_dropped_strips_or_web_contents
         s["text"] is None for s in trace["internal_strips"] + trace["external_strips"] if not s["kept"]
     )
     assert trace["documents"][0]["score"] is not None and trace["web_query"] == "WQ-17 recalibration"
+    # The citation quotes the kept strip, nothing else of the web page.
+    (citation,) = body["citations"]
+    assert citation["url"] == "https://ihsc.example/wq17" and citation["source"] == "web"
+    assert citation["quote"] == "WQ-17 sensors are recalibrated every 90 days."
+    assert trace["citations"] == body["citations"]
 
 
 def test_the_full_trace_needs_a_debug_key():
@@ -229,8 +235,51 @@ def test_every_trace_field_is_shown_to_clients_or_withheld_on_purpose():
     """A field added to CRAGTrace must be decided on here: shown to every client, or debug only."""
     withheld = {"context"}  # the kept strips' text again
     assert set(CRAGTrace.model_fields) - set(ClientTrace.model_fields) == withheld
+    # Shown on purpose: a citation's quote is a sentence of a kept strip, which clients see anyway.
+    assert "citations" in ClientTrace.model_fields
     trace = CRAGTrace(question="q", lower=0.3, upper=0.7, retriever="r", web_backend="w", context="x")
     assert client_trace(trace).model_dump().keys() == ClientTrace.model_fields.keys()
+    # A strip's place in its document is shown too; the graded excerpt and evidence stay debug only.
+    assert set(StripRecord.model_fields) - set(ClientStrip.model_fields) == {"judged_text", "evidence"}
+
+
+def _strip(text: str, kept: bool, **place) -> StripRecord:
+    return StripRecord(
+        source="internal",
+        doc_id="pdf/m.pdf",
+        title="M",
+        position=0,
+        text=text,
+        score=0.9,
+        score_source="strip_filter",
+        kept=kept,
+        **place,
+    )
+
+
+def test_client_strips_carry_page_and_section_and_only_kept_strips_are_quoted():
+    kept = _strip("The range is 0 to 25 mg/L.", True, page=2, section="Specifications > Range")
+    dropped = _strip("SECRET-DROPPED says 30 mg/L.", False, page=3)
+    cited = Citation(
+        doc_id="pdf/m.pdf", title="M", source="internal", page=2, quote="The range is 0 to 25 mg/L."
+    )
+    # Never made by crag_dspy.citations.cite (it quotes kept strips only): the guard must still hold.
+    leaked = Citation(doc_id="pdf/m.pdf", title="M", source="internal", page=3, quote=dropped.text)
+    trace = CRAGTrace(
+        question="q",
+        lower=0.3,
+        upper=0.7,
+        retriever="r",
+        web_backend="w",
+        internal_strips=[kept, dropped],
+        citations=[cited, leaked],
+    )
+    shown = client_trace(trace)
+    assert [(s.page, s.section, s.text) for s in shown.internal_strips] == [
+        (2, "Specifications > Range", kept.text),
+        (3, None, None),
+    ]
+    assert shown.citations == [cited] and "SECRET" not in shown.model_dump_json()
 
 
 # --- /program -------------------------------------------------------------------------------------

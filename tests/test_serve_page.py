@@ -16,11 +16,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from fakes import ScriptedLM
+from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
 from serving import FESTIVAL_Q, LEAVE_Q, harbour_lm, serving, write_domain
 
-from crag_dspy.app import open_program
+from crag_dspy import CRAG
+from crag_dspy.app import LoadedProgram, open_program
 from crag_dspy.config import CRAGConfig
+from crag_dspy.protocols import Passage, WebResult
 from crag_dspy.serve import ProgramService, ServePolicy, create_app
 from crag_dspy.settings import Settings
 
@@ -229,7 +231,10 @@ def test_the_page_warns_when_the_answer_is_not_grounded(chromium, tmp_path):
             return {"answer": "45 days of annual leave per year"}
         return honest(system, user)
 
-    loaded = _harbour(tmp_path, lm=ScriptedLM(made_up))
+    # The warning as shown when the answer stands (with abstain_ungrounded, the default, an answer in
+    # no kept strip becomes "I don't know"; a disputed or instructed one still stands, warned).
+    config = CRAGConfig(abstain_ungrounded=False)
+    loaded = _harbour(tmp_path, lm=ScriptedLM(made_up), config=config)
     problems: list[str] = []
     with _page_of(create_app(ProgramService(loaded)), chromium, tmp_path, problems) as page:
         page.wait_for_selector("#program b")
@@ -240,4 +245,82 @@ def test_the_page_warns_when_the_answer_is_not_grounded(chromium, tmp_path):
         _ask(page, FESTIVAL_Q)  # grounded: the warning goes
         assert page.inner_text("#answer") == "14 June 2025"
         assert page.locator("#grounding-warning").count() == 0
+    assert problems == []
+
+
+# A PDF's page 2 whose sentence carries markup (documents and web pages are untrusted text), and two web
+# pages that state the web answer: one at an https URL, one at a javascript: URL that must never be a link.
+MANUAL = "pdf/aquaprobe-manual.pdf"
+MARKUP = "<img src=x onerror=alert(1)>"
+RANGE_Q, RECAL_Q = "What is the range of the AquaProbe 220?", "How often is WQ-17 recalibrated?"
+
+
+def _cited_program() -> LoadedProgram:
+    def script(system: str, user: str):
+        question = field(user, "question")
+        if "You judge search results" in system:
+            return 0.9 if ("range" in question and "0 to 25" in field(user, "document")) else 0.05
+        if "You judge short knowledge strips" in system:
+            strip = field(user, "strip")
+            return 0.9 if ("90 days" in strip or ("range" in question and "0 to 25" in strip)) else 0.05
+        if "web search query" in system:
+            return {"query": "WQ-17 recalibration"}
+        return {"answer": "0 to 25 mg/L" if "0 to 25" in field(user, "context") else "every 90 days"}
+
+    retriever = ListRetriever([])
+    retriever.passages = [
+        Passage(
+            id="c0", doc_id=MANUAL, title="AquaProbe 220 manual", rank=0, similarity=0.9, page=2,
+            text=f"The AquaProbe 220 has a range of 0 to 25 mg/L {MARKUP}.",
+        ),
+        Passage(id="c1", doc_id="kb-canteen", title="Canteen", rank=1, similarity=0.5, text="It opens at 08:00."),
+    ]  # fmt: skip
+    web = ListWebSearch(
+        [
+            WebResult("WQ-17", "https://ihsc.example/wq17", "WQ-17 sensors are recalibrated every 90 days."),
+            WebResult("Bad link", "javascript:alert(1)", "Recalibration of WQ-17 is due every 90 days."),
+        ]
+    )
+    config = CRAGConfig(lm_calls={"retries": 0}, sentences_per_strip=1)
+    return LoadedProgram(CRAG(retriever, web, config, lm=ScriptedLM(script)), "default")
+
+
+def test_the_page_lists_the_answers_sources_under_it(chromium, tmp_path):
+    problems: list[str] = []
+    with _page_of(create_app(ProgramService(_cited_program())), chromium, tmp_path, problems) as page:
+        page.wait_for_selector("#program b")
+        _ask(page, RANGE_Q)
+        assert page.inner_text("#answer") == "0 to 25 mg/L"
+        sources = page.locator("#sources-list li")
+        assert sources.count() == 1
+        assert sources.first.inner_text().startswith(f"[1] {MANUAL}, p. 2")
+        # Under the answer; the quote's markup is text, never an element.
+        assert page.locator("#answer").bounding_box()["y"] < page.locator("#sources-list").bounding_box()["y"]
+        assert (
+            page.inner_text("#sources-list q") == f"The AquaProbe 220 has a range of 0 to 25 mg/L {MARKUP}."
+        )
+        assert page.locator("#sources-list img, #kept img").count() == 0
+        # The document is not served: its citation links to the kept strip it quotes, on this page.
+        link = page.locator("#sources-list a")
+        assert link.get_attribute("href") == "#kept-strip-1" and link.inner_text() == f"{MANUAL}, p. 2"
+        assert MARKUP in page.inner_text("#kept-strip-1") and f"[{MANUAL}], p. 2" in page.inner_text("#kept")
+        link.click()
+        assert page.evaluate("document.activeElement.id") == "kept-strip-1"
+
+        _ask(page, RECAL_Q)
+        assert page.inner_text("#answer") == "every 90 days"
+        items = page.locator("#sources-list li").all_inner_texts()
+        assert [i.splitlines()[0] for i in items] == [
+            "[1] https://ihsc.example/wq17",
+            "[2] javascript:alert(1)",
+        ]
+        web_link = page.locator("#sources-list li").first.locator("a")
+        assert web_link.get_attribute("href") == "https://ihsc.example/wq17"
+        assert web_link.get_attribute("rel") == "noopener noreferrer"
+        assert web_link.get_attribute("target") == "_blank"
+        # Not an http(s) URL: never a link to it; the in-page anchor to its kept strip instead.
+        hrefs = page.locator("#sources-list a").evaluate_all(
+            "links => links.map((a) => a.getAttribute('href'))"
+        )
+        assert hrefs == ["https://ihsc.example/wq17", "#kept-strip-2"]
     assert problems == []

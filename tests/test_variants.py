@@ -68,6 +68,9 @@ def test_table_rows():
     assert without == [n for n in with_program if n != "CRAG (program)"]
     (retry,) = [v for v in table_variants(True) if v.internal_retries is not None]
     assert (retry.program, retry.group, retry.internal_retries) == ("main", "crag", 2)
+    crag_only = [v.name for v in table_variants(True, "crag")]
+    assert crag_only == ["CRAG (default thresholds)", "CRAG (program)"]
+    assert [v.name for v in table_variants(False, "crag")] == ["CRAG (default thresholds)"]
     ablations = [v for v in table_variants(True) if v.group == "ablation"]
     assert len(ablations) == 6 and all(v.program == "main" for v in ablations)
     assert sum(v.ablation.remove is not None for v in ablations) == 3

@@ -2,18 +2,27 @@
 
 The full :class:`~crag_dspy.trace.CRAGTrace` holds each passage as the grader read it, every strip's
 text and the web pages' contents: whatever the store holds goes to whoever may ask. Clients get what
-explains the answer: scores, actions, sources, the kept strips (the answer's only context), the query
-and timings. The full trace is for debug keys (``POST /ask?debug=1``).
+explains the answer: scores, actions, sources, the kept strips (the answer's only context), the
+citations (a sentence of a kept strip each), the query and timings. The full trace is for debug keys
+(``POST /ask?debug=1``).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from ..citations import Citation
 from ..grounding import Grounding
 from ..trace import CRAGTrace, DocumentGrade, InternalRound, StageUsage, StripRecord, WebRecord
 
-__all__ = ["ClientDocument", "ClientStrip", "ClientTrace", "ClientWebResult", "client_trace"]
+__all__ = [
+    "ClientDocument",
+    "ClientStrip",
+    "ClientTrace",
+    "ClientWebResult",
+    "client_citations",
+    "client_trace",
+]
 
 
 class ClientDocument(BaseModel):
@@ -40,6 +49,8 @@ class ClientStrip(BaseModel):
     score_source: str
     kept: bool
     url: str | None = None
+    page: int | None = Field(None, description="1-based page of the PDF the strip is from")
+    section: str | None = Field(None, description="heading path of the section the strip is from")
 
 
 class ClientWebResult(BaseModel):
@@ -71,6 +82,7 @@ class ClientTrace(BaseModel):
     external_strips: list[ClientStrip] = []
     defused: list[str] = []
     grounding: Grounding | None = None
+    citations: list[Citation] = []
     fallbacks: list[str] = []
     errors: list[str] = []
     timings: dict[str, float] = {}
@@ -80,7 +92,7 @@ class ClientTrace(BaseModel):
 # What ``client_trace`` trims; every other field of ClientTrace is CRAGTrace's as it is, none of which
 # holds raw knowledge-base text (``context``, the kept strips again, is withheld; ``grounding`` names the
 # answer's own words and the sources, ids and URLs, that instruct the model).
-_TRIMMED = {"documents", "internal_strips", "external_strips", "web_results", "witness_results"}
+_TRIMMED = {"documents", "internal_strips", "external_strips", "web_results", "witness_results", "citations"}
 _KEPT_AS_IS = set(ClientTrace.model_fields) - _TRIMMED
 
 
@@ -97,10 +109,34 @@ def _links(results: list[WebRecord]) -> list[ClientWebResult]:
     return [ClientWebResult(title=r.title, url=r.url) for r in results]
 
 
+def _normalised(text: str) -> str:
+    # Quotes are sentences as crag_dspy.strips.split_sentences cut them: whitespace runs become one space.
+    return " ".join(text.split())
+
+
+def client_citations(trace: CRAGTrace) -> list[Citation]:
+    """The trace's citations whose quote is text of a kept strip of the same source.
+
+    ``cite`` only quotes kept strips, so this withholds nothing today; it is checked here because
+    citations reach every client (in ``AskResponse`` too, not only in the trimmed trace), and a change
+    to how citations are made must not let a dropped strip's or a raw passage's text through.
+    """
+    kept = [s for s in (*trace.internal_strips, *trace.external_strips) if s.kept]
+    return [
+        c
+        for c in trace.citations
+        if any(
+            s.doc_id == c.doc_id and s.source == c.source and _normalised(c.quote) in _normalised(s.text)
+            for s in kept
+        )
+    ]
+
+
 def client_trace(trace: CRAGTrace) -> ClientTrace:
     """``trace`` trimmed for clients."""
     return ClientTrace(
         **trace.model_dump(include=_KEPT_AS_IS),
+        citations=client_citations(trace),
         documents=[_document(d) for d in trace.documents],
         internal_strips=[_strip(s) for s in trace.internal_strips],
         external_strips=[_strip(s) for s in trace.external_strips],

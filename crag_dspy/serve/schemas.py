@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from ..citations import Citation
 from ..trace import CRAGTrace
 from ..validation import DEFAULT_MAX_QUESTION_CHARS
 from .client_trace import ClientTrace
@@ -57,6 +58,12 @@ class AskResponse(BaseModel):
         description="True when a stage failed or fell back; the trace's errors and fallbacks say what and why"
     )
     seconds: float = Field(description="wall-clock seconds the request took in the program")
+    # Required, so the schema promises the list on every answer (empty rather than absent).
+    citations: list[Citation] = Field(
+        description="the sources the answer rests on, strongest first: each a document with its PDF page or "
+        "section (or a web page's URL) and the sentence of a kept strip that states the answer's key content; "
+        "empty for 'I don't know' and for an answer no kept strip states",
+    )
     full_trace: bool = Field(
         False, description="True: `trace` is the full CRAGTrace (?debug=1 with a debug key); else trimmed"
     )

@@ -21,6 +21,7 @@ from ..faults import LMUnavailableError, RetrievalError
 from ..program import program_config
 from ..trace import CRAGTrace
 from ..version import __version__
+from .client_trace import client_citations
 from .schemas import AskResponse, Dependency, Health, ProgramInfo
 
 __all__ = ["DependencyError", "ProgramService", "without_paths"]
@@ -74,6 +75,7 @@ class ProgramService:
             action=trace.action,
             degraded=bool(trace.errors or trace.fallbacks),
             seconds=seconds,
+            citations=client_citations(trace),
             trace=trace,
         )
 

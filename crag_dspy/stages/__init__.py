@@ -10,7 +10,7 @@ The trace is written by :meth:`Stage.record`, not by a callback: DSPy logs and d
 in a callback, and the trace is part of every answer.
 """
 
-from .answer import UNKNOWN_ANSWER, Answer, Answered, answer_from
+from .answer import UNKNOWN_ANSWER, Answer, Answered, abstain, answer_from
 from .base import Computed, Program, Stage, config_value, state_key
 from .check import SearchWitnesses, check_answer
 from .grade import Grade, GradePassage, PassageGraded
@@ -18,7 +18,7 @@ from .knowledge import Knowledge, Refined, knowledge_for, note_reserve_used
 from .refine import RefineExternal, RefineInternal, internal_knowledge
 from .retrieve import Retrieve
 from .retry import RetryRetrieval, RetryRound, ReviseQuery, retry_internal
-from .web import Rewrite, SearchWeb, WebSearched, web_knowledge
+from .web import Rewrite, SearchWeb, WebSearched, web_knowledge, why_no_web
 
 __all__ = [
     "UNKNOWN_ANSWER",
@@ -42,6 +42,7 @@ __all__ = [
     "SearchWitnesses",
     "Stage",
     "WebSearched",
+    "abstain",
     "answer_from",
     "check_answer",
     "config_value",
@@ -51,4 +52,5 @@ __all__ = [
     "retry_internal",
     "state_key",
     "web_knowledge",
+    "why_no_web",
 ]

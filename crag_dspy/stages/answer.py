@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..citations import citations_of_trace
 from ..faults import LMUnavailableError
 from ..generation import attach_unit, clean_answer
 from ..grounding import grounding_of_trace
@@ -14,7 +15,7 @@ from .base import Program, Stage
 from .calls import predict_with_retries
 from .knowledge import Knowledge, knowledge_for, note_reserve_used
 
-__all__ = ["UNKNOWN_ANSWER", "Answer", "Answered", "answer_from"]
+__all__ = ["UNKNOWN_ANSWER", "Answer", "Answered", "abstain", "abstain_ungrounded", "answer_from"]
 
 UNKNOWN_ANSWER = "I don't know"
 
@@ -66,6 +67,7 @@ class Answer(Stage[Answered]):
         # No LM call: a string check of the answer against what the run read, so every answer carries
         # one, also a trace cut short by a deadline before the witness search (stages.check).
         trace.grounding = grounding_of_trace(trace)
+        trace.citations = citations_of_trace(trace)
 
 
 def answer_from(
@@ -85,4 +87,29 @@ def answer_from(
     context = format_context(*strips)
     records = [*run.trace.internal_strips, *run.trace.external_strips]
     unjudged = 0 if context else sum(r.score is None for r in records)
-    return Answer(program, run)(question=question, context=context, unjudged=unjudged)
+    answered = Answer(program, run)(question=question, context=context, unjudged=unjudged)
+    grounding = run.trace.grounding
+    if program.config.abstain_ungrounded and grounding is not None and grounding.ungrounded:
+        return abstain_ungrounded(run, answered, grounding.ungrounded)
+    return answered
+
+
+def abstain(run: QuestionRun, why: str) -> None:
+    """Answer "I don't know" without reading any knowledge or calling the LM, saying ``why``."""
+    run.fallback(f'{why}: answered "I don\'t know" without reading them')
+    trace = run.trace
+    trace.answer, trace.context, trace.citations = UNKNOWN_ANSWER, "", []
+    trace.grounding = grounding_of_trace(trace)
+
+
+def abstain_ungrounded(run: QuestionRun, answered: Answered, ungrounded: list[str]) -> Answered:
+    """ "I don't know" instead of an answer whose key content no kept strip states: a small model fills
+    a gap in its context with a plausible number or name, and a wrong answer costs more than none."""
+    trace = run.trace
+    run.fallback(
+        f"the LM answered {answered.answer!r}, but no kept strip states {', '.join(ungrounded)}: "
+        'answered "I don\'t know" instead (abstain_ungrounded)'
+    )
+    trace.lm_answer, trace.answer, trace.citations = answered.answer, UNKNOWN_ANSWER, []
+    trace.grounding = grounding_of_trace(trace)
+    return Answered(UNKNOWN_ANSWER, answered.context, lm_answer=answered.answer)

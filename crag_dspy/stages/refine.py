@@ -47,7 +47,17 @@ class RefineInternal(Stage[Refined]):
             pieces = decompose(passage.text, self.program.config.sentences_per_strip)
             for j, text in enumerate(pieces):
                 strips.append(
-                    Strip(text, "internal", passage.doc_id, passage.title, passage.rank, j, passage.url)
+                    Strip(
+                        text,
+                        "internal",
+                        passage.doc_id,
+                        passage.title,
+                        passage.rank,
+                        j,
+                        passage.url,
+                        passage.page,
+                        passage.section,
+                    )
                 )
                 if len(pieces) == 1 and not below:
                     # The grader already judged this passage whole: asking again would be the same question.
@@ -153,6 +163,8 @@ def filter_strips(
             score_source=origin,
             kept=s in kept_set,
             url=s.url if s.source == "web" else None,
+            page=s.page,
+            section=s.section,
             judged_text=(judgement.shown or {}).get("strip") if judgement else None,
             evidence=judgement.evidence if judgement else None,
         )

@@ -10,12 +10,13 @@ from ..routing import Ablation
 from ..run import QuestionRun
 from ..trace import WebRecord
 from ..untrusted import sanitize_web_result
+from ..web import NoWebSearch
 from .base import Program, Stage
 from .calls import predict_with_retries, untrusted
 from .knowledge import Knowledge
 from .refine import RefineExternal
 
-__all__ = ["Rewrite", "SearchWeb", "WebSearched", "search", "web_knowledge"]
+__all__ = ["Rewrite", "SearchWeb", "WebSearched", "search", "web_knowledge", "why_no_web"]
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,22 @@ class SearchWeb(Stage[WebSearched]):
 
 def web_knowledge(program: Program, run: QuestionRun, question: str, ablation: Ablation) -> Knowledge | None:
     """Rewrite, search, decompose and select web results; None when web search produced nothing.
-    ``ablation`` turns the rewrite (search with the question) or the selection (keep every strip) off."""
+    ``ablation`` turns the rewrite (search with the question) or the selection (keep every strip) off.
+
+    With web search off there is nothing to do: no query is rewritten (an LM call for a search that
+    never happens) and nothing "fails"; :func:`why_no_web` says so."""
+    if isinstance(program.web_search, NoWebSearch):
+        return None
     query = Rewrite(program, run)(question=question) if ablation.rewrite else question
     searched = SearchWeb(program, run)(query=query)
     if not searched.results:
         return None
     refine = RefineExternal(program, run)
     return Knowledge.of(refine(question=question, results=searched.results, select=ablation.select))
+
+
+def why_no_web(program: Program) -> str:
+    """Why a route that reads the web has no web knowledge: search is off (a setting), or it gave nothing."""
+    if isinstance(program.web_search, NoWebSearch):
+        return program.web_search.reason
+    return "web search gave nothing"

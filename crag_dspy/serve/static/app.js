@@ -191,9 +191,15 @@ function drawRounds(trace) {
 // Where a document's grade came from, as the page shows it next to the score.
 const SOURCES = { logprobs: "LLM", label: "LLM", evaluator: "evaluator", fused: "fused" };
 
-function stripItem(s) {
-  const where = s.source === "web" ? safeLink(s.url, s.title || s.url) : `${s.title} [${s.doc_id}]`;
-  return el("li", { class: s.kept ? "strip" : "strip dropped" },
+// Where in a document a strip or citation is from: a PDF's page, else the section's heading path.
+const whereIn = (x) => (x.page !== null && x.page !== undefined ? `p. ${x.page}` : x.section || null);
+
+function stripItem(s, id) {
+  const where = s.source === "web"
+    ? safeLink(s.url, s.title || s.url)
+    : `${s.title} [${s.doc_id}]${whereIn(s) ? `, ${whereIn(s)}` : ""}`;
+  // A citation links here (an in-page anchor); tabindex -1 lets following it move the focus too.
+  return el("li", { class: s.kept ? "strip" : "strip dropped", id, tabindex: id ? -1 : undefined },
     el("header", {},
       el("span", { class: "src" }, s.source),
       el("span", {}, where),
@@ -204,13 +210,16 @@ function stripItem(s) {
   );
 }
 
+const keptStrips = (trace) => [...trace.internal_strips, ...trace.external_strips].filter((s) => s.kept);
+const keptId = (i) => `kept-strip-${i + 1}`;
+
 function drawStrips(trace) {
   const all = [...trace.internal_strips, ...trace.external_strips];
-  const kept = all.filter((s) => s.kept), dropped = all.filter((s) => !s.kept);
+  const kept = keptStrips(trace), dropped = all.filter((s) => !s.kept);
   $("kept-heading").textContent = `Kept (${kept.length}): the answer's only context`;
   $("dropped-heading").textContent = `Dropped (${dropped.length})`;
-  $("kept").replaceChildren(...(kept.length ? kept.map(stripItem) : [el("li", { class: "empty" }, "No strip survived refinement.")]));
-  $("dropped").replaceChildren(...(dropped.length ? dropped.map(stripItem) : [el("li", { class: "empty" }, "Nothing dropped.")]));
+  $("kept").replaceChildren(...(kept.length ? kept.map((s, i) => stripItem(s, keptId(i))) : [el("li", { class: "empty" }, "No strip survived refinement.")]));
+  $("dropped").replaceChildren(...(dropped.length ? dropped.map((s) => stripItem(s)) : [el("li", { class: "empty" }, "Nothing dropped.")]));
 }
 
 function drawWeb(trace) {
@@ -268,9 +277,39 @@ function groundingNotice(g) {
     el("h3", {}, "The answer may not be grounded (possible injection)"), el("ul", {}, items));
 }
 
+// The label people read, from the server (Citation.label, crag_dspy/citations.py), as `crag-dspy ask` prints it.
+const citationLabel = (c) => c.label || c.doc_id;
+
+// Quotes are sentences as the server cut them, with whitespace runs made one space.
+const squash = (text) => (text || "").split(/\s+/).filter(Boolean).join(" ");
+
+// A web citation links to its page (http/https only); a document's to the kept strip it quotes on this
+// page, since the server does not serve the documents themselves; else it is plain text.
+function citationSource(c, kept) {
+  const label = citationLabel(c);
+  if (c.source === "web" && /^https?:\/\//i.test(c.url || "")) return safeLink(c.url, label);
+  const i = kept.findIndex((s) => s.source === c.source && s.doc_id === c.doc_id && (s.page ?? null) === (c.page ?? null) &&
+    (s.section ?? null) === (c.section ?? null) && squash(s.text).includes(squash(c.quote)));
+  return i < 0 ? label : el("a", { href: `#${keptId(i)}`, title: "the kept strip this quotes" }, label);
+}
+
+// Under the answer and its grounding warning: what the answer rests on, numbered as the CLI prints it.
+function sourcesList(trace) {
+  const citations = trace.citations || [];
+  if (!citations.length) return null;
+  const kept = keptStrips(trace);
+  return el("div", { class: "sources", id: "sources-list" },
+    el("h3", { id: "sources-heading" }, citations.length === 1 ? "Source" : `Sources (${citations.length})`),
+    el("ol", { "aria-labelledby": "sources-heading" }, citations.map((c, i) =>
+      el("li", {}, el("span", { class: "cite-num" }, `[${i + 1}]`), " ", citationSource(c, kept), el("q", {}, c.quote)))));
+}
+
 function drawProblems(trace) {
+  // The grounding warning and the sources have their own places above the fallbacks and errors.
+  $("grounding").replaceChildren(...[groundingNotice(trace.grounding)].filter(Boolean));
+  $("sources").replaceChildren(...[sourcesList(trace)].filter(Boolean));
   const box = $("problems");
-  const blocks = [groundingNotice(trace.grounding)].filter(Boolean);
+  const blocks = [];
   if (trace.fallbacks.length) {
     blocks.push(el("div", { class: "notice" }, el("h3", {}, "Fallbacks"), el("ul", {}, trace.fallbacks.map((f) => el("li", {}, f)))));
   }

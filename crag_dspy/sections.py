@@ -1,0 +1,98 @@
+"""Pure splitting of a document into located parts: sections under their heading path.
+
+HTML (as trafilatura's Markdown), Markdown and DOCX (by paragraph style) all become a sequence of
+blocks, each a heading with its level or a run of body text; :func:`sectioned` turns that into
+:class:`~crag_dspy.records.DocPart` objects whose ``section`` is the heading path ("Options > Limits").
+A citation names that path, and the chunker never lets a chunk cross two sections.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from .records import DocPart
+
+__all__ = ["markdown_blocks", "markdown_parts", "sectioned"]
+
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_SEPARATOR = " > "
+
+Block = tuple[int | None, str]
+"""(heading level, text): level None for body text; a heading's text is the line as written."""
+
+
+def _heading_text(line: str) -> str:
+    match = _HEADING.match(line)
+    text = match.group(2) if match else line
+    # Markup and the permalink sign documentation generators put after a heading ("Options¶").
+    return " ".join(text.replace("*", "").replace("`", "").replace("\u00b6", "").split())
+
+
+def markdown_blocks(text: str) -> list[Block]:
+    """The headings (``#`` to ``######`` at the start of a line, outside code fences) and the body
+    text between them, in order; body text keeps its lines and blank lines."""
+    blocks: list[Block] = []
+    body: list[str] = []
+    fenced = False
+    for line in text.replace("\r\n", "\n").split("\n"):
+        if _FENCE.match(line):
+            fenced = not fenced  # a "# comment" inside a code block is not a heading
+        match = None if fenced else _HEADING.match(line)
+        if match and match.group(2).strip():
+            if "".join(body).strip():
+                blocks.append((None, "\n".join(body).strip()))
+            body = []
+            blocks.append((len(match.group(1)), line.strip()))
+        else:
+            body.append(line)
+    if "".join(body).strip():
+        blocks.append((None, "\n".join(body).strip()))
+    return blocks
+
+
+def sectioned(blocks: Iterable[Block], title: str | None = None) -> list[DocPart] | None:
+    """Parts of body text under their heading path, or None when the document has no heading (then
+    it is one part, chunked as before).
+
+    A heading with no body of its own (a chapter heading straight above a section heading) is kept
+    with the next body text, so no part is a bare heading. A top-level heading equal to the
+    document's ``title`` is not part of the path: the citation names the document already. Heading
+    lines stay in the part's text, so a chunk that starts a section says what it is about.
+    """
+    blocks = list(blocks)
+    if not any(level is not None for level, _ in blocks):
+        return None
+    plain_title = " ".join((title or "").split()).casefold()
+    path: list[tuple[int, str]] = []
+    parts: list[DocPart] = []
+    pending: list[str] = []  # heading lines waiting for their body
+
+    def section() -> str | None:
+        names = [name for _, name in path]
+        if names and names[0].casefold() == plain_title:
+            names = names[1:]
+        return _SEPARATOR.join(names) or None
+
+    for level, text in blocks:
+        if level is None:
+            parts.append(DocPart(text="\n\n".join([*pending, text]), section=section()))
+            pending = []
+            continue
+        while path and path[-1][0] >= level:
+            path.pop()
+        path.append((level, _heading_text(text)))
+        pending.append(text)
+    if pending:  # trailing headings with no body: they belong to the last part, or are the document
+        if parts:
+            last = parts[-1]
+            parts[-1] = DocPart(text="\n\n".join([last.text, *pending]), section=last.section)
+        else:
+            parts.append(DocPart(text="\n\n".join(pending), section=section()))
+    return parts
+
+
+def markdown_parts(text: str, title: str | None = None) -> list[DocPart] | None:
+    """:func:`sectioned` of Markdown text (also trafilatura's Markdown of an HTML page)."""
+    return sectioned(markdown_blocks(text), title)
