@@ -157,7 +157,8 @@ class CRAG(SavedAsProgram, dspy.Module):
         cancel: threading.Event | None = None,
     ) -> dspy.Prediction:
         """Answer ``question``: retrieve, grade, decide the action (after internal retry rounds when
-        configured), refine the knowledge the action reads, answer, check the answer.
+        configured), refine the knowledge the action reads, answer, check the answer. With no web search
+        configured, INCORRECT answers "I don't know" without refining the passages the grader rejected.
 
         ``action`` forces the route (no decision, no retry rounds; passages graded only when refinement
         reads the grades); ``ablation`` leaves out what the paper's ablations do; ``cache`` keeps stage

@@ -3,7 +3,9 @@ package root (which imports them); and the installed version of another distribu
 
 from importlib import metadata
 
-__version__ = "0.1.0"
+# 0.2.0: chunks keep their PDF page or section (a store ingested by 0.1.0 is compared chunk by chunk
+# once, crag_dspy.store.source_record, and re-chunked).
+__version__ = "0.2.0"
 
 
 def installed_version(distribution: str) -> str | None:

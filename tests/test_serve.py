@@ -146,7 +146,7 @@ def test_question_of_exactly_the_maximum_length_is_accepted(client):
 
 def test_health_and_program_of_the_uncompiled_default(client):
     health = client.get("/health").json()
-    assert health == {"status": "ok", "compiled": False, "domain": "default", "version": "0.1.0"}
+    assert health == {"status": "ok", "compiled": False, "domain": "default", "version": "0.2.0"}
     info = ProgramInfo.model_validate(client.get("/program").json())
     assert not info.compiled and info.path is None and info.metadata == {} and info.scores is None
     assert "uncompiled default program" in info.note and "optimize.compile" in info.note

@@ -103,8 +103,8 @@ def abstain(run: QuestionRun, why: str) -> None:
 
 
 def abstain_ungrounded(run: QuestionRun, answered: Answered, ungrounded: list[str]) -> Answered:
-    """ "I don't know" instead of an answer whose key content no kept strip states: a small model fills
-    a gap in its context with a plausible number or name, and a wrong answer costs more than none."""
+    """Answer "I don't know" instead of an answer whose key content no kept strip states: a small model
+    fills a gap in its context with a plausible number or name, and a wrong answer costs more than none."""
     trace = run.trace
     run.fallback(
         f"the LM answered {answered.answer!r}, but no kept strip states {', '.join(ungrounded)}: "
