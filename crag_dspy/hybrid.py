@@ -25,16 +25,23 @@ import tempfile
 import threading
 import unicodedata
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import chromadb
 
 from .embeddings import Embedder
-from .protocols import Passage
+from .protocols import Passage, passage_heading
 from .settings import Settings
-from .store import MANIFEST_CHUNKS, MANIFEST_HASH, content_hash, open_retrievable, store_errors
+from .store import (
+    MANIFEST_CHUNKS,
+    MANIFEST_HASH,
+    content_hash,
+    open_retrievable,
+    store_errors,
+    stored_passage,
+)
 
 __all__ = [
     "RRF_K",
@@ -224,27 +231,6 @@ def _remove_stale(root: Path, collection: str, keep: Path) -> None:
 # --- the retriever ----------------------------------------------------------------------------------
 
 
-def _passage(cid: str, text: str | None, meta: dict | None, rank: int, similarity: float) -> Passage:
-    """A :class:`Passage` as :class:`~crag_dspy.store.ChromaRetriever` fills it; any further Passage
-    field (e.g. a page or section) is taken from the chunk metadata key of the same name, so the two
-    retrievers' passages agree as chunk metadata grows."""
-    meta = meta or {}
-    extra = {
-        f.name: meta[f.name]
-        for f in fields(Passage)
-        if f.name not in ("id", "doc_id", "title", "text", "rank", "similarity") and f.name in meta
-    }
-    return Passage(
-        id=cid,
-        doc_id=str(meta.get("doc_id", cid)),
-        title=str(meta.get("title", "")),
-        text=text or "",
-        rank=rank,
-        similarity=similarity,
-        **extra,
-    )
-
-
 def _cosine(a: Sequence[float], b: Sequence[float]) -> float:
     dot = sum(x * y for x, y in zip(a, b))
     norm = math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b))
@@ -328,10 +314,10 @@ class HybridRetriever:
         for page in self._pages(include=["documents", "metadatas"]):
             for cid, text, meta in zip(page["ids"], page["documents"], page["metadatas"]):
                 ids.append(cid)
-                # What the dense side embeds: the title (and section) give a chunk its subject.
+                # What the dense side embeds (planned_chunks): the heading gives a chunk its subject.
                 meta = meta or {}
                 texts.append(
-                    "\n".join(str(part) for part in (meta.get("title"), meta.get("section"), text) if part)
+                    f"{passage_heading(str(meta.get('title') or ''), meta.get('section'))}\n{text or ''}"
                 )
         # The key of what was read: a collection changed between the key and the read is saved under
         # the hash of what the index holds, and the next check sees the difference.
@@ -380,7 +366,9 @@ class HybridRetriever:
         chosen, vanished = self._with_texts(fused, k, dense, vector)
         if vanished:
             self.refresh()  # chunks deleted since the index was built: the next question uses a fresh one
-        return [_passage(cid, text, meta, rank, sim) for rank, (cid, text, meta, sim) in enumerate(chosen)]
+        return [
+            stored_passage(cid, text, meta, rank, sim) for rank, (cid, text, meta, sim) in enumerate(chosen)
+        ]
 
     def _with_texts(
         self, fused: list[str], k: int, dense: dict[str, tuple], vector: Sequence[float]

@@ -37,6 +37,7 @@ __all__ = [
     "source_record",
     "store_errors",
     "stored_gap",
+    "stored_passage",
 ]
 
 log = logging.getLogger(__name__)
@@ -362,6 +363,24 @@ def stored_gap(collection) -> str | None:
     return None
 
 
+def stored_passage(cid: str, text: str | None, meta: dict | None, rank: int, similarity: float) -> Passage:
+    """A stored chunk (its id, text and metadata as :func:`planned_chunks` wrote them) as a
+    :class:`~crag_dspy.protocols.Passage` at ``rank``, with the given cosine ``similarity``."""
+    meta = meta or {}
+    return Passage(
+        id=cid,
+        doc_id=str(meta.get("doc_id", cid)),
+        title=str(meta.get("title", "")),
+        text=text or "",
+        rank=rank,
+        similarity=similarity,
+        source=meta.get("source"),
+        url=meta.get("url"),
+        page=int(meta["page"]) if meta.get("page") is not None else None,
+        section=meta.get("section"),
+    )
+
+
 def open_retrievable(client: chromadb.ClientAPI, collection: str, embedder: Embedder):
     """Collection ``collection`` to retrieve from: a :class:`StoreError` when it is missing, was
     embedded with another model, or is empty (each says what to run)."""
@@ -394,22 +413,8 @@ class ChromaRetriever:
             n_results=k,
             include=["documents", "metadatas", "distances"],
         )
-        passages = []
-        for rank, (cid, text, meta, distance) in enumerate(
-            zip(result["ids"][0], result["documents"][0], result["metadatas"][0], result["distances"][0])
-        ):
-            passages.append(
-                Passage(
-                    id=cid,
-                    doc_id=str(meta.get("doc_id", cid)),
-                    title=str(meta.get("title", "")),
-                    text=text or "",
-                    rank=rank,
-                    similarity=1.0 - float(distance),
-                    source=meta.get("source"),
-                    url=meta.get("url"),
-                    page=int(meta["page"]) if meta.get("page") is not None else None,
-                    section=meta.get("section"),
-                )
-            )
-        return passages
+        found = zip(result["ids"][0], result["documents"][0], result["metadatas"][0], result["distances"][0])
+        return [
+            stored_passage(cid, text, meta, rank, 1.0 - float(distance))
+            for rank, (cid, text, meta, distance) in enumerate(found)
+        ]

@@ -127,15 +127,8 @@ def _question_rows(
 def _evidence(q: QAPair) -> list[Any]:
     """The question's gold evidence (``evidence`` in qa.jsonl, an extra field: a list of
     ``{"doc_id", "page", "quote"}``); empty when it has none."""
-    evidence = getattr(q, "evidence", None) or (q.model_extra or {}).get("evidence")
+    evidence = getattr(q, "evidence", None)  # an extra field of the line, kept by Record
     return list(evidence) if isinstance(evidence, list | tuple) else []
-
-
-def _citation_dict(citation: Any) -> dict[str, Any]:
-    """A citation as JSON: a ``Citation`` object's (or a mapping's) document and page."""
-    if isinstance(citation, dict):
-        return {"doc_id": citation.get("doc_id"), "page": citation.get("page")}
-    return {"doc_id": getattr(citation, "doc_id", None), "page": getattr(citation, "page", None)}
 
 
 def answer_fields(q: QAPair, outcome: Outcome, web_urls: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -152,7 +145,7 @@ def answer_fields(q: QAPair, outcome: Outcome, web_urls: Mapping[str, str] | Non
     correct = answer_matches(outcome.answer, q.answers)
     abstained = is_abstention(outcome.answer)
     answerable = is_answerable(q.answers)
-    citations = [_citation_dict(c) for c in outcome.citations]
+    citations = [{"doc_id": c.doc_id, "page": c.page} for c in outcome.citations]
     evidence = _evidence(q)
     urls = web_urls or {}
     evidence += [

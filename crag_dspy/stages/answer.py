@@ -11,6 +11,7 @@ from ..grounding import grounding_of_trace
 from ..routing import Action
 from ..run import QuestionRun
 from ..strips import format_context
+from ..trace import CRAGTrace
 from .base import Program, Stage
 from .calls import predict_with_retries
 from .knowledge import Knowledge, knowledge_for, note_reserve_used
@@ -97,8 +98,13 @@ def answer_from(
 def abstain(run: QuestionRun, why: str) -> None:
     """Answer "I don't know" without reading any knowledge or calling the LM, saying ``why``."""
     run.fallback(f'{why}: answered "I don\'t know" without reading them')
-    trace = run.trace
-    trace.answer, trace.context, trace.citations = UNKNOWN_ANSWER, "", []
+    run.trace.context = ""
+    _answer_unknown(run.trace)
+
+
+def _answer_unknown(trace: CRAGTrace) -> None:
+    """The trace's answer "I don't know": nothing to cite, nothing to check."""
+    trace.answer, trace.citations = UNKNOWN_ANSWER, []
     trace.grounding = grounding_of_trace(trace)
 
 
@@ -110,6 +116,6 @@ def abstain_ungrounded(run: QuestionRun, answered: Answered, ungrounded: list[st
         f"the LM answered {answered.answer!r}, but no kept strip states {', '.join(ungrounded)}: "
         'answered "I don\'t know" instead (abstain_ungrounded)'
     )
-    trace.lm_answer, trace.answer, trace.citations = answered.answer, UNKNOWN_ANSWER, []
-    trace.grounding = grounding_of_trace(trace)
+    trace.lm_answer = answered.answer
+    _answer_unknown(trace)
     return Answered(UNKNOWN_ANSWER, answered.context, lm_answer=answered.answer)
