@@ -105,12 +105,13 @@ class CRAGConfig(BaseModel):
         "whichever route was taken (0: no such search; the run's own sources only).",
     )
     reserve_strips: int = Field(
-        1,
+        0,
         ge=0,
         le=5,
         description="Best-scored strips below the strip threshold each source keeps in reserve: a route "
         'left with no knowledge answers from the best of them instead of "I don\'t know" unread (0: '
-        "none). Pays where the strip filter scores answering strips near its threshold.",
+        "none, the default: on three kinds of domain the reserve gave 9 more right answers of 322 and 18 "
+        "more wrong ones). 1 trades truthfulness for accuracy.",
     )
     answer_units: bool = Field(
         True,

@@ -43,7 +43,7 @@ from .stages import (
 from .thresholds import Thresholds
 from .trace import CRAGTrace
 from .validation import normalize_question
-from .web import NoWebSearch
+from .web import web_is_off
 
 __all__ = ["CRAG", "Thresholds"]
 
@@ -186,7 +186,7 @@ class CRAG(SavedAsProgram, dspy.Module):
                 action = ablated_action(scores, *bounds, ablation.remove)
             run.trace.action = action.value
             external = web_knowledge(self, run, question, ablation) if action.uses_web else None
-            if action is Action.INCORRECT and isinstance(self.web_search, NoWebSearch):
+            if action is Action.INCORRECT and web_is_off(self.web_search):
                 # The grader rejected every passage and there is no web to correct it: on own documents
                 # such answers were never right, only made up (docs/experiments.md, "INCORRECT without web").
                 abstain(run, f"{why_no_web(self)}; every passage was graded below lower ({run.trace.lower})")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from .protocols import Passage, Retriever, WebResult, WebSearchError
 
-__all__ = ["NoWebSearch", "OfflineWebSearch", "TavilyWebSearch", "tavily_api_key"]
+__all__ = ["NoWebSearch", "OfflineWebSearch", "TavilyWebSearch", "tavily_api_key", "web_is_off"]
 
 
 def tavily_api_key(api_key: str | None = None) -> str:
@@ -91,3 +91,9 @@ class NoWebSearch:
 
     def search(self, query: str, max_results: int) -> list[WebResult]:
         raise WebSearchError(self.reason)
+
+
+def web_is_off(web_search: object) -> bool:
+    """Whether ``web_search`` is search switched off (a setting, not a fault): no query is rewritten
+    for it, nothing "fails", and there is no "RAG + web always" to compare with."""
+    return isinstance(web_search, NoWebSearch)

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from .metrics import (
-    bootstrap_mean_interval,
     mcnemar_exact,
     sign_test,
     truthfulness_score,
+    truthfulness_summary,
     wilson_interval,
 )
 
@@ -70,27 +70,20 @@ def abstaining_when_ungrounded(rows: dict[str, dict[str, Any]]) -> dict[str, dic
 
 
 def summary(rows: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Right / "I don't know" / wrong counts (an unanswerable question answered "I don't know" is
+    right, not an abstention here) and accuracy, with evaluate's truthfulness summary
+    (:func:`~optimize.metrics.truthfulness_summary`)."""
     n = len(rows)
     right = sum(r["correct"] for r in rows.values())
     idk = sum(r["abstained"] and not r["correct"] for r in rows.values())
-    wrong = n - right - idk
-    answerable = [r for r in rows.values() if r["answerable"]]
-    unanswerable = [r for r in rows.values() if not r["answerable"]]
-    scores = [r["score"] for r in rows.values()]
     return {
         "n": n,
         "right": right,
         "idk": idk,
-        "wrong": wrong,
+        "wrong": n - right - idk,
         "accuracy": right / n,
         "accuracy_interval": wilson_interval(right, n),
-        "answerable_right": (sum(r["correct"] for r in answerable), len(answerable)),
-        "unanswerable_abstained": (sum(r["correct"] for r in unanswerable), len(unanswerable)),
-        "hallucination": wrong / n,
-        "hallucination_interval": wilson_interval(wrong, n),
-        "truthfulness": sum(scores) / n,
-        "truthfulness_interval": bootstrap_mean_interval(scores),
-    }
+    } | truthfulness_summary(list(rows.values()))
 
 
 def compare(first: dict[str, dict[str, Any]], second: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -120,15 +113,16 @@ def compare(first: dict[str, dict[str, Any]], second: dict[str, dict[str, Any]])
 
 def line(name: str, s: dict[str, Any]) -> str:
     lo, hi = s["accuracy_interval"]
-    tlo, thi = s["truthfulness_interval"]
-    hlo, hhi = s["hallucination_interval"]
-    ar, an = s["answerable_right"]
-    ur, un = s["unanswerable_abstained"]
+    truth, wrong = s["truthfulness"], s["hallucination"]
+    tlo, thi = truth["interval"]
+    hlo, hhi = wrong["interval"]
+    answerable, unanswerable = s["answerable_right"], s["unanswerable_abstained"]
     return (
         f"{name}: right {s['right']}/{s['n']} = {s['accuracy']:.1%} [{lo:.1%}, {hi:.1%}]; "
-        f"I don't know {s['idk']}; wrong {s['wrong']} = {s['hallucination']:.1%} [{hlo:.1%}, {hhi:.1%}]; "
-        f"answerable right {ar}/{an}, unanswerable abstained {ur}/{un}; "
-        f"truthfulness {s['truthfulness']:+.2f} [{tlo:+.2f}, {thi:+.2f}]"
+        f"I don't know {s['idk']}; wrong {s['wrong']} = {wrong['rate']:.1%} [{hlo:.1%}, {hhi:.1%}]; "
+        f"answerable right {answerable['n']}/{answerable['of']}, "
+        f"unanswerable abstained {unanswerable['n']}/{unanswerable['of']}; "
+        f"truthfulness {truth['mean']:+.2f} [{tlo:+.2f}, {thi:+.2f}]"
     )
 
 

@@ -55,12 +55,13 @@ from .grade_source import program_grades
 from .metrics import (
     answer_matches,
     binary_report,
-    bootstrap_mean_interval,
     cites_evidence,
     contains_answer,
+    counted,
     is_abstention,
     is_answerable,
     truthfulness_score,
+    truthfulness_summary,
     wilson_interval,
 )
 from .parallel import check_num_threads, map_questions
@@ -183,48 +184,23 @@ def _share(n: int, total: int) -> dict[str, Any]:
     return {"n": n, "of": total, "rate": n / total if total else None}
 
 
-def _counted(n: int, total: int) -> dict[str, Any]:
-    """A share with its 95% Wilson interval."""
-    return _share(n, total) | {"interval": list(wilson_interval(n, total))}
-
-
 def _truthfulness(mine: Sequence[dict[str, Any]], variant: Variant, measured: bool) -> dict[str, Any]:
-    """The variant's truthfulness summary (see :func:`summarize`) from its question rows."""
-    scores = [r["score"] for r in mine]
-    answerable = [r for r in mine if r["answerable"]]
-    unanswerable = [r for r in mine if not r["answerable"]]
-    interval = bootstrap_mean_interval(scores)
+    """The variant's truthfulness summary (:func:`~optimize.metrics.truthfulness_summary`) and its
+    citations (see :func:`summarize`) from its question rows."""
     cited = None
     if measured and variant.kind == "crag":  # the baselines cite nothing: not measured, not 0
         graded = [r for r in mine if r["correct"] and r["answerable"] and r.get("cited_right") is not None]
-        cited = _counted(sum(bool(r["cited_right"]) for r in graded), len(graded))
-    return {
-        "abstained": _counted(sum(r["abstained"] for r in mine), len(mine)),
-        # Every -1: so truthfulness = accuracy - hallucination rate. A failed question counts (its
-        # errors say so): the user got no abstention.
-        "hallucination": _counted(sum(r["score"] < 0 for r in mine), len(mine)),
-        "truthfulness": {
-            "mean": sum(scores) / len(scores) if scores else None,
-            "interval": list(interval) if interval else None,
-        },
-        "answerable_right": _counted(sum(r["correct"] for r in answerable), len(answerable)),
-        "answerable_abstained": _counted(sum(r["abstained"] for r in answerable), len(answerable)),
-        "unanswerable_abstained": _counted(sum(r["abstained"] for r in unanswerable), len(unanswerable)),
-        "cited": cited,
-    }
+        cited = counted(sum(bool(r["cited_right"]) for r in graded), len(graded))
+    return truthfulness_summary(mine) | {"cited": cited}
 
 
 def summarize(rows: Sequence[dict[str, Any]], variants: Sequence[Variant]) -> list[dict[str, Any]]:
     """Per variant: accuracy, truthfulness, citations, per-action counts and accuracy, correction
     success, standalone cost.
 
-    Truthfulness follows Meta's CRAG benchmark: per question right +1, "I don't know" 0, wrong -1
-    (:func:`~optimize.metrics.truthfulness_score`). ``abstained``: answers that are "I don't know";
-    ``hallucination``: wrong answers that are not (questions that failed included), both over all
-    questions with 95% Wilson intervals; ``truthfulness``: the mean score with a 95% percentile
-    bootstrap interval over the questions (2000 resamples, seed 0: the same rows always give the same
-    interval); ``answerable_right``, ``answerable_abstained`` and ``unanswerable_abstained`` (right,
-    for those) break the questions down. ``cited``: among right answers to answerable questions with
+    Truthfulness follows Meta's CRAG benchmark: per question right +1, "I don't know" 0, wrong -1;
+    abstentions, hallucinations and the breakdown by answerable questions are
+    :func:`~optimize.metrics.truthfulness_summary`'s. ``cited``: among right answers to answerable questions with
     gold evidence, those citing it (``cited_right``); None when no question has evidence or the
     variant is no CRAG row (the baselines cite nothing).
 

@@ -22,6 +22,7 @@ __all__ = [
     "bootstrap_ratio_interval",
     "cites_evidence",
     "contains_answer",
+    "counted",
     "is_abstention",
     "is_answerable",
     "mcnemar_exact",
@@ -29,6 +30,7 @@ __all__ = [
     "roc_auc",
     "sign_test",
     "truthfulness_score",
+    "truthfulness_summary",
     "wilson_interval",
 ]
 
@@ -150,6 +152,43 @@ def truthfulness_score(correct: bool, abstained: bool) -> int:
     if correct:
         return 1
     return 0 if abstained else -1
+
+
+def counted(n: int, total: int) -> dict[str, Any]:
+    """``n`` of ``total`` as a share with its 95% Wilson interval (rate None when there is nothing)."""
+    return {
+        "n": n,
+        "of": total,
+        "rate": n / total if total else None,
+        "interval": list(wilson_interval(n, total)),
+    }
+
+
+def truthfulness_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What a run's question rows say about truthfulness; each row has ``correct``, ``abstained``,
+    ``answerable`` and ``score`` (:func:`truthfulness_score`).
+
+    ``abstained``: answers that are "I don't know"; ``hallucination``: rows scoring -1 (wrong answers
+    that are not abstentions, failed questions included: the user got no abstention), so truthfulness
+    = accuracy - hallucination rate; both with 95% Wilson intervals. ``truthfulness``: the mean score
+    with a 95% percentile bootstrap interval over the questions (seed 0: the same rows always give the
+    same interval). ``answerable_right``, ``answerable_abstained`` and ``unanswerable_abstained`` (right,
+    for those) break the questions down."""
+    scores = [r["score"] for r in rows]
+    answerable = [r for r in rows if r["answerable"]]
+    unanswerable = [r for r in rows if not r["answerable"]]
+    interval = bootstrap_mean_interval(scores)
+    return {
+        "abstained": counted(sum(bool(r["abstained"]) for r in rows), len(rows)),
+        "hallucination": counted(sum(r["score"] < 0 for r in rows), len(rows)),
+        "truthfulness": {
+            "mean": sum(scores) / len(scores) if scores else None,
+            "interval": list(interval) if interval else None,
+        },
+        "answerable_right": counted(sum(bool(r["correct"]) for r in answerable), len(answerable)),
+        "answerable_abstained": counted(sum(bool(r["abstained"]) for r in answerable), len(answerable)),
+        "unanswerable_abstained": counted(sum(bool(r["abstained"]) for r in unanswerable), len(unanswerable)),
+    }
 
 
 def _field(item: Any, key: str) -> Any:

@@ -49,7 +49,9 @@ def test_compare_counts_right_idk_wrong_and_tests_the_pairs(tmp_path):
     first, second = result["first"], result["second"]
     assert (first["right"], first["idk"], first["wrong"]) == (3, 0, 1)
     assert (second["right"], second["idk"], second["wrong"]) == (2, 2, 0)
-    assert first["truthfulness"] == pytest.approx(0.5) and second["truthfulness"] == pytest.approx(0.5)
+    assert first["truthfulness"]["mean"] == pytest.approx(0.5)
+    assert second["truthfulness"]["mean"] == pytest.approx(0.5)
+    assert first["hallucination"]["n"] == 1 and second["unanswerable_abstained"]["n"] == 1
     assert result["sign_test"]["wins"] == 1 and result["sign_test"]["losses"] == 1
     assert [c["id"] for c in result["changed"]] == ["q2", "q3"]
 

@@ -251,7 +251,7 @@ def test_precompute_answers_each_distinct_context_once():
     ):  # no web: one context per question ("b"'s INCORRECT falls back to internal knowledge, no reserve)
         lm.calls.clear()
         routes, usage = precompute_routes(
-            CRAG(retriever, web, CRAGConfig(k=2), lm=lm), questions, progress=False
+            CRAG(retriever, web, CRAGConfig(k=2, reserve_strips=1), lm=lm), questions, progress=False
         )
         answers = [u for s, u in lm.calls if "Answer the question" in s]
         assert len(answers) == len(set(answers)) <= answer_calls

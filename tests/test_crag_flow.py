@@ -74,7 +74,9 @@ def test_the_best_graded_passage_reaches_the_strip_filter_even_below_its_thresho
     # Tuned thresholds can put `upper` below `strip_threshold`: the passage that made the route CORRECT
     # must not be dropped whole, or CRAG answers from nothing. The strip filter judges it itself.
     script = make_script({"0 to 25": 0.45, "canteen": 0.2}, {"0 to 25": strip_score})
-    pred, lm = run([("kb-1", BAD), ("kb-2", GOOD), ("kb-3", LONG)], script, lower=0.1, upper=0.4)
+    pred, lm = run(
+        [("kb-1", BAD), ("kb-2", GOOD), ("kb-3", LONG)], script, lower=0.1, upper=0.4, reserve_strips=1
+    )
     assert pred.action == Action.CORRECT.value
     strips = {s.doc_id: s for s in pred.trace.internal_strips}
     assert set(strips) == {"kb-2"}  # the other passages graded below the cut are still dropped whole
@@ -112,7 +114,7 @@ WEB_TWO = [
 
 def test_when_no_strip_reaches_the_threshold_incorrect_answers_from_the_best_web_strip():
     script = make_script({}, {"90 days": 0.41, "day ticket": 0.2}, answer="every 90 days")
-    pred, lm = run([("kb-1", BAD)], script, web=ListWebSearch(WEB_TWO))
+    pred, lm = run([("kb-1", BAD)], script, web=ListWebSearch(WEB_TWO), reserve_strips=1)
     assert pred.action == Action.INCORRECT.value
     assert [(s.doc_id, s.kept, s.score) for s in pred.trace.external_strips] == [
         ("https://fares.example", False, 0.2),
@@ -132,7 +134,10 @@ def test_the_trace_marks_only_the_reserve_strip_kept_when_results_share_a_url():
         [WebResult("K", page, "The CEO is Iver Hask."), WebResult("K", page, "It was founded in 2009.")]
     )
     pred, lm = run(
-        [("kb-1", BAD)], make_script({}, {"Iver": 0.41, "founded": 0.39}, answer="Iver Hask"), web=web
+        [("kb-1", BAD)],
+        make_script({}, {"Iver": 0.41, "founded": 0.39}, answer="Iver Hask"),
+        web=web,
+        reserve_strips=1,
     )
     assert [(s.position, s.kept) for s in pred.trace.external_strips] == [(0, True), (0, False)]
     assert answer_contexts(lm) == ["[web] (K) The CEO is Iver Hask."]
@@ -149,7 +154,7 @@ def test_ambiguous_uses_the_web_reserve_only_when_no_internal_knowledge_survived
 
     # graded below the strip threshold, so the strip filter judges it (and drops it)
     script = make_script({"0 to 25": 0.45}, {"90 days": 0.41, "0 to 25": 0.1})
-    pred, lm = run([("kb-1", GOOD)], script)
+    pred, lm = run([("kb-1", GOOD)], script, reserve_strips=1)
     assert pred.action == Action.AMBIGUOUS.value
     (context,) = answer_contexts(lm)
     assert context.startswith("[web] (WQ-17)") and "[internal]" not in context
@@ -157,7 +162,7 @@ def test_ambiguous_uses_the_web_reserve_only_when_no_internal_knowledge_survived
 
     # the internal strip scores higher than the web's best: the internal reserve is the context
     script = make_script({"0 to 25": 0.45}, {"90 days": 0.41, "0 to 25": 0.46})
-    pred, lm = run([("kb-1", GOOD)], script)
+    pred, lm = run([("kb-1", GOOD)], script, reserve_strips=1)
     assert pred.action == Action.AMBIGUOUS.value
     assert answer_contexts(lm) == [f"[internal] (kb-1) {GOOD}"]
     assert any("best-scored internal strips below it (0.46)" in f for f in pred.trace.fallbacks)
@@ -181,7 +186,7 @@ def test_the_web_reserve_never_holds_an_unjudged_strip():
             return 0.3
         return make_script({}, {}, answer="every 90 days")(system, user)
 
-    pred, lm = run([("kb-1", BAD)], script, web=ListWebSearch(WEB_TWO), retries=0)
+    pred, lm = run([("kb-1", BAD)], script, web=ListWebSearch(WEB_TWO), retries=0, reserve_strips=1)
     assert [s.kept for s in pred.trace.external_strips] == [False, True]
     (context,) = answer_contexts(lm)
     assert "day ticket" not in context and "90 days" in context

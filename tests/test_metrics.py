@@ -7,6 +7,8 @@ from optimize.metrics import (
     is_answerable,
     normalize_answer,
     roc_auc,
+    truthfulness_score,
+    truthfulness_summary,
 )
 
 
@@ -358,3 +360,28 @@ def test_cites_evidence_reads_citation_objects():
     cited = [SimpleNamespace(doc_id="pdf/x.pdf", page=3, quote="...")]  # like crag_dspy.citations.Citation
     assert cites_evidence(cited, [{"doc_id": "pdf/x.pdf", "page": 3}])
     assert not cites_evidence(cited, [{"doc_id": "pdf/x.pdf", "page": 2}])
+
+
+def test_truthfulness_summary_counts_abstentions_hallucinations_and_the_breakdown():
+    def row(correct, abstained, answerable):
+        return {
+            "correct": correct,
+            "abstained": abstained,
+            "answerable": answerable,
+            "score": truthfulness_score(correct, abstained),
+        }
+
+    rows = [
+        row(True, False, True),  # right
+        row(False, True, True),  # "I don't know" to an answerable question: 0
+        row(False, False, True),  # wrong: -1
+        row(True, True, False),  # "I don't know" to an unanswerable question: right
+    ]
+    s = truthfulness_summary(rows)
+    assert s["truthfulness"]["mean"] == pytest.approx(0.25)
+    lo, hi = s["truthfulness"]["interval"]
+    assert -1 <= lo <= 0.25 <= hi <= 1
+    assert (s["abstained"]["n"], s["hallucination"]["n"]) == (2, 1)
+    assert (s["answerable_right"]["n"], s["answerable_right"]["of"]) == (1, 3)
+    assert (s["answerable_abstained"]["n"], s["unanswerable_abstained"]["n"]) == (1, 1)
+    assert truthfulness_summary([])["truthfulness"] == {"mean": None, "interval": None}

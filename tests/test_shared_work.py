@@ -190,7 +190,8 @@ def test_passages_shown_alike_share_one_answer_of_the_lm_each_calibrated_with_it
 def test_a_forced_route_answers_from_the_web_reserve_exactly_as_forward_does():
     # The web's only strip scores 0.1: below the strip threshold, so it is the reserve.
     web = WebResult("Fares", "https://f.example", "A day ticket costs 9 velds.")
-    crag = CRAG(ListRetriever([("kb-1", BAD)]), ListWebSearch([web]), CRAGConfig(k=1), lm=ScriptedLM(script))
+    config = CRAGConfig(k=1, reserve_strips=1)
+    crag = CRAG(ListRetriever([("kb-1", BAD)]), ListWebSearch([web]), config, lm=ScriptedLM(script))
     pred = crag(question=Q)
     assert pred.action == Action.INCORRECT.value
     assert pred.trace.context == "[web] (Fares) A day ticket costs 9 velds."

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..grounding import grounding_of_trace, key_content
 from ..run import QuestionRun
-from ..web import NoWebSearch
+from ..web import web_is_off
 from .base import Program, Stage
 from .web import WebSearched, search
 
@@ -34,9 +34,7 @@ def check_answer(program: Program, run: QuestionRun, question: str) -> None:
     search by the question reaches other pages and other parts of them."""
     # Web search that is off is a setting, not a fault to report; one that failed in this run is not
     # waited for twice; a route that searched with the question itself has its pages in the trace.
-    searchable = not (
-        isinstance(program.web_search, NoWebSearch) or run.web_failed or question in run.web_queries
-    )
+    searchable = not (web_is_off(program.web_search) or run.web_failed or question in run.web_queries)
     if not (program.config.witness_results and searchable and key_content(run.trace.answer or "")):
         return
     if SearchWitnesses(program, run)(query=question).results:

@@ -10,7 +10,7 @@ from ..routing import Ablation
 from ..run import QuestionRun
 from ..trace import WebRecord
 from ..untrusted import sanitize_web_result
-from ..web import NoWebSearch
+from ..web import web_is_off
 from .base import Program, Stage
 from .calls import predict_with_retries, untrusted
 from .knowledge import Knowledge
@@ -105,7 +105,7 @@ def web_knowledge(program: Program, run: QuestionRun, question: str, ablation: A
 
     With web search off there is nothing to do: no query is rewritten (an LM call for a search that
     never happens) and nothing "fails"; :func:`why_no_web` says so."""
-    if isinstance(program.web_search, NoWebSearch):
+    if web_is_off(program.web_search):
         return None
     query = Rewrite(program, run)(question=question) if ablation.rewrite else question
     searched = SearchWeb(program, run)(query=query)
@@ -117,6 +117,6 @@ def web_knowledge(program: Program, run: QuestionRun, question: str, ablation: A
 
 def why_no_web(program: Program) -> str:
     """Why a route that reads the web has no web knowledge: search is off (a setting), or it gave nothing."""
-    if isinstance(program.web_search, NoWebSearch):
+    if web_is_off(program.web_search):
         return program.web_search.reason
     return "web search gave nothing"
