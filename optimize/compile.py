@@ -251,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _option(parser, "--evaluator-distill", "distill", action="store_true")
     _option(parser, "--seed", "seed", type=at_least(0))
+    _option(parser, "--objective", "objective", metavar="accuracy|truthfulness|web<=X")
     _option(parser, "--out", "out", type=Path)
     _limit(parser, "--val-limit", "val_limit")
     _limit(parser, "--judge-val-limit", "judge_val_limit")
@@ -283,6 +284,7 @@ def options_from_args(args: argparse.Namespace) -> CompileOptions:
         test_limit=args.test_limit or None,
         evaluate_test=not args.no_test_eval,
         num_threads=args.num_threads,
+        objective=args.objective,
         progress=True,
     )
 

@@ -44,13 +44,14 @@ from crag_dspy.protocols import Passage
 from crag_dspy.redaction import configure_logging
 from crag_dspy.routing import Action
 from crag_dspy.settings import Settings
-from crag_dspy.stages import Grade, Retrieve, state_key
+from crag_dspy.stages import Grade, Retrieve, SearchWeb, state_key
 from crag_dspy.stages.base import part_state
 from crag_dspy.stages.calls import judge_once
 from crag_dspy.store import ingest_domain
 
 from .cost import Cost
 from .datasets import qa_split, relevance_examples
+from .frontier import frontier_summary
 from .grade_source import program_grades
 from .metrics import (
     answer_matches,
@@ -65,9 +66,19 @@ from .metrics import (
     wilson_interval,
 )
 from .parallel import check_num_threads, map_questions
-from .report import check_writable, plot_accuracy_bars, write_evaluation_report
+from .report import check_writable, plot_accuracy_bars, plot_frontier, write_evaluation_report
 from .shared_work import SharedWork
-from .variants import ROW_SETS, Outcome, Programs, Variant, raw_passages, run_variant, table_variants
+from .thresholds import precompute_routes, route_table
+from .variants import (
+    ROW_SETS,
+    Outcome,
+    Programs,
+    Variant,
+    baseline_outcomes,
+    raw_passages,
+    run_variant,
+    table_variants,
+)
 
 __all__ = ["answer_fields", "evaluate_domain", "grader_quality", "main", "summarize"]
 
@@ -111,6 +122,8 @@ def _question_rows(
                 "id": q.id,
                 "variant": variant.name,
                 **answer_fields(q, outcome, web_urls),
+                "sources": list(outcome.sources),
+                "web_searches": sum(isinstance(key, tuple) and key[0] == SearchWeb.name for key in used),
                 **cost.as_dict(),
                 "seconds": round(cost.seconds, 4),
                 "errors": errors,
@@ -404,12 +417,14 @@ def evaluate_domain(
             embedder=backends.embedder,
             progress=progress,
         )
+        frontier = routing_frontier(main_crag, default_crag, questions, work, num_threads, progress)
     table = summarize(answer_rows, variants)
     owned = work.owned()
     for entry in table:
         marginal = owned.get(entry["name"])
         entry["marginal"] = (marginal or Cost()).as_dict()
     total = work.total()
+    frontier_cost = Cost.total(owned[name] for name in FRONTIER_CONSUMERS if name in owned)
     report = {
         "domain": domain.name,
         "split": split,
@@ -431,16 +446,50 @@ def evaluate_domain(
             "standalone_lm_requests": sum(v["standalone"]["requests"] for v in table),
             "standalone_lm_calls": sum(v["standalone"]["calls"] for v in table),
             "grader_quality_lm_requests": (owned.get("grader quality") or Cost()).requests,
+            # The frontier's own pieces: the actions no row took and the baselines' answers (when the
+            # table has no baseline rows).
+            "frontier_lm_requests": frontier_cost.requests,
+            "frontier_lm_calls": frontier_cost.usage.calls,
             "pieces": len(work),
             "seconds": time.perf_counter() - started,
             "num_threads": num_threads,
         },
         "rows": answer_rows,
+        "frontier": frontier,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     report["plot"] = str(plot_accuracy_bars(table, out.with_suffix(".png"), f"{domain.name} / {split}"))
-    report["files"] = [str(p) for p in write_evaluation_report(report, out)] + [report["plot"]]
+    frontier["plot"] = str(
+        plot_frontier(frontier, out.with_name(out.name + "-frontier.png"), f"{domain.name} / {split}")
+    )
+    report["files"] = [str(p) for p in write_evaluation_report(report, out)] + [
+        report["plot"],
+        frontier["plot"],
+    ]
     return report
+
+
+FRONTIER_CONSUMERS = (*(action.value for action in Action), "frontier baselines")
+"""The work consumers of :func:`routing_frontier` (precompute_routes names its pieces by action)."""
+
+
+def routing_frontier(
+    crag: CRAG,
+    default: CRAG,
+    questions: Sequence[QAPair],
+    work: SharedWork,
+    num_threads: int = 1,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """What ``crag``'s routing buys on ``questions`` (:func:`~optimize.frontier.frontier_summary`): each
+    question answered once per action and by the two baselines, over ``work`` (pieces the table's rows
+    computed are not asked again); the frontier itself makes no LM call."""
+    routes, _ = precompute_routes(crag, questions, work=work, num_threads=num_threads, progress=progress)
+    with work.consumer("frontier baselines"):
+        baselines = baseline_outcomes(default, questions, work, num_threads=num_threads, progress=progress)
+    pair = (crag.thresholds.lower, crag.thresholds.upper)
+    defaults = (default.thresholds.lower, default.thresholds.upper)
+    return frontier_summary(route_table(routes), baselines, pair, defaults=defaults)
 
 
 def build_parser() -> argparse.ArgumentParser:

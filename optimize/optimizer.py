@@ -50,12 +50,13 @@ from crag_dspy.routing import DEFAULT_THRESHOLDS
 from crag_dspy.trace import usage_from_tracker
 
 from .datasets import interleave_balanced, round_robin, spread, strip_examples_from
+from .frontier import collapse, frontier_summary
 from .grade_source import GradeSourceChoice, JudgeScores, choose_grade_source, evaluator_on_strips
 from .measure import judge_outcomes
 from .metrics import answer_matches, beats_beyond_noise, binary_report, wilson_interval
 from .options import GENERATORS, CompileOptions
 from .parallel import map_questions
-from .report import plot_landscape
+from .report import plot_frontier, plot_landscape
 from .shared_work import SharedWork
 from .teleprompters import compile_stage, judge_metric
 from .thresholds import (
@@ -63,10 +64,11 @@ from .thresholds import (
     TuningResult,
     accuracy_landscape,
     precompute_routes,
+    route_table,
     routes_fingerprint,
     tune_thresholds,
 )
-from .variants import INTERNAL_RETRY_ROUNDS, Programs, Variant, run_variant
+from .variants import INTERNAL_RETRY_ROUNDS, Programs, Variant, baseline_outcomes, run_variant
 
 __all__ = [
     "CRAGOptimizer",
@@ -438,7 +440,9 @@ class CRAGOptimizer(Teleprompter):
                 storage=self.options.out.with_suffix(".optuna.log") if self.options.out else None,
                 # Keyed by the routes: a study tuned on other grades or answers (changed data, prompts or
                 # calibration) must not be resumed as if its trials still scored the same.
-                study_name=f"{self.name}-thresholds-seed{self.options.seed}-{routes_fingerprint(routes)}",
+                study_name=f"{self.name}-thresholds-seed{self.options.seed}-{routes_fingerprint(routes)}"
+                + ("" if self.options.objective == "accuracy" else f"-{self.options.objective}"),
+                objective=self.options.threshold_objective,
             )
         # Two independent counts of LM requests made while trials ran: the LM's history and DSPy's tracker.
         trial_calls = len(lm.history) - calls_before + usage_from_tracker(trial_tracker).calls
@@ -490,6 +494,14 @@ class CRAGOptimizer(Teleprompter):
                 "by_type": {k: list(v) for k, v in tuned.by_type.items()},
             }
         )
+        with work.consumer("frontier baselines"):
+            # Plain RAG and RAG + web always on val: one answer each per question, the frontier's ends.
+            baselines = baseline_outcomes(  # type: ignore[arg-type] - a ValQuestion has the QAPair fields
+                program, questions, work, num_threads=self.num_threads, progress=self.progress
+            )
+        frontier = frontier_summary(
+            route_table(routes), baselines, (tuned.lower, tuned.upper), defaults=DEFAULT_THRESHOLDS
+        )
         axis, grid = accuracy_landscape(routes)
         plot = None
         if self.options.out is not None:
@@ -501,6 +513,9 @@ class CRAGOptimizer(Teleprompter):
                 self.options.out.with_suffix(".landscape.png"),
                 f"{self.name}: val accuracy over thresholds",
             )
+            frontier["plot"] = str(
+                plot_frontier(frontier, self.options.out.with_suffix(".frontier.png"), f"{self.name} / val")
+            )
         report = {
             **tuned.as_dict(),
             "questions": len(routes),
@@ -509,6 +524,8 @@ class CRAGOptimizer(Teleprompter):
             "lm_calls_during_trials": trial_calls,
             "precompute_lm_calls": precompute_calls,
             "landscape": {"axis": axis, "grid": grid},
+            "frontier": frontier,
+            "collapse": collapse(frontier["at"]["actions"]),
         }
         return TunedThresholds(report, generation)
 

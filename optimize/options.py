@@ -16,6 +16,7 @@ from crag_dspy.judges.evaluator import TrainingConfig
 
 from .grade_source import GRADER_CHOICES
 from .teleprompters import OPTIMIZERS
+from .threshold_search import Objective
 
 __all__ = ["GENERATORS", "STAGES", "CompileOptions"]
 
@@ -116,6 +117,12 @@ class CompileOptions(BaseModel):
         description="precompute N val questions' routes at a time; faster only with a hosted LM or a server "
         "with several slots, the embedded model serves one request at a time",
     )
+    objective: str = Field(
+        "accuracy",
+        description="what the thresholds maximise on QA val: accuracy, truthfulness (right +1, \"I don't "
+        'know" 0, wrong -1), or web<=X, the best accuracy searching the web for at most a share X of '
+        "the questions (e.g. web<=0.5)",
+    )
     progress: bool = Field(False, description="show progress bars")
 
     @field_validator("stages")
@@ -130,6 +137,16 @@ class CompileOptions(BaseModel):
     @classmethod
     def _known_optimizer(cls, optimizer: str) -> str:
         return _choose_from("optimizer", optimizer, OPTIMIZERS)
+
+    @field_validator("objective")
+    @classmethod
+    def _known_objective(cls, objective: str) -> str:
+        Objective.parse(objective)  # its error names the forms that work
+        return objective.strip().lower()
+
+    @property
+    def threshold_objective(self) -> Objective:
+        return Objective.parse(self.objective)
 
     @field_validator("grader")
     @classmethod

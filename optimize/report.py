@@ -324,10 +324,13 @@ def _threshold_lines(t: dict) -> list[str]:
         "## thresholds (exact search on QA val)",
         "",
         (
-            f"Shipped: **{t['shipped']}**, lower={t['lower']:.3f}, upper={t['upper']:.3f}, val accuracy "
-            f"{_pct(t['accuracy'])} on {t['questions']} questions. Why: {t['reason']}."
+            f"Objective: {t.get('objective', 'accuracy')}. Shipped: **{t['shipped']}**, lower={t['lower']:.3f}, "
+            f"upper={t['upper']:.3f}, val accuracy {_pct(t['accuracy'])} on {t['questions']} questions, "
+            f"{t.get('web_per_question', 0.0):.2f} web searches per question (defaults "
+            f"{t.get('default_web_per_question', 0.0):.2f}). Why: {t['reason']}."
         ),
         "",
+        *([f"**Warning**: {t['collapse']}.", ""] if t.get("collapse") else []),
         "| thresholds | val accuracy [95% CI] | LM requests/q |",
         "|---|---|---|",
         (
@@ -361,6 +364,16 @@ def _threshold_lines(t: dict) -> list[str]:
             ),
             "",
         ]
+    if "sign_test" in cv:
+        st = cv["sign_test"]
+        lines += [
+            (
+                f"Out-of-fold check ({cv['folds']}-fold over the val questions, sign test on truthfulness, ships "
+                f"at p < {cv['alpha']:.3f}): tuning on the other folds scored {st['wins']} questions higher and "
+                f"{st['losses']} lower than the defaults (p={st['p_value']:.3f})."
+            ),
+            "",
+        ]
     per_type = t.get("per_type") or {}
     if per_type:
         counts = ", ".join(f"{k} {v}" for k, v in per_type["types"].items())
@@ -374,6 +387,8 @@ def _threshold_lines(t: dict) -> list[str]:
         f"Study: `optuna-dashboard {t['storage']}`",
         "",
     ]
+    if t.get("frontier"):
+        lines += frontier_lines(t["frontier"], t["frontier"].get("plot"))
     return lines
 
 
@@ -579,7 +594,8 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
         f"The whole table made {cost['lm_requests']} LM requests ({cost['lm_calls']} served by the LM, "
         f"{cached} by DSPy's disk cache; {cost['prompt_tokens']} prompt and {cost['completion_tokens']} "
         f"completion tokens) in {cost['seconds']:.0f} s, {cost['grader_quality_lm_requests']} of them for "
-        f"grader quality. Run one by one, the variants would make {cost['standalone_lm_requests']} LM requests"
+        f"grader quality and {cost.get('frontier_lm_requests', 0)} for the frontier (the actions no row took, "
+        "the baselines' answers when no row gave them). Run one by one, the variants would make {cost['standalone_lm_requests']} LM requests"
         + (f" ({saved:.1f}x as many)." if saved else ".")
         + (
             " Requests served from the cache cost ~0 s and no tokens here: `--no-cache` measures cold costs."
@@ -590,6 +606,11 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
         f"![accuracy per variant]({Path(report['plot']).name})",
         "",
         *_paired_lines(report),
+        *(
+            frontier_lines(report["frontier"], report["frontier"].get("plot"))
+            if report.get("frontier")
+            else []
+        ),
         "## Actions",
         "",
         "Questions that took each action, and how many of them were answered right (95% Wilson interval).",
@@ -617,3 +638,120 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
     lines.append("")
     md_path.write_text("\n".join(lines), encoding="utf-8")
     return json_path, md_path
+
+
+def plot_frontier(summary: dict[str, Any], path: Path, title: str) -> Path:
+    """Accuracy and truthfulness against web searches and against LM requests per question over every
+    pair of thresholds (:func:`optimize.frontier.frontier_summary`): the points, their frontier, the
+    baselines, the uninformed line between them and the program's point. Without web search (no
+    point searches) only the LM-requests row is drawn."""
+    plt = _pyplot()
+    baselines = summary["baselines"]
+    costs = [("requests", "LM requests per question")]
+    if "RAG + web always" in baselines or any(p["web"] for p in summary["points"]):
+        costs.insert(0, ("web", "web searches per question"))
+    fig, axes = plt.subplots(len(costs), 2, figsize=(10.5, 3.9 * len(costs)), dpi=110, squeeze=False)
+    for row, (cost, xlabel) in enumerate(costs):
+        for col, metric in enumerate(("accuracy", "truthfulness")):
+            ax = axes[row][col]
+            points = summary["points"]
+            ax.scatter(
+                [p[cost] for p in points],
+                [p[metric] for p in points],
+                s=6,
+                color="#bbbbbb",
+                label="thresholds",
+            )
+            key = f"{metric}_frontier" if cost == "web" else f"{metric}_requests_frontier"
+            frontier = summary.get(key, [])
+            ax.plot(
+                [p[cost] for p in frontier],
+                [p[metric] for p in frontier],
+                color="#1f77b4",
+                lw=1.5,
+                drawstyle="steps-post",
+                label="frontier",
+            )
+            if cost == "web" and "RAG + web always" in baselines:
+                ends = [baselines["plain RAG"], baselines["RAG + web always"]]
+                ax.plot(
+                    [e["web"] for e in ends],
+                    [e[metric] for e in ends],
+                    color="#888888",
+                    ls="--",
+                    lw=1,
+                    label="no-information router",
+                )
+            for name, point in baselines.items():
+                ax.scatter([point[cost]], [point[metric]], marker="s", s=36, label=name)
+            for key, marker, label in (("at", "*", "program"), ("defaults", "D", "default thresholds")):
+                if key in summary:
+                    at = summary[key]
+                    ax.scatter(
+                        [at[cost]],
+                        [at[metric]],
+                        marker=marker,
+                        s=120 if marker == "*" else 40,
+                        color="#d62728" if key == "at" else "#2ca02c",
+                        zorder=5,
+                        label=label,
+                    )
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(metric)
+            if cost == "web":
+                ax.set_xlim(-0.05, 1.05)
+    axes[0][0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"{title}: cost-quality frontier over the thresholds (n = {summary['questions']})")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def frontier_lines(summary: dict[str, Any], plot: str | None) -> list[str]:
+    """The markdown section of a report on routing: lift, oracle headroom and the frontier plot."""
+
+    def est(e: dict[str, float], pct: bool = True) -> str:
+        f = (lambda v: f"{100 * v:+.1f} pts") if pct else (lambda v: f"{v:+.3f}")
+        return f"{f(e['value'])} [{f(e['low'])}, {f(e['high'])}]"
+
+    rows = [("program", summary["at"])] + (
+        [("default thresholds", summary["defaults"])] if "defaults" in summary else []
+    )
+    lines = [
+        "## What routing buys",
+        "",
+        (
+            "From one precompute (every question answered once per action; drawing this made no LM call). "
+            "Routing lift: accuracy (truthfulness) minus that of a router with no information at the same "
+            "web share, on the line from plain RAG (never searches) to RAG + web always (always searches); "
+            "without web search, minus plain RAG's. Oracle: the best action per question, the most any "
+            "evaluator could reach with these answers; headroom: oracle minus the routed accuracy. 95% "
+            "bootstrap intervals over questions."
+        ),
+        "",
+        "| thresholds | accuracy | truthfulness | web searches/q | LM requests/q | CORRECT / AMBIGUOUS / INCORRECT | routing lift (accuracy) | routing lift (truthfulness) | oracle | headroom |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, at in rows:
+        mix = " / ".join(str(at["actions"][a]) for a in ("CORRECT", "AMBIGUOUS", "INCORRECT"))
+        lines.append(
+            f"| {name} ({at['lower']:.2f}, {at['upper']:.2f}) | {_pct(at['accuracy'])} | {at['truthfulness']:+.2f} "
+            f"| {at['web']:.2f} | {at['requests']:.1f} | {mix} | {est(at['lift'])} "
+            f"| {est(at['truthfulness_lift'], pct=False)} | {_pct(at['oracle']['value'])} | {est(at['headroom'])} |"
+        )
+    for name, b in summary["baselines"].items():
+        lines.append(
+            f"| {name} | {_pct(b['accuracy'])} | {b['truthfulness']:+.2f} | {b['web']:.2f} | {b['requests']:.1f} | - | - | - | - | - |"
+        )
+    front = summary["accuracy_frontier"]
+    lines += [
+        "",
+        "Accuracy frontier (the best accuracy each web budget buys): "
+        + ", ".join(f"{p['web']:.2f} -> {_pct(p['accuracy'])}" for p in front)
+        + ".",
+        "",
+    ]
+    if plot:
+        lines += [f"![cost-quality frontier]({Path(plot).name})", ""]
+    return lines

@@ -30,12 +30,15 @@ from crag_dspy.domain import QAPair
 from crag_dspy.faults import CRAGRunError, describe_error, raise_if_lm_down
 from crag_dspy.module import CRAG
 from crag_dspy.routing import DEFAULT_THRESHOLDS, Action, decide_action, question_type
+from crag_dspy.stages import SearchWeb
 from crag_dspy.trace import StageUsage
 
-from .metrics import answer_matches, beats_beyond_noise, wilson_interval
+from .metrics import answer_matches, beats_beyond_noise, is_abstention, sign_test, wilson_interval
 from .parallel import map_questions
 from .shared_work import SharedWork
 from .threshold_search import (
+    ACCURACY,
+    Objective,
     RouteTable,
     ThresholdChoice,
     accuracy_grid,
@@ -63,8 +66,9 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class QuestionRoutes:
-    """One question's grades and, for each action, its answer, whether that answer is right and how
-    many LM requests the question costs at run time when routed there (grading included)."""
+    """One question's grades and, for each action, its answer, whether that answer is right, and what
+    the question costs at run time when routed there (grading included): LM requests, web searches
+    and the LM tokens the run served (cache hits count none)."""
 
     question_id: str
     scores: list[float | None]
@@ -74,6 +78,13 @@ class QuestionRoutes:
     question_type: str = "other"
     error: str | None = None
     """Why the question failed (it is then wrong on every route), or None."""
+    web: dict[str, int] = field(default_factory=dict)
+    tokens: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def abstained(self) -> dict[str, bool]:
+        """Per action, whether its answer is "I don't know"."""
+        return {a: is_abstention(answer) for a, answer in self.answers.items()}
 
     def action(self, lower: float, upper: float) -> str:
         return decide_action(self.scores, lower, upper).value
@@ -110,21 +121,24 @@ def precompute_routes(
 
     def route(q: QAPair) -> QuestionRoutes:
         raise_if_lm_down()
-        answers, requests, scores, error = {}, {}, [], None
+        answers, requests, web, tokens, scores, error = {}, {}, {}, {}, [], None
         try:
             for action in Action:
                 # Each action's standalone cost: the pieces it needs, shared or not (grading included).
                 with work.consumer(action.value) as used:
                     prediction = crag(question=q.question, action=action, cache=work, witness=False)
                 answers[action.value] = prediction.answer
-                requests[action.value] = work.cost(used).requests
+                cost = work.cost(used)
+                requests[action.value] = cost.requests
+                tokens[action.value] = cost.usage.prompt_tokens + cost.usage.completion_tokens
+                web[action.value] = sum(key[0] == SearchWeb.name for key in used if isinstance(key, tuple))
             scores = [grade.score for grade in prediction.trace.documents]
         except CRAGRunError as exc:
             raise_if_lm_down()  # an LM that is down is no wrong answer: the run stops
             # A question the LM or store failed on is wrong under every threshold; tuning goes on.
             error = describe_error(exc)
             log.warning("question %s failed, counted as wrong on every route: %s", q.id, error)
-            scores, answers, requests = [], {action.value: "" for action in Action}, {}
+            scores, answers, requests, web, tokens = [], {action.value: "" for action in Action}, {}, {}, {}
         return QuestionRoutes(
             q.id,
             scores,
@@ -133,6 +147,8 @@ def precompute_routes(
             requests,
             question_type(q.question),
             error,
+            web,
+            tokens,
         )
 
     routes = map_questions(route, questions, num_threads=num_threads, desc="routes", progress=progress)
@@ -151,7 +167,12 @@ def routes_fingerprint(routes: Sequence[QuestionRoutes]) -> str:
 def route_table(routes: Sequence[QuestionRoutes]) -> RouteTable:
     """The routes as arrays for the exact search (:mod:`optimize.threshold_search`)."""
     return RouteTable.build(
-        [r.scores for r in routes], [r.correct for r in routes], [r.requests for r in routes]
+        [r.scores for r in routes],
+        [r.correct for r in routes],
+        [r.requests for r in routes],
+        abstained=[r.abstained for r in routes],
+        web=[r.web for r in routes],
+        tokens=[r.tokens for r in routes],
     )
 
 
@@ -246,6 +267,13 @@ class TuningResult:
     requests_per_question: float = 0.0
     default_requests_per_question: float = 0.0
     persist_seconds: float = 0.0
+    objective: str = "accuracy"
+    """What the search maximised (:class:`~optimize.threshold_search.Objective`'s label)."""
+    objective_value: float = 0.0
+    default_objective_value: float = 0.0
+    web_per_question: float = 0.0
+    """Web searches per val question the routes of what ships make (and the defaults')."""
+    default_web_per_question: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -261,8 +289,16 @@ def _journal_study(path: Path, study_name: str) -> optuna.Study:
     )
 
 
+INFEASIBLE = -2.0
+"""A trial's value for thresholds over the web budget: below any feasible value (scores are >= -1)."""
+
+
 def _grid_study(
-    table: RouteTable, points: Sequence[float], storage: Path | None, study_name: str
+    table: RouteTable,
+    points: Sequence[float],
+    storage: Path | None,
+    study_name: str,
+    objective: Objective = ACCURACY,
 ) -> tuple[float, int, float, float]:
     """Evaluate every valid (lower, upper) grid point in an Optuna study (resumed from ``storage``:
     the pairs it holds are not run again); returns the best accuracy, the trials run now, and the
@@ -278,12 +314,13 @@ def _grid_study(
     cells = [cell for cell in grid_cells([float(p) for p in points]) if cell not in done]
     study = optuna.create_study(direction="maximize", sampler=BreakpointGridSampler(cells))
 
-    def objective(trial: optuna.Trial) -> float:
-        return table.accuracy(*(trial.suggest_float(name, 0.0, 1.0) for name in PARAMETERS))
+    def score(trial: optuna.Trial) -> float:
+        pair = [trial.suggest_float(name, 0.0, 1.0) for name in PARAMETERS]
+        return objective.value(table, *pair) if objective.feasible(table, *pair) else INFEASIBLE
 
     started = time.perf_counter()
     if cells:
-        study.optimize(objective, n_trials=len(cells))
+        study.optimize(score, n_trials=len(cells))
     seconds = time.perf_counter() - started
     started = time.perf_counter()
     ran = study.get_trials(deepcopy=False, states=complete)
@@ -342,6 +379,7 @@ def tune_thresholds(
     alpha: float = 0.05,
     seed: int = 0,
     by_type: bool = True,
+    objective: Objective = ACCURACY,
 ) -> TuningResult:
     """Find the exact optimum of :func:`route_accuracy` over (lower, upper) and decide what ships.
 
@@ -359,8 +397,8 @@ def tune_thresholds(
     table = route_table(routes)
     breakpoints = table.breakpoints()
     points = cell_midpoints(breakpoints)
-    best, ran, seconds, persist_seconds = _grid_study(table, points, storage, study_name)
-    choice: ThresholdChoice = choose_thresholds(table, default)
+    best, ran, seconds, persist_seconds = _grid_study(table, points, storage, study_name, objective)
+    choice: ThresholdChoice = choose_thresholds(table, default, objective)
     if abs(best - choice.accuracy) > 1e-9:  # two exact computations of one optimum must agree
         raise RuntimeError(f"grid study found {best}, the exact grid {choice.accuracy}")
     n = len(table)
@@ -368,20 +406,48 @@ def tune_thresholds(
     defaults_right = table.correct_at(*default)
 
     def tune_global(index):
-        c = choose_thresholds(table.subset(index), default)
+        try:
+            c = choose_thresholds(table.subset(index), default, objective)
+        except ValueError:  # these folds cannot meet the web budget: the whole val's choice does
+            return tuned
         return c.lower, c.upper
 
     types = [r.question_type for r in routes]
-    test_types = by_type and len(set(types)) > 1 and n >= 2 * folds
+    test_types = by_type and objective == ACCURACY and len(set(types)) > 1 and n >= 2 * folds
     # Two procedures are tested against what would ship without them: Bonferroni keeps the chance that
     # either ships on noise at most ``alpha``.
     alpha = alpha / 2 if test_types else alpha
     cv: dict[str, Any] = {"folds": folds, "alpha": alpha, "seed": seed}
     shipped, reason, pair = "defaults", "the defaults are among the optima on val", default
     reference = defaults_right
-    if choice.rule != "defaults":
+    over_budget = not objective.feasible(table, *default)
+    if choice.rule != "defaults" and over_budget:
+        shipped, pair = "tuned", tuned
+        reason = (
+            f"the defaults search the web for {table.at(table.web, *default).mean():.2f} of val questions, "
+            f"over the budget {objective.web_budget:g}; the best thresholds within it ship"
+        )
+        reference = table.correct_at(*tuned)
+    elif choice.rule != "defaults":
         if n < 2 * folds:
             reason = f"{n} val questions are too few to cross-validate the tuning; the defaults ship"
+        elif objective.metric == "truthfulness":
+            oof_scores = cross_validated_correct(
+                table, tune_global, folds=folds, seed=seed, values=table.scores
+            )
+            test = sign_test(oof_scores, table.at(table.scores, *default))
+            cv.update(tuned_out_of_fold=float(oof_scores.sum()), sign_test=test.as_dict(), questions=n)
+            if test.p_value < alpha and test.wins > test.losses:
+                shipped, pair = "tuned", tuned
+                reason = (
+                    f"tuning beat the defaults' truthfulness out-of-fold ({test.wins} better / "
+                    f"{test.losses} worse of {n}, sign test p={test.p_value:.3f})"
+                )
+            else:
+                reason = (
+                    f"no measured gain in truthfulness: out-of-fold {test.wins} better / {test.losses} worse "
+                    f"of {n} (sign test p={test.p_value:.3f}); the defaults ship"
+                )
         else:
             oof = cross_validated_correct(table, tune_global, folds=folds, seed=seed)
             gain, p = beats_beyond_noise(oof, defaults_right, alpha)
@@ -418,6 +484,7 @@ def tune_thresholds(
         else:
             per_type["verdict"] = "no question type gained from thresholds of its own on val"
     right = _routed(table, types, pairs, pair)(range(n))
+    shipped_bounds = _bounds(types, range(n), pairs, pair)
     return TuningResult(
         lower=pair[0],
         upper=pair[1],
@@ -426,8 +493,8 @@ def tune_thresholds(
         reason=reason,
         tuned_lower=choice.lower,
         tuned_upper=choice.upper,
-        tuned_accuracy=choice.accuracy,
-        tuned_interval=wilson_interval(round(choice.accuracy * n), n),
+        tuned_accuracy=table.accuracy(*tuned),
+        tuned_interval=wilson_interval(int(table.correct_at(*tuned).sum()), n),
         tie_rule=choice.rule,
         depth=choice.depth,
         tied_fraction=choice.tied_fraction,
@@ -442,9 +509,14 @@ def tune_thresholds(
         storage=str(storage) if storage else None,
         by_type=pairs,
         per_type=per_type,
-        requests_per_question=table.requests_at(*_bounds(types, range(n), pairs, pair)),
+        requests_per_question=table.requests_at(*shipped_bounds),
         default_requests_per_question=table.requests_at(*default),
         persist_seconds=persist_seconds,
+        objective=objective.label,
+        objective_value=objective.value(table, *shipped_bounds),
+        default_objective_value=objective.value(table, *default),
+        web_per_question=float(table.at(table.web, *shipped_bounds).mean()),
+        default_web_per_question=float(table.at(table.web, *default).mean()),
     )
 
 

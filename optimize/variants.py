@@ -16,17 +16,24 @@ and the refinement and answers of the contexts that change.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from crag_dspy.baselines import passage_strips
+from crag_dspy.domain import QAPair
+from crag_dspy.faults import CRAGRunError, raise_if_lm_down
 from crag_dspy.module import CRAG
 from crag_dspy.protocols import Passage
 from crag_dspy.routing import NO_ABLATION, Ablation, Action
 from crag_dspy.run import StageCache
 from crag_dspy.stages import Answer, RefineExternal, Retrieve, SearchWeb
 from crag_dspy.strips import format_context
+from crag_dspy.web import web_is_off
+
+from .frontier import Baselines
+from .metrics import answer_matches, is_abstention
+from .parallel import map_questions
 
 __all__ = [
     "INTERNAL_RETRY_ROUNDS",
@@ -34,6 +41,7 @@ __all__ = [
     "Outcome",
     "Programs",
     "Variant",
+    "baseline_outcomes",
     "rag_answer",
     "raw_passages",
     "run_variant",
@@ -113,6 +121,8 @@ class Outcome:
     citations: tuple[Any, ...] = ()
     ungrounded: tuple[str, ...] = ()
     """CRAG's grounding check: the answer's key content that no kept strip states (and the question does not)."""
+    sources: tuple[str, ...] = ()
+    """What the answer read: ``"internal"`` (the knowledge base) and/or ``"web"``."""
 
 
 class Programs:
@@ -171,7 +181,9 @@ def run_variant(
         return no_retrieval(question)
     crag = programs.of(variant)
     if variant.kind != "crag":
-        return Outcome(rag_answer(crag, question, programs.cache, web=variant.kind == "rag_web"))
+        web = variant.kind == "rag_web"
+        sources = ("internal", "web") if web and not web_is_off(crag.web_search) else ("internal",)
+        return Outcome(rag_answer(crag, question, programs.cache, web=web), sources=sources)
     prediction = crag(question=question, ablation=variant.ablation, cache=programs.cache, witness=False)
     grounding = prediction.trace.grounding
     return Outcome(
@@ -179,4 +191,36 @@ def run_variant(
         Action(prediction.action),
         citations=tuple(prediction.citations),
         ungrounded=tuple(grounding.ungrounded) if grounding else (),
+        sources=tuple(tag for tag in ("internal", "web") if f"[{tag}]" in (prediction.trace.context or "")),
     )
+
+
+def baseline_outcomes(
+    crag: CRAG,
+    questions: Sequence[QAPair],
+    cache: StageCache,
+    *,
+    num_threads: int = 1,
+    progress: bool = False,
+) -> Baselines:
+    """Plain RAG's and (when web search is configured) RAG + web always's answer to each question, right
+    and "I don't know" (:func:`~optimize.metrics.answer_matches`), over ``cache``; ``num_threads``
+    questions at a time. A question either baseline fails on counts wrong for it, as in the table."""
+
+    def outcome(question: QAPair, web: bool) -> tuple[bool, bool]:
+        try:
+            answer = rag_answer(crag, question.question, cache, web=web)
+        except CRAGRunError:
+            raise_if_lm_down()
+            return False, False
+        return answer_matches(answer, question.answers), is_abstention(answer)
+
+    with_web = not web_is_off(crag.web_search)
+    both = map_questions(
+        lambda q: (outcome(q, False), outcome(q, True) if with_web else None),
+        questions,
+        num_threads=num_threads,
+        desc="baselines",
+        progress=progress,
+    )
+    return Baselines.build([rag for rag, _ in both], [web for _, web in both] if with_web else None)

@@ -208,6 +208,7 @@ def test_tuning_is_pure_rerouting_and_resumable(tmp_path):
     [
         (["--domain-dir", "/nonexistent"], "domain directory not found"),
         (["--stages", "grader,bogus"], "unknown stage"),
+        (["--objective", "web<0.5"], "use accuracy, truthfulness or web<=X"),
         (["--lm", "gpt-4o"], "not a LiteLLM model string"),
         # Checked before the LM starts or anything is indexed: --lm would fail later if it got there.
         (["--evaluator-base", str(ROOT / "data"), "--lm", "gpt-4o"], "not a transformers model folder"),
@@ -257,6 +258,8 @@ def test_precompute_answers_each_distinct_context_once():
         assert len(answers) == len(set(answers)) <= answer_calls
         assert len(lm.calls) == len(set(lm.calls)) == usage.calls
         assert [r.requests for r in routes] == requests
+        # One web search for each route that reads the web (a search that found nothing is one too).
+        assert [r.web for r in routes] == [{"CORRECT": 0, "AMBIGUOUS": 1, "INCORRECT": 1}] * 2
     assert routes[0].correct["CORRECT"] and not routes[1].correct["CORRECT"]
 
 

@@ -109,6 +109,36 @@ def test_table_has_every_variant_in_order_and_writes_json_md_png(evaluated, setu
     assert (tmp / "out" / "tiny-test.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_the_frontier_is_the_table_rerouted_and_the_rows_say_what_each_question_used(evaluated, setup):
+    report, _ = evaluated
+    tmp, _ = setup
+    frontier, rows = report["frontier"], rows_of(report)
+    # The precompute and the table's CRAG rows are the same flow: at each row's thresholds the frontier
+    # gives that row's accuracy and action mix, with no LM call of its own beyond the forced actions.
+    for key, name in (("at", "CRAG (program)"), ("defaults", "CRAG (default thresholds)")):
+        point, row = frontier[key], rows[name]
+        assert point["accuracy"] == pytest.approx(row["accuracy"]), name
+        assert point["actions"] == {a: s["taken"] for a, s in row["actions"].items()}, name
+        assert point["oracle"]["value"] >= point["accuracy"]
+        assert point["headroom"]["value"] == pytest.approx(point["oracle"]["value"] - point["accuracy"])
+    assert frontier["baselines"]["plain RAG"]["accuracy"] == pytest.approx(rows["plain RAG"]["accuracy"])
+    assert frontier["baselines"]["RAG + web always"]["accuracy"] == pytest.approx(
+        rows["RAG + web always"]["accuracy"]
+    )
+    best = max(p["accuracy"] for p in frontier["points"])
+    assert frontier["accuracy_frontier"][-1]["accuracy"] == pytest.approx(best)
+    assert (tmp / "out" / "tiny-test-frontier.png").is_file()
+    assert "## What routing buys" in (tmp / "out" / "tiny-test.md").read_text()
+    for row in report["rows"]:  # any table row can be recomputed from the file
+        assert {"action", "sources", "web_searches", "calls", "requests", "prompt_tokens", "score"} <= set(
+            row
+        )
+        if row["variant"] == "RAG + web always":
+            assert row["web_searches"] == 1 and row["sources"] == ["internal", "web"]
+        if row["variant"] == "plain RAG":
+            assert row["web_searches"] == 0 and row["sources"] == ["internal"]
+
+
 def test_accuracy_actions_and_correction(evaluated):
     rows = rows_of(evaluated[0])
     # test split: kappa and lambda (answer in the KB), rho (answer only on the web)
@@ -141,7 +171,8 @@ def test_shared_work_is_never_recomputed(evaluated):
     cost = report["cost"]
     assert len(lm.calls) == cost["lm_calls"]
     assert len(set(lm.calls)) == len(lm.calls)  # no identical LM request was made twice
-    assert sum(row["marginal"]["calls"] for row in report["variants"]) == cost["lm_calls"]
+    marginal = sum(row["marginal"]["calls"] for row in report["variants"])
+    assert marginal + cost["frontier_lm_calls"] == cost["lm_calls"]  # the frontier adds only its own
     assert cost["lm_requests"] == cost["lm_calls"]  # the scripted LM has no cache: every request is a call
     assert cost["standalone_lm_requests"] == cost["standalone_lm_calls"] > 2 * cost["lm_calls"]
     # Remapped actions only recombine pieces already computed for the program and the default CRAG

@@ -14,7 +14,7 @@ from crag_dspy.routing import QUESTION_TYPES, decide_action, question_type
 from crag_dspy.thresholds import Thresholds
 from optimize.report import write_report
 from optimize.threshold_search import ACTIONS as TABLE_ACTIONS
-from optimize.threshold_search import RouteTable, accuracy_grid, cell_midpoints, choose_thresholds
+from optimize.threshold_search import Objective, RouteTable, accuracy_grid, cell_midpoints, choose_thresholds
 from optimize.thresholds import (
     BreakpointGridSampler,
     QuestionRoutes,
@@ -167,6 +167,43 @@ def test_tuned_thresholds_ship_only_when_they_beat_the_defaults_out_of_fold():
     # Too few questions to cross-validate: the defaults ship, and the reason says so.
     few = tune_thresholds(_split_at([0.1, 0.35, 0.45, 0.8], [0.5] * 4), by_type=False)
     assert few.shipped == "defaults" and "too few" in few.reason
+
+
+def test_a_web_budget_ships_the_best_thresholds_within_it_when_the_defaults_search_too_much():
+    # Every question is right on every route, graded at random: the defaults route nearly all of them
+    # AMBIGUOUS or INCORRECT (both search the web); only CORRECT (grade >= upper) searches nothing.
+    rng = random.Random(0)
+    routes = _routes([([rng.random()], set(ACTIONS)) for _ in range(30)])
+    for r in routes:
+        r.web = {"CORRECT": 0, "AMBIGUOUS": 1, "INCORRECT": 1}
+    budget = Objective.parse("web<=0.2")
+    result = tune_thresholds(routes, objective=budget)
+    assert result.shipped == "tuned" and "over the budget 0.2" in result.reason
+    assert result.web_per_question <= 0.2 < result.default_web_per_question
+    assert result.accuracy == 1.0 and result.objective == "accuracy, web <= 0.2"
+    # Within budget already: nothing to gain, the defaults ship.
+    assert tune_thresholds(routes, objective=Objective.parse("web<=1")).shipped == "defaults"
+
+
+def test_truthfulness_ships_thresholds_that_trade_wrong_answers_for_abstentions():
+    # Below 0.5 the knowledge base answers wrong and the web abstains; above it both answer right. The
+    # defaults (0.3, 0.7) send the grades in [0.3, 0.5) to AMBIGUOUS (wrong): thresholds that route them
+    # INCORRECT (abstain) score higher in truthfulness and equal in accuracy.
+    points = [round(i / 60, 4) for i in range(60)]
+    routes = [
+        QuestionRoutes(
+            str(i),
+            [p],
+            {"CORRECT": "x", "AMBIGUOUS": "x", "INCORRECT": "x" if p >= 0.5 else "I don't know"},
+            {"CORRECT": p >= 0.5, "AMBIGUOUS": p >= 0.5, "INCORRECT": p >= 0.5},
+        )
+        for i, p in enumerate(points)
+    ]
+    result = tune_thresholds(routes, objective=Objective.parse("truthfulness"), by_type=False)
+    assert result.shipped == "tuned" and result.lower >= 0.45
+    assert result.objective_value > result.default_objective_value
+    assert result.cross_validation["sign_test"]["wins"] > result.cross_validation["sign_test"]["losses"]
+    assert tune_thresholds(routes, by_type=False).shipped == "defaults"  # accuracy: a tie
 
 
 def test_per_type_thresholds_ship_when_types_need_different_cuts():
