@@ -26,6 +26,7 @@ from .judges.llm import BinaryJudge
 from .judges.view import focus_view
 from .program_state import SavedAsProgram
 from .protocols import Retriever, WebSearch
+from .retrievers import as_retriever
 from .routing import NO_ABLATION, Ablation, Action, ablated_action, decide_action
 from .run import QuestionRun, StageCache
 from .stages import (
@@ -64,7 +65,9 @@ class CRAG(SavedAsProgram, dspy.Module):
     """Corrective RAG. Retriever, web search and (optionally) the LM are injected.
 
     Args:
-        retriever: internal knowledge (:class:`~crag_dspy.protocols.Retriever`).
+        retriever: internal knowledge (:class:`~crag_dspy.protocols.Retriever`), or another library's
+            retriever that :func:`~crag_dspy.retrievers.as_retriever` wraps (``dspy.retrievers.Embeddings``,
+            a callable ``(query, k) -> list[str | dict]``, a LangChain or LlamaIndex retriever).
         web_search: external knowledge (:class:`~crag_dspy.protocols.WebSearch`).
         config: every setting (:class:`~crag_dspy.config.CRAGConfig`; its defaults when omitted).
         lm: the LM for every stage; ``None`` uses ``dspy.settings.lm``.
@@ -85,7 +88,7 @@ class CRAG(SavedAsProgram, dspy.Module):
 
     def __init__(
         self,
-        retriever: Retriever,
+        retriever: Retriever | Any,
         web_search: WebSearch,
         config: CRAGConfig | None = None,
         *,
@@ -98,7 +101,9 @@ class CRAG(SavedAsProgram, dspy.Module):
         # Plain attributes, not DSPy parameters: they are infrastructure, never saved into program JSON.
         # None builds a module to load or save state only; anything else must be usable, or the mistake
         # would surface on the first question as a store or web failure.
-        self.retriever = _injected(retriever, "retriever", "retrieve", "retrieve(query, k) -> list[Passage]")
+        # Another library's retriever (dspy.retrievers.Embeddings, a function, LangChain, LlamaIndex) is
+        # wrapped in its adapter here, so every caller (load_program, the optimizers) takes them too.
+        self.retriever = None if retriever is None else as_retriever(retriever)
         self.web_search = _injected(
             web_search, "web_search", "search", "search(query, max_results) -> list[WebResult]"
         )
