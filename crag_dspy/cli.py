@@ -6,10 +6,12 @@ The ``crag-dspy`` command itself is :mod:`crag_dspy.console`, which also runs co
 from __future__ import annotations
 
 import argparse
+import contextlib
+import contextvars
 import functools
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ __all__ = [
     "add_program_arguments",
     "add_storage_arguments",
     "build_parser",
+    "command_prog",
     "error_line",
     "format_trace",
     "interruptible",
@@ -33,7 +36,28 @@ __all__ = [
     "program_from_args",
     "settings_from_args",
     "user_error_types",
+    "via_console",
 ]
+
+_VIA_CONSOLE = contextvars.ContextVar("crag_dspy_via_console", default=False)
+
+
+def command_prog(command: str, module: str) -> str:
+    """The program name a command's usage and error lines show: ``crag-dspy <command>`` when it runs
+    through the ``crag-dspy`` command (:func:`via_console`), ``python -m <module>`` when run as the
+    module: either way the line shows what the user typed."""
+    return f"crag-dspy {command}" if _VIA_CONSOLE.get() else f"python -m {module}"
+
+
+@contextlib.contextmanager
+def via_console() -> Iterator[None]:
+    """Within it, :func:`command_prog` names the ``crag-dspy`` command (:mod:`crag_dspy.console` runs
+    the commands it hands over in it)."""
+    token = _VIA_CONSOLE.set(True)
+    try:
+        yield
+    finally:
+        _VIA_CONSOLE.reset(token)
 
 
 def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +100,7 @@ def add_program_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--program",
         type=Path,
-        help="compiled program JSON (python -m optimize.compile), or a bundled domain's name for the program "
+        help="compiled program JSON (crag-dspy compile, or crag.save), or a bundled domain's name for the program "
         "it ships (--program default); without it, the uncompiled default program",
     )
     g.add_argument(
@@ -118,8 +142,10 @@ def build_parser(delegated: Mapping[str, str] | None = None) -> argparse.Argumen
         "domain_path",
         type=Path,
         nargs="?",
-        help="domain directory (corpus.jsonl or corpus/, web.jsonl, domain.toml); default: the domain "
-        "--domain or --domain-dir names (the bundled default domain)",
+        metavar="DOMAIN_DIR",
+        help="domain directory (corpus.jsonl or corpus/, web.jsonl, domain.toml), the same as --domain-dir, "
+        "which every command takes; default: the domain --domain or --domain-dir names (the bundled "
+        "default domain)",
     )
     add_storage_arguments(ingest)
 
@@ -292,6 +318,12 @@ def _ingest(args: argparse.Namespace) -> int:
     from .embeddings import Embedder
     from .store import ingest_domain, open_client
 
+    same = args.domain_dir is not None and args.domain_dir.resolve() == (args.domain_path or Path()).resolve()
+    if args.domain_path is not None and (args.domain_dir is not None or args.domain is not None) and not same:
+        raise ValueError(
+            f"ingest got the folder {args.domain_path} and also --domain or --domain-dir naming "
+            "another: give the domain once (--domain-dir DIR, as every command takes it)"
+        )
     settings = settings_from_args(args)
     domain = load_domain(args.domain_path or settings.resolved_domain_dir)
     reports = ingest_domain(open_client(settings), domain, Embedder(settings.embedding_model))

@@ -149,7 +149,7 @@ def test_health_and_program_of_the_uncompiled_default(client):
     assert health == {"status": "ok", "compiled": False, "domain": "default", "version": "0.2.0"}
     info = ProgramInfo.model_validate(client.get("/program").json())
     assert not info.compiled and info.path is None and info.metadata == {} and info.scores is None
-    assert "uncompiled default program" in info.note and "optimize.compile" in info.note
+    assert "uncompiled default program" in info.note and "crag-dspy compile" in info.note
     assert (info.lower, info.upper, info.lm, info.config["k"]) == (0.3, 0.7, "scripted/fake", 5)
 
 

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import logging
@@ -14,9 +13,6 @@ import uvicorn
 from fastapi import FastAPI
 
 from ..cli import (
-    add_lm_arguments,
-    add_program_arguments,
-    add_storage_arguments,
     error_line,
     interruptible,
     program_from_args,
@@ -25,6 +21,7 @@ from ..cli import (
 )
 from ..redaction import configure_logging
 from .api import create_app
+from .arguments import build_parser
 from .policy import policy_for
 from .service import ProgramService
 from .workers import ARGV_ENV, embedded_lm_refusal
@@ -32,38 +29,6 @@ from .workers import ARGV_ENV, embedded_lm_refusal
 __all__ = ["build_parser", "main", "worker_app"]
 
 log = logging.getLogger("crag_dspy.serve")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m crag_dspy.serve",
-        description="Serve a CRAG program over HTTP: POST /ask (answer + full trace), GET /health, "
-        "GET /program, the OpenAPI schema at /openapi.json, and a page at / that shows CRAG's decision.",
-    )
-    add_program_arguments(parser)
-    add_storage_arguments(parser)
-    add_lm_arguments(parser)
-    g = parser.add_argument_group("server")
-    g.add_argument(
-        "--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1, this machine only)"
-    )
-    g.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
-    g.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="worker processes, each with the program and its backends loaded (default: 1). Needs an LM "
-        "server (--lm with --lm-api-base, or a hosted API), not the embedded LM. Each worker runs "
-        "CRAG_SERVE_WORKERS questions at once and keeps its own rate limits (docs/scale-out.md)",
-    )
-    g.add_argument(
-        "--insecure",
-        action="store_true",
-        help="listen beyond loopback without API keys (CRAG_API_KEYS); anyone who reaches the port can "
-        "use the LM. Without it, a --host other than loopback needs keys",
-    )
-    return parser
 
 
 def enable_access_log() -> None:

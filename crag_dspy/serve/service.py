@@ -92,7 +92,7 @@ class ProgramService:
         else:
             note = (
                 "uncompiled default program: thresholds and prompts are the defaults; "
-                "compile one for this domain with `python -m optimize.compile` and serve it with --program"
+                "compile one for this domain with `crag-dspy compile` and serve it with --program"
             )
         return ProgramInfo(
             compiled=self.loaded.compiled,
