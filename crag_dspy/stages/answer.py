@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from ..citations import citations_of_trace
 from ..faults import LMUnavailableError
 from ..generation import attach_unit, clean_answer
-from ..grounding import grounding_of_trace
+from ..grounding import grounding_of_trace, no_classifier, preload_classifier
 from ..routing import Action
 from ..run import QuestionRun
 from ..strips import format_context
@@ -47,6 +47,9 @@ class Answer(Stage[Answered]):
             run.fallback(f"no knowledge survived refinement{detail}; answered without calling the LM")
             return Answered(UNKNOWN_ANSWER, context)
         retries = config.lm_calls.retries
+        # The grounding check's classifier embeds sentences once the answer is back: its model (seconds
+        # to load on a process's first answer) loads while the LM writes the answer, not after it.
+        preload_classifier()
         pred = predict_with_retries(
             self.program.answerer, "answer", run, retries, question=question, context=context
         )
@@ -67,7 +70,13 @@ class Answer(Stage[Answered]):
         trace.context, trace.answer, trace.lm_answer = value.context, value.answer, value.lm_answer
         # No LM call: a string check of the answer against what the run read, so every answer carries
         # one, also a trace cut short by a deadline before the witness search (stages.check).
-        trace.grounding = grounding_of_trace(trace)
+        strings_only = grounding_of_trace(trace, no_classifier)
+        if self.program.config.abstain_ungrounded and strings_only.ungrounded:
+            # answer_from replaces this answer with "I don't know": the classifier (an embedding model)
+            # would judge an answer nobody reads.
+            trace.grounding = strings_only
+        else:
+            trace.grounding = grounding_of_trace(trace)
         trace.citations = citations_of_trace(trace)
 
 
