@@ -159,6 +159,12 @@ def build_parser(delegated: Mapping[str, str] | None = None) -> argparse.Argumen
     add_lm_arguments(ask)
     add_program_arguments(ask)
     ask.add_argument("--json", action="store_true", help="print the full trace as JSON")
+    ask.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="do not print the stages on stderr as they happen (stdout holds the answer either way)",
+    )
 
     engine = sub.add_parser(
         "engine",
@@ -347,7 +353,7 @@ def _ask(args: argparse.Namespace) -> int:
     normalize_question(args.question, max_chars=settings.max_question_chars)
     crag = program_from_args(args).crag
     try:
-        prediction = crag(question=args.question)
+        prediction = crag(question=args.question, on_event=None if args.quiet else print_stage)
     except CRAGRunError as exc:
         if args.json:  # what happened up to the failure, for whoever debugs it
             print(json.dumps(exc.trace.model_dump(mode="json"), indent=2, ensure_ascii=False))
@@ -357,6 +363,16 @@ def _ask(args: argparse.Namespace) -> int:
     else:
         print(format_trace(prediction.trace))
     return 0
+
+
+def stage_line(event) -> str:
+    """A stage event as ``ask`` prints it on stderr: seconds since the run began, then what it did."""
+    return f"[{event.seconds:6.1f} s] {event.message}"
+
+
+def print_stage(event) -> None:
+    # stderr, flushed: the stages show as they happen, and stdout stays the answer for pipes and scripts.
+    print(stage_line(event), file=sys.stderr, flush=True)
 
 
 def _engine(args: argparse.Namespace) -> int:

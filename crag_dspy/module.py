@@ -21,6 +21,7 @@ from signatures import AnswerFromContext, FilterStrip, GradeDocument, ReviseQuer
 
 from .config import CRAGConfig
 from .embeddings import Embedder
+from .events import EventCallback
 from .judges.fusion import Grading
 from .judges.llm import BinaryJudge
 from .judges.view import focus_view
@@ -36,6 +37,7 @@ from .stages import (
     abstain,
     answer_from,
     check_answer,
+    finish,
     internal_knowledge,
     retry_internal,
     web_knowledge,
@@ -160,6 +162,7 @@ class CRAG(SavedAsProgram, dspy.Module):
         witness: bool = True,
         on_start: Callable[[CRAGTrace], None] | None = None,
         cancel: threading.Event | None = None,
+        on_event: EventCallback | None = None,
     ) -> dspy.Prediction:
         """Answer ``question``: retrieve, grade, decide the action (after internal retry rounds when
         configured), refine the knowledge the action reads, answer, check the answer. With no web search
@@ -170,10 +173,12 @@ class CRAG(SavedAsProgram, dspy.Module):
         results across calls (default: this call's own); ``witness=False`` skips the witness search,
         for callers that read only answers (it changes the grounding, never the answer). ``on_start``
         gets the trace as the run begins (a server with a deadline answers with what was done so far);
-        setting ``cancel`` stops the run as its next stage starts (:class:`~crag_dspy.faults.RunCancelled`)."""
+        setting ``cancel`` stops the run as its next stage starts (:class:`~crag_dspy.faults.RunCancelled`);
+        ``on_event`` gets each stage event as it happens (:mod:`crag_dspy.events`; inside
+        ``dspy.streamify`` they also stream as status messages)."""
         # Any length: the length limit is the app's (CLI, server), which knows its users and budget.
         question = normalize_question(question, max_chars=None)
-        run = self.new_run(question, cache=cache, cancel=cancel)
+        run = self.new_run(question, cache=cache, cancel=cancel, on_event=on_event)
         if on_start is not None:
             on_start(run.trace)
         with self.lm_scope(run.trace):
@@ -190,12 +195,13 @@ class CRAG(SavedAsProgram, dspy.Module):
                     passages, scores = retry_internal(self, run, question, passages, scores)
                 action = ablated_action(scores, *bounds, ablation.remove)
             run.trace.action = action.value
+            run.emit("action", action=action.value, lower=run.trace.lower, upper=run.trace.upper)
             external = web_knowledge(self, run, question, ablation) if action.uses_web else None
             if action is Action.INCORRECT and isinstance(self.web_search, NoWebSearch):
                 # The grader rejected every passage and there is no web to correct it: on own documents
                 # such answers were never right, only made up (docs/experiments.md, "INCORRECT without web").
                 abstain(run, f"{why_no_web(self)}; every passage was graded below lower ({run.trace.lower})")
-                return run.prediction()
+                return finish(run)
             internal = Knowledge([])
             if action.uses_internal or external is None:
                 if action is Action.INCORRECT:
@@ -204,10 +210,14 @@ class CRAG(SavedAsProgram, dspy.Module):
             answer_from(self, run, question, action, internal, external)
             if witness:
                 check_answer(self, run, question)
-        return run.prediction()
+        return finish(run)
 
     async def aforward(
-        self, question: str, *, on_start: Callable[[CRAGTrace], None] | None = None
+        self,
+        question: str,
+        *,
+        on_start: Callable[[CRAGTrace], None] | None = None,
+        on_event: EventCallback | None = None,
     ) -> dspy.Prediction:
         """:meth:`forward` for an event loop (``await crag.acall(question)``): the question runs in a
         worker thread with this task's context (DSPy settings, callbacks), so the loop serves other
@@ -217,7 +227,7 @@ class CRAG(SavedAsProgram, dspy.Module):
         try:
             # type(self).forward: DSPy warns when an instance's forward is called other than by __call__.
             return await asyncio.to_thread(
-                type(self).forward, self, question, on_start=on_start, cancel=cancel
+                type(self).forward, self, question, on_start=on_start, cancel=cancel, on_event=on_event
             )
         except asyncio.CancelledError:
             cancel.set()
@@ -229,9 +239,10 @@ class CRAG(SavedAsProgram, dspy.Module):
         *,
         cache: StageCache | None = None,
         cancel: threading.Event | None = None,
+        on_event: EventCallback | None = None,
     ) -> QuestionRun:
         """A run of ``question`` with its thresholds; ``cache`` keeps its stages' results (default: its
-        own); setting ``cancel`` stops it as its next stage starts."""
+        own); setting ``cancel`` stops it as its next stage starts; ``on_event`` gets its stage events."""
         lower, upper, kind = self.thresholds.for_question(question)
         names = {
             part: getattr(x, "name", type(x).__name__)
@@ -245,7 +256,7 @@ class CRAG(SavedAsProgram, dspy.Module):
             **names,
             internal_retries=self.config.internal_retries,
         )
-        return QuestionRun(trace, cache, cancel)
+        return QuestionRun(trace, cache, cancel, on_event)
 
     def lm_scope(self, trace: CRAGTrace):
         lm = self.lm or dspy.settings.lm

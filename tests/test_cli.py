@@ -277,3 +277,43 @@ def test_ingest_takes_the_folder_as_every_command_does_and_refuses_two_different
     assert main(["ingest", str(domain), "--domain-dir", str(domain), *chroma]) == 0  # the same folder twice
     assert main(["ingest", str(tmp_path), "--domain-dir", str(domain), *chroma]) == 2
     assert "give the domain once (--domain-dir DIR" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_ask_prints_the_stages_on_stderr_as_they_happen_and_the_answer_on_stdout(quiet, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from dspy.utils.dummies import DummyLM
+    from fakes import ListRetriever
+    from test_dummy_lm import FERRY, QUESTION, script
+
+    from crag_dspy import CRAG, cli
+    from crag_dspy.web import NoWebSearch
+
+    crag = CRAG(ListRetriever([("ferry", FERRY)]), NoWebSearch(), lm=DummyLM(script()))
+    seen: list[str] = []  # stderr as each stage ended: the lines are there before the run ends
+    real = cli.print_stage
+
+    def spying(event):
+        real(event)
+        seen.append(event.kind)
+
+    monkeypatch.setattr(cli, "print_stage", spying)
+    monkeypatch.setattr(cli, "program_from_args", lambda args: SimpleNamespace(crag=crag))
+    assert main(["ask", QUESTION, *NO_LM, *(["--quiet"] if quiet else [])]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("23:40 from pier four") or "23:40 from pier four" in out.splitlines()[0]
+    assert "action CORRECT" not in out and "[" not in out.splitlines()[0]
+    if quiet:
+        assert err == "" and seen == []
+    else:
+        lines = err.splitlines()
+        assert [line.split("] ", 1)[1].split(" ")[0] for line in lines] == [
+            "retrieved",
+            "graded",
+            "action",
+            "kept",
+            "answer:",
+            "cited",
+        ]
+        assert seen[0] == "retrieved"

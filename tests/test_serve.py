@@ -207,7 +207,7 @@ def test_page_and_its_script_are_served_with_a_strict_policy(client):
         and "script-src 'self'" in page.headers["content-security-policy"]
     )
     script_response = client.get("/app.js")
-    assert script_response.status_code == 200 and 'fetch("/ask"' in script_response.text
+    assert script_response.status_code == 200 and 'fetch("/ask/stream"' in script_response.text
 
 
 def test_failed_web_search_is_a_degraded_answer_that_says_why():

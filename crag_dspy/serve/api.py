@@ -1,4 +1,4 @@
-"""The FastAPI app: ``POST /ask``, ``GET /health``, ``GET /program``, the page at ``/`` and ``/openapi.json``.
+"""The FastAPI app: ``POST /ask``, ``POST /ask/stream``, ``GET /health``, ``GET /program``, the page at ``/`` and ``/openapi.json``.
 
 A request passes, in order: the access log (an id, one JSON line), the trusted-host check, the body
 limit (413), the API key (401), the caller's rate limit (429), request validation (422), then the
@@ -8,6 +8,8 @@ sets them all.
 
 # No `from __future__ import annotations`: FastAPI reads the dependencies in the signatures at
 # runtime, and `authenticate` is local to create_app.
+import asyncio
+import json
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -17,10 +19,11 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from ..events import StageEvent
 from ..faults import describe_error
 from ..trace import CRAGTrace
 from ..validation import QuestionError
@@ -87,6 +90,39 @@ def _snapshot(trace: CRAGTrace) -> CRAGTrace:
 
 def _error(status: int, body: ErrorResponse, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(status_code=status, content=body.model_dump(mode="json"), headers=headers)
+
+
+def _sse(event: str, data: dict) -> str:
+    """One server-sent event: its name and one line of JSON."""
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _answer_body(answer: AskResponse, caller: Caller, debug: bool) -> dict:
+    """The JSON body of an answer as this caller may see it."""
+    full = debug and caller.debug
+    body = answer.model_copy(update={"trace": _trace_for(caller, debug, answer.trace), "full_trace": full})
+    return body.model_dump(mode="json")
+
+
+def _failure(
+    exc: Exception, caller: Caller, debug: bool, started: list[CRAGTrace]
+) -> tuple[int, ErrorResponse, dict[str, str] | None]:
+    """The status, body and headers of a question that got no answer: the queue was full (503), the
+    deadline passed (504, with the trace so far) or a dependency failed (503 naming it)."""
+    if isinstance(exc, QueueFull):
+        log.warning("503 (queue): %s", exc)
+        return 503, ErrorResponse(detail=str(exc)), {"Retry-After": str(exc.retry_after)}
+    if isinstance(exc, DeadlineExceeded):
+        log.warning("504: %s", exc)
+        trace = _snapshot(started[0]) if started else None
+        return 504, ErrorResponse(detail=str(exc), trace=_trace_for(caller, debug, trace)), None
+    if isinstance(exc, DependencyError):
+        log.error("503 (%s): %s", exc.dependency, exc)
+        body = ErrorResponse(
+            detail=str(exc), dependency=exc.dependency, trace=_trace_for(caller, debug, exc.trace)
+        )
+        return 503, body, None
+    raise TypeError(f"not a failure of a question: {type(exc).__name__}") from exc
 
 
 def create_app(service: ProgramService, policy: ServePolicy | None = None) -> FastAPI:
@@ -225,27 +261,91 @@ def create_app(service: ProgramService, policy: ServePolicy | None = None) -> Fa
                 policy.request_timeout_s,
                 on_timeout=cancel.set,
             )
-        except QueueFull as exc:
-            log.warning("503 (queue): %s", exc)
-            return _error(503, ErrorResponse(detail=str(exc)), {"Retry-After": str(exc.retry_after)})
-        except DeadlineExceeded as exc:
-            log.warning("504: %s", exc)
-            trace = _snapshot(started[0]) if started else None
-            http.state.action = trace.action if trace else None
-            return _error(504, ErrorResponse(detail=str(exc), trace=_trace_for(caller, debug, trace)))
-        except DependencyError as exc:
-            log.error("503 (%s): %s", exc.dependency, exc)
-            http.state.action = exc.trace.action if exc.trace else None
-            body = ErrorResponse(
-                detail=str(exc), dependency=exc.dependency, trace=_trace_for(caller, debug, exc.trace)
-            )
-            return _error(503, body)
+        except (QueueFull, DeadlineExceeded, DependencyError) as exc:
+            status, body, headers = _failure(exc, caller, debug, started)
+            http.state.action = body.trace.action if body.trace else None
+            return _error(status, body, headers)
         http.state.action = answer.action
-        full = debug and caller.debug
-        body = answer.model_copy(
-            update={"trace": _trace_for(caller, debug, answer.trace), "full_trace": full}
+        return JSONResponse(_answer_body(answer, caller, debug))
+
+    @app.post(
+        "/ask/stream",
+        summary="Answer a question, telling each stage as it happens (server-sent events)",
+        response_class=StreamingResponse,
+        responses={
+            200: {
+                "content": {"text/event-stream": {}},
+                "description": "`event: stage` per stage event (retrieved, graded, action, web_query, "
+                "strips_kept, answer, citations; JSON: kind, data, seconds), then `event: answer` with the "
+                "body `POST /ask` returns, or `event: error` with `status` (503, 504) and its error body",
+            },
+            401: {"model": ErrorResponse, "description": "no API key, or not a valid one"},
+            403: {"model": ErrorResponse, "description": "?debug=1 without a debug key"},
+            422: {"model": ValidationErrorResponse, "description": "as for POST /ask"},
+            429: {"model": ErrorResponse, "description": "the caller's rate limit; see Retry-After"},
+            503: {"model": ErrorResponse, "description": "the queue is full (see Retry-After)"},
+        },
+    )
+    async def ask_stream(
+        request: AskRequest,
+        http: Request,
+        caller: Annotated[Caller, Depends(authenticate)],
+        debug: Annotated[
+            bool, Query(description="the full trace (raw passages, web contents): debug keys only")
+        ] = False,
+    ) -> Response:
+        if debug and not caller.debug:
+            raise HTTPException(403, "the full trace (?debug=1) needs a debug key (CRAG_DEBUG_API_KEYS)")
+        http.state.question_hash = question_hash(request.question)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[StageEvent] = asyncio.Queue()
+        started: list[CRAGTrace] = []
+        cancel = threading.Event()
+
+        def on_event(event: StageEvent) -> None:
+            # The run's thread hands the event to this request's loop; the stream below sends it.
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        try:
+            # Admitted (or refused with a 503) before the stream begins, with the keys, limits and
+            # deadline of POST /ask.
+            future, running = queue.submit(
+                lambda: service.ask(
+                    request.question, on_start=started.append, cancel=cancel, on_event=on_event
+                )
+            )
+        except QueueFull as exc:
+            status, body, headers = _failure(exc, caller, debug, started)
+            return _error(status, body, headers)
+        answer = asyncio.ensure_future(
+            queue.wait(future, running, policy.request_timeout_s, on_timeout=cancel.set)
         )
-        return JSONResponse(body.model_dump(mode="json"))
+
+        async def stream() -> AsyncIterator[str]:
+            try:
+                while not answer.done() or not events.empty():
+                    next_event = asyncio.ensure_future(events.get())
+                    await asyncio.wait({next_event, answer}, return_when=asyncio.FIRST_COMPLETED)
+                    if next_event.done():
+                        yield _sse("stage", next_event.result().model_dump(mode="json"))
+                    else:
+                        next_event.cancel()
+                try:
+                    done = answer.result()
+                except (DeadlineExceeded, DependencyError) as exc:
+                    status, body, _ = _failure(exc, caller, debug, started)
+                    yield _sse("error", {"status": status, **body.model_dump(mode="json")})
+                else:
+                    yield _sse("answer", _answer_body(done, caller, debug))
+            finally:
+                # The client left before the answer: the run stops as its next stage starts.
+                if not answer.done():
+                    cancel.set()
+                    answer.cancel()
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
 
     @app.get(
         "/health", response_model=Health, summary="Liveness and what is loaded (makes no LM call; no key)"

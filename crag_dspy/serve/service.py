@@ -17,6 +17,7 @@ from typing import Any
 import dspy
 
 from ..app import LoadedProgram
+from ..events import EventCallback
 from ..faults import LMUnavailableError, RetrievalError
 from ..program import program_config
 from ..trace import CRAGTrace
@@ -57,12 +58,14 @@ class ProgramService:
         *,
         on_start: Callable[[CRAGTrace], None] | None = None,
         cancel: threading.Event | None = None,
+        on_event: EventCallback | None = None,
     ) -> AskResponse:
-        """Answer ``question`` with the full trace; ``on_start`` gets the trace as the run begins, and
-        setting ``cancel`` stops the run as its next stage starts (a deadline passed)."""
+        """Answer ``question`` with the full trace; ``on_start`` gets the trace as the run begins,
+        setting ``cancel`` stops the run as its next stage starts (a deadline passed), and ``on_event``
+        gets each stage event (:mod:`crag_dspy.events`) in the run's thread."""
         started = time.perf_counter()
         try:
-            prediction = self.crag(question=question, on_start=on_start, cancel=cancel)
+            prediction = self.crag(question=question, on_start=on_start, cancel=cancel, on_event=on_event)
         except RetrievalError as exc:
             raise DependencyError("store", str(exc), exc.trace) from exc
         except LMUnavailableError as exc:

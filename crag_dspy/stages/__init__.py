@@ -10,7 +10,7 @@ The trace is written by :meth:`Stage.record`, not by a callback: DSPy logs and d
 in a callback, and the trace is part of every answer.
 """
 
-from .answer import UNKNOWN_ANSWER, Answer, Answered, abstain, answer_from
+from .answer import UNKNOWN_ANSWER, Answer, Answered, abstain, answer_from, finish
 from .base import Computed, Program, Stage, config_value, state_key
 from .check import SearchWitnesses, check_answer
 from .grade import Grade, GradePassage, PassageGraded
@@ -46,6 +46,7 @@ __all__ = [
     "answer_from",
     "check_answer",
     "config_value",
+    "finish",
     "internal_knowledge",
     "knowledge_for",
     "note_reserve_used",

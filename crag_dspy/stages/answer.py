@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import dspy
+
 from ..citations import citations_of_trace
 from ..faults import LMUnavailableError
 from ..generation import attach_unit, clean_answer
@@ -16,7 +18,15 @@ from .base import Program, Stage
 from .calls import predict_with_retries
 from .knowledge import Knowledge, knowledge_for, note_reserve_used
 
-__all__ = ["UNKNOWN_ANSWER", "Answer", "Answered", "abstain", "abstain_ungrounded", "answer_from"]
+__all__ = [
+    "UNKNOWN_ANSWER",
+    "Answer",
+    "Answered",
+    "abstain",
+    "abstain_ungrounded",
+    "answer_from",
+    "finish",
+]
 
 UNKNOWN_ANSWER = "I don't know"
 
@@ -128,3 +138,18 @@ def abstain_ungrounded(run: QuestionRun, answered: Answered, ungrounded: list[st
     trace.lm_answer = answered.answer
     _answer_unknown(trace)
     return Answered(UNKNOWN_ANSWER, answered.context, lm_answer=answered.answer)
+
+
+def finish(run: QuestionRun) -> dspy.Prediction:
+    """The run's prediction, once its answer is final (after the grounding check, an abstention): the
+    ``answer`` and ``citations`` events are emitted here, so they tell what the caller gets."""
+    trace = run.trace
+    run.emit("answer", answer=trace.answer or "")
+    run.emit(
+        "citations",
+        citations=[
+            {"label": c.label, "doc_id": c.doc_id, "title": c.title, "url": c.url, "page": c.page}
+            for c in trace.citations
+        ],
+    )
+    return run.prediction()
