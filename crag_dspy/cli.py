@@ -94,15 +94,25 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_program_arguments(parser: argparse.ArgumentParser) -> None:
-    """Which program to run and its run-time knobs, shared by ``ask`` and ``crag_dspy.serve``."""
+def add_program_arguments(parser: argparse.ArgumentParser, *, several: bool = False) -> None:
+    """Which program to run and its run-time knobs, shared by ``ask`` and ``crag_dspy.serve``; with
+    ``several`` (serve), ``--program`` may be repeated or name a folder, and ``args.program`` is a list."""
     g = parser.add_argument_group("program")
-    g.add_argument(
-        "--program",
-        type=Path,
-        help="compiled program JSON (crag-dspy compile, or crag.save), or a bundled domain's name for the program "
-        "it ships (--program default); without it, the uncompiled default program",
+    what = (
+        "compiled program JSON (crag-dspy compile, or crag.save), or a bundled domain's name for the program "
+        "it ships (--program default)"
     )
+    if several:
+        g.add_argument(
+            "--program",
+            type=Path,
+            action="append",
+            help=f"{what}, or a folder of program JSONs; repeat it to serve several domains, one program "
+            "each (a request chooses one by its 'domain', the first given is the default); without it, "
+            "the uncompiled default program",
+        )
+    else:
+        g.add_argument("--program", type=Path, help=f"{what}; without it, the uncompiled default program")
     g.add_argument(
         "--web-search",
         choices=["auto", "tavily", "offline", "none"],

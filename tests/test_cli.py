@@ -261,7 +261,7 @@ def test_ctrl_c_ends_every_command_with_one_line_and_exit_130(monkeypatch, capsy
     monkeypatch.setattr("optimize.compile.build_lm", interrupt)
     assert compile_main(["--no-test-eval", *NO_LM]) == 130
     assert console_main(["compile", "--no-test-eval", *NO_LM]) == 130
-    monkeypatch.setattr("crag_dspy.serve.cli.program_from_args", interrupt)  # serve's start-up
+    monkeypatch.setattr("crag_dspy.serve.cli.load_programs", interrupt)  # serve's start-up
     assert console_main(["serve", *NO_LM]) == 130
     assert capsys.readouterr().err == "interrupted\n" * 4
 

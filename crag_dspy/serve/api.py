@@ -1,5 +1,8 @@
 """The FastAPI app: ``POST /ask``, ``POST /ask/stream``, ``GET /health``, ``GET /program``, the page at ``/`` and ``/openapi.json``.
 
+One app serves one program or several, one per domain (:class:`~crag_dspy.serve.domains.Domains`): a
+request names its domain, the first served is the default.
+
 A request passes, in order: the access log (an id, one JSON line), the trusted-host check, the body
 limit (413), the API key (401), the caller's rate limit (429), request validation (422), then the
 bounded queue (503 when full) and the deadline (504). :class:`~crag_dspy.serve.policy.ServePolicy`
@@ -12,7 +15,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib.resources import files
 from typing import Annotated
@@ -32,9 +35,11 @@ from .access_log import AccessLog, question_hash
 from .admission import DeadlineExceeded, ModelQueue, QueueFull
 from .auth import Caller, identify
 from .client_trace import client_trace
+from .domains import Domains, UnknownDomain
 from .policy import ServePolicy
 from .ratelimit import RateLimiter
 from .schemas import (
+    DOMAIN_MAX_CHARS,
     QUESTION_MAX_CHARS,
     AskRequest,
     AskResponse,
@@ -125,13 +130,27 @@ def _failure(
     raise TypeError(f"not a failure of a question: {type(exc).__name__}") from exc
 
 
-def create_app(service: ProgramService, policy: ServePolicy | None = None) -> FastAPI:
+def _unknown_domain(exc: UnknownDomain, where: str) -> JSONResponse:
+    """The 422 of a request that named a domain not served, in the shape of every invalid request."""
+    log.info("422: %s", exc)
+    loc = ["body", "domain"] if where == "body" else ["query", "domain"]
+    error = {"type": "unknown_domain", "loc": loc, "msg": str(exc)}
+    body = ValidationErrorResponse(detail=f"invalid request: domain: {exc}", errors=[error])
+    return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
+
+
+def create_app(
+    service: ProgramService | Sequence[ProgramService] | Domains, policy: ServePolicy | None = None
+) -> FastAPI:
     """An ASGI app serving ``service``; run it with any ASGI server (``python -m crag_dspy.serve`` uses uvicorn).
 
+    ``service`` is one program, or several on different domains (the first is the default): a request
+    chooses one with its ``domain`` field; all share the keys, the rate limit, the queue and the deadline.
     ``policy`` defaults to the loopback developer's (no keys, the full trace on ``?debug=1``); listen
     beyond this machine only with one that has keys (:func:`~crag_dspy.serve.policy.policy_for`).
     """
     policy = policy or ServePolicy()
+    domains = Domains.of(service)
     queue = ModelQueue(policy.workers, policy.queue)
     limiter = RateLimiter(policy.rate_limit) if policy.rate_limit else None
 
@@ -157,6 +176,7 @@ def create_app(service: ProgramService, policy: ServePolicy | None = None) -> Fa
         lifespan=lifespan,
     )
     app.state.queue = queue  # for operators' probes and tests: how many questions are admitted
+    app.state.domains = domains
     # The last added runs first: every request gets an id and an access line, refused ones too.
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(policy.allowed_hosts))
     app.add_middleware(AccessLog)
@@ -228,7 +248,7 @@ def create_app(service: ProgramService, policy: ServePolicy | None = None) -> Fa
             422: {
                 "model": ValidationErrorResponse,
                 "description": f"question missing, blank, not a string or over {QUESTION_MAX_CHARS} chars, "
-                "or empty once control characters are removed",
+                "or empty once control characters are removed; a domain not served",
             },
             429: {"model": ErrorResponse, "description": "the caller's rate limit; see Retry-After"},
             500: {"model": ErrorResponse, "description": "a bug: the detail names the exception"},
@@ -251,6 +271,11 @@ def create_app(service: ProgramService, policy: ServePolicy | None = None) -> Fa
         if debug and not caller.debug:
             raise HTTPException(403, "the full trace (?debug=1) needs a debug key (CRAG_DEBUG_API_KEYS)")
         http.state.question_hash = question_hash(request.question)
+        try:
+            service = domains.choose(request.domain)
+        except UnknownDomain as exc:
+            return _unknown_domain(exc, "body")
+        http.state.domain = service.loaded.domain
         started: list[CRAGTrace] = []
         cancel = threading.Event()
         try:
@@ -281,7 +306,10 @@ def create_app(service: ProgramService, policy: ServePolicy | None = None) -> Fa
             },
             401: {"model": ErrorResponse, "description": "no API key, or not a valid one"},
             403: {"model": ErrorResponse, "description": "?debug=1 without a debug key"},
-            422: {"model": ValidationErrorResponse, "description": "as for POST /ask"},
+            422: {
+                "model": ValidationErrorResponse,
+                "description": "as for POST /ask (a domain not served too)",
+            },
             429: {"model": ErrorResponse, "description": "the caller's rate limit; see Retry-After"},
             503: {"model": ErrorResponse, "description": "the queue is full (see Retry-After)"},
         },
@@ -297,6 +325,11 @@ def create_app(service: ProgramService, policy: ServePolicy | None = None) -> Fa
         if debug and not caller.debug:
             raise HTTPException(403, "the full trace (?debug=1) needs a debug key (CRAG_DEBUG_API_KEYS)")
         http.state.question_hash = question_hash(request.question)
+        try:
+            service = domains.choose(request.domain)
+        except UnknownDomain as exc:
+            return _unknown_domain(exc, "body")
+        http.state.domain = service.loaded.domain
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[StageEvent] = asyncio.Queue()
         started: list[CRAGTrace] = []
@@ -351,16 +384,29 @@ def create_app(service: ProgramService, policy: ServePolicy | None = None) -> Fa
         "/health", response_model=Health, summary="Liveness and what is loaded (makes no LM call; no key)"
     )
     def health() -> Health:
-        return service.health()
+        return domains.default.health().model_copy(update={"domains": domains.names})
 
     @app.get(
         "/program",
         response_model=ProgramInfo,
-        summary="The program served: thresholds, domain, scores",
-        responses={401: {"model": ErrorResponse, "description": "no API key, or not a valid one"}},
+        summary="The program of a domain served (the default one unless ?domain=): thresholds, scores",
+        responses={
+            401: {"model": ErrorResponse, "description": "no API key, or not a valid one"},
+            422: {"model": ValidationErrorResponse, "description": "a domain not served"},
+        },
     )
-    def program(caller: Annotated[Caller, Depends(authenticate)]) -> ProgramInfo:
-        return service.info()
+    def program(
+        caller: Annotated[Caller, Depends(authenticate)],
+        domain: Annotated[
+            str | None, Query(max_length=DOMAIN_MAX_CHARS, description="which domain (default: the first)")
+        ] = None,
+    ) -> Response:
+        try:
+            chosen = domains.choose(domain)
+        except UnknownDomain as exc:
+            return _unknown_domain(exc, "query")
+        info = chosen.info().model_copy(update={"domains": domains.names})
+        return JSONResponse(info.model_dump(mode="json"))
 
     @app.get("/", include_in_schema=False)
     def index() -> HTMLResponse:

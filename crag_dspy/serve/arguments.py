@@ -15,10 +15,11 @@ def build_parser(epilog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=command_prog("serve", "crag_dspy.serve"),
         epilog=epilog,
-        description="Serve a CRAG program over HTTP: POST /ask (answer + full trace), GET /health, "
-        "GET /program, the OpenAPI schema at /openapi.json, and a page at / that shows CRAG's decision.",
+        description="Serve a CRAG program, or one per domain, over HTTP: POST /ask (answer + full trace), "
+        "GET /health, GET /program, the OpenAPI schema at /openapi.json, and a page at / that shows "
+        "CRAG's decision.",
     )
-    add_program_arguments(parser)
+    add_program_arguments(parser, several=True)
     add_storage_arguments(parser)
     add_lm_arguments(parser)
     g = parser.add_argument_group("server")

@@ -13,6 +13,7 @@ from ..validation import DEFAULT_MAX_QUESTION_CHARS
 from .client_trace import ClientTrace
 
 __all__ = [
+    "DOMAIN_MAX_CHARS",
     "QUESTION_MAX_CHARS",
     "AskRequest",
     "AskResponse",
@@ -25,6 +26,9 @@ __all__ = [
 
 QUESTION_MAX_CHARS = DEFAULT_MAX_QUESTION_CHARS
 """Longest question accepted: longer input is a 422, never silently truncated."""
+
+DOMAIN_MAX_CHARS = 64
+"""Longest domain name a request may give (domain names are short identifiers)."""
 
 Dependency = Literal["lm", "store"]
 
@@ -50,10 +54,18 @@ class AskRequest(BaseModel):
             raise PydanticCustomError("blank_question", "must not be empty or only whitespace")
         return value
 
+    domain: str | None = Field(
+        None,
+        max_length=DOMAIN_MAX_CHARS,
+        description="which served domain answers (GET /health lists them); omitted: the first one served. "
+        "A domain not served is a 422 naming the served ones",
+    )
+
 
 class AskResponse(BaseModel):
     answer: str
     action: Literal["CORRECT", "AMBIGUOUS", "INCORRECT"]
+    domain: str = Field(description="the domain whose program answered")
     degraded: bool = Field(
         description="True when a stage failed or fell back; the trace's errors and fallbacks say what and why"
     )
@@ -75,7 +87,8 @@ class AskResponse(BaseModel):
 class ProgramInfo(BaseModel):
     compiled: bool = Field(description="False: the uncompiled default program (no program JSON loaded)")
     path: str | None = Field(description="the file name of the program JSON served, if any (no folder)")
-    domain: str
+    domain: str = Field(description="the domain of this program (GET /program?domain=<name> chooses one)")
+    domains: list[str] = Field(description="every domain this server serves, the default first")
     lower: float = Field(description="lower action threshold in force")
     upper: float = Field(description="upper action threshold in force")
     thresholds_by_type: dict[str, tuple[float, float]] = Field(
@@ -94,8 +107,9 @@ class ProgramInfo(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
-    compiled: bool
-    domain: str
+    compiled: bool = Field(description="whether the default domain's program is compiled")
+    domain: str = Field(description="the default domain: the one /ask answers from without a `domain`")
+    domains: list[str] = Field(description="every domain this server serves, the default first")
     version: str
 
 

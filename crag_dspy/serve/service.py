@@ -76,6 +76,7 @@ class ProgramService:
         return AskResponse(
             answer=trace.answer or "",
             action=trace.action,
+            domain=self.loaded.domain,
             degraded=bool(trace.errors or trace.fallbacks),
             seconds=seconds,
             citations=client_citations(trace),
@@ -83,7 +84,9 @@ class ProgramService:
         )
 
     def health(self) -> Health:
-        return Health(compiled=self.loaded.compiled, domain=self.loaded.domain, version=__version__)
+        """Health as a server of this one program would say it (a server of several lists them all)."""
+        domain = self.loaded.domain
+        return Health(compiled=self.loaded.compiled, domain=domain, domains=[domain], version=__version__)
 
     def info(self) -> ProgramInfo:
         crag, document = self.crag, self.loaded.document
@@ -101,6 +104,7 @@ class ProgramService:
             compiled=self.loaded.compiled,
             path=self.loaded.path.name if self.loaded.path else None,
             domain=self.loaded.domain,
+            domains=[self.loaded.domain],
             lower=crag.thresholds.lower,
             upper=crag.thresholds.upper,
             thresholds_by_type=crag.thresholds.by_type,

@@ -64,7 +64,10 @@ $("key-form").addEventListener("submit", (event) => {
 async function loadProgram() {
   const box = $("program");
   try {
-    const response = await fetch("/program", { headers: keyHeaders() });
+    // A server of several domains (serve --program a.json --program b.json) lets the page choose one.
+    const chosen = $("domain").value;
+    const url = chosen ? `/program?domain=${encodeURIComponent(chosen)}` : "/program";
+    const response = await fetch(url, { headers: keyHeaders() });
     if (response.status === 401) {
       box.textContent = "This service needs an API key.";
       askForKey();
@@ -72,6 +75,12 @@ async function loadProgram() {
     }
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const p = await response.json();
+    const domains = p.domains || [p.domain];
+    if (domains.length > 1 && $("domain").options.length === 0) {
+      $("domain").replaceChildren(...domains.map((name) => el("option", { value: name }, name)));
+      $("domain-row").hidden = false;
+    }
+    if (domains.length > 1) $("domain").value = p.domain;
     const scores = p.scores || {};
     const test = scores.test ? Object.entries(scores.test).map(([k, v]) => `${k} ${fmt(100 * v, 1)}%`).join(", ") : null;
     const parts = [
@@ -374,7 +383,7 @@ async function ask(question) {
     const response = await fetch("/ask/stream", {
       method: "POST",
       headers: { "Content-Type": "application/json", Accept: "text/event-stream", ...keyHeaders() },
-      body: JSON.stringify({ question }),
+      body: JSON.stringify($("domain-row").hidden ? { question } : { question, domain: $("domain").value }),
     });
     let body, httpStatus = response.status;
     if (response.ok && (response.headers.get("Content-Type") || "").startsWith("text/event-stream")) {
@@ -425,4 +434,5 @@ $("question").addEventListener("keydown", (event) => {
     $("ask").requestSubmit();
   }
 });
+$("domain").addEventListener("change", () => loadProgram());
 loadProgram();
