@@ -43,7 +43,9 @@ __all__ = [
     "send_to_dspy_stream",
 ]
 
-EventKind = Literal["retrieved", "graded", "action", "web_query", "strips_kept", "answer", "citations"]
+EventKind = Literal[
+    "standalone", "retrieved", "graded", "action", "web_query", "strips_kept", "answer", "citations"
+]
 EventCallback = Callable[["StageEvent"], None]
 
 
@@ -86,6 +88,8 @@ def describe(event: StageEvent) -> str:
     """One line saying what ``event`` tells, e.g. ``graded 3 passages: 0.91, 0.40, ?``."""
     d = event.data
     match event.kind:
+        case "standalone":
+            return f"standalone question: {d['question']}"
         case "retrieved":
             return f"retrieved {len(d['titles'])} passages" + (
                 f": {'; '.join(d['titles'])}" if d["titles"] else ""

@@ -11,15 +11,23 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
 import dspy
 
-from signatures import AnswerFromContext, FilterStrip, GradeDocument, ReviseQuery, RewriteQuery
+from signatures import (
+    AnswerFromContext,
+    CondenseQuestion,
+    FilterStrip,
+    GradeDocument,
+    ReviseQuery,
+    RewriteQuery,
+)
 
 from .config import CRAGConfig
+from .conversation import Turn, as_history
 from .embeddings import Embedder
 from .events import EventCallback
 from .judges.fusion import Grading
@@ -31,6 +39,7 @@ from .retrievers import as_retriever
 from .routing import NO_ABLATION, Ablation, Action, ablated_action, decide_action
 from .run import QuestionRun, StageCache
 from .stages import (
+    Condense,
     Grade,
     Knowledge,
     Retrieve,
@@ -115,6 +124,8 @@ class CRAG(SavedAsProgram, dspy.Module):
         self.grading = Grading()
         self.grader = grader if grader is not None else BinaryJudge(GradeDocument)
         self.strip_filter = strip_filter if strip_filter is not None else BinaryJudge(FilterStrip)
+        # Rewrites a follow-up into a standalone question with the history; never called without history.
+        self.condenser = dspy.Predict(CondenseQuestion)
         self.rewriter = dspy.Predict(RewriteQuery)
         # Writes the query of a later internal retry round; never called with internal_retries < 2.
         self.reviser = dspy.Predict(ReviseQuery)
@@ -156,6 +167,7 @@ class CRAG(SavedAsProgram, dspy.Module):
         self,
         question: str,
         *,
+        history: Sequence[Turn | Mapping[str, str] | tuple[str, str]] | None = None,
         action: Action | None = None,
         ablation: Ablation = NO_ABLATION,
         cache: StageCache | None = None,
@@ -164,10 +176,14 @@ class CRAG(SavedAsProgram, dspy.Module):
         cancel: threading.Event | None = None,
         on_event: EventCallback | None = None,
     ) -> dspy.Prediction:
-        """Answer ``question``: retrieve, grade, decide the action (after internal retry rounds when
+        """Answer ``question``: condense a follow-up with its ``history``, retrieve, grade, decide the action (after internal retry rounds when
         configured), refine the knowledge the action reads, answer, check the answer. With no web search
         configured, INCORRECT answers "I don't know" without refining the passages the grader rejected.
 
+        ``history`` holds the conversation's earlier turns, oldest first (``{"question": ..., "answer":
+        ...}`` or (question, answer) pairs, at most :data:`~crag_dspy.conversation.MAX_TURNS`): with any,
+        the follow-up is first rewritten into a standalone question (the ``condense`` stage, one LM
+        call; ``trace.standalone_question``) that every later stage reads; without, no call is made.
         ``action`` forces the route (no decision, no retry rounds; passages graded only when refinement
         reads the grades); ``ablation`` leaves out what the paper's ablations do; ``cache`` keeps stage
         results across calls (default: this call's own); ``witness=False`` skips the witness search,
@@ -178,10 +194,14 @@ class CRAG(SavedAsProgram, dspy.Module):
         ``dspy.streamify`` they also stream as status messages)."""
         # Any length: the length limit is the app's (CLI, server), which knows its users and budget.
         question = normalize_question(question, max_chars=None)
+        turns = as_history(history)  # a bad history is refused before any work, as a bad question is
         run = self.new_run(question, cache=cache, cancel=cancel, on_event=on_event)
+        run.trace.history_turns = len(turns)
         if on_start is not None:
             on_start(run.trace)
         with self.lm_scope(run.trace):
+            if turns:
+                question = self._standalone(run, question, turns)
             passages = Retrieve(self, run)(question=question)
             grades = (
                 Grade(self, run)(question=question, passages=passages)
@@ -212,10 +232,19 @@ class CRAG(SavedAsProgram, dspy.Module):
                 check_answer(self, run, question)
         return finish(run)
 
+    def _standalone(self, run: QuestionRun, question: str, turns: list[Turn]) -> str:
+        """The follow-up as a standalone question; its type's thresholds when the program has per-type
+        ones (the type is the standalone question's: "and for a group?" alone has none)."""
+        standalone = Condense(self, run)(question=question, turns=[turn.model_dump() for turn in turns])
+        trace = run.trace
+        trace.lower, trace.upper, trace.question_type = self.thresholds.for_question(standalone)
+        return standalone
+
     async def aforward(
         self,
         question: str,
         *,
+        history: Sequence[Turn | Mapping[str, str] | tuple[str, str]] | None = None,
         on_start: Callable[[CRAGTrace], None] | None = None,
         on_event: EventCallback | None = None,
     ) -> dspy.Prediction:
@@ -227,7 +256,13 @@ class CRAG(SavedAsProgram, dspy.Module):
         try:
             # type(self).forward: DSPy warns when an instance's forward is called other than by __call__.
             return await asyncio.to_thread(
-                type(self).forward, self, question, on_start=on_start, cancel=cancel, on_event=on_event
+                type(self).forward,
+                self,
+                question,
+                history=history,
+                on_start=on_start,
+                cancel=cancel,
+                on_event=on_event,
             )
         except asyncio.CancelledError:
             cancel.set()

@@ -37,7 +37,12 @@ from .domain import check_domain_name
 from .judges.evaluator import EvaluatorError, RelevanceEvaluator
 from .version import __version__
 
+ADDED_PREDICTORS = ("condenser",)
+"""Predictors added after programs were first shipped: a program saved before one existed loads with it
+as the module builds it (no demos, the signature's own instruction), instead of failing on a missing key."""
+
 __all__ = [
+    "ADDED_PREDICTORS",
     "PROGRAM_FORMAT",
     "PROGRAM_FORMAT_VERSION",
     "FileMetadata",
@@ -354,7 +359,8 @@ def apply_program(
     config = program_crag_config(document, crag.config.lm_calls if keep_lm_calls else None)
     state = {name: value for name, value in document.items() if name != "metadata"}
     evaluator = _load_evaluator(state.get("grading"), program_dir)
-    expected = {name for name, _ in crag.named_parameters()}
+    # A predictor added after the program was compiled (ADDED_PREDICTORS) loads as the module builds it.
+    expected = {name for name, _ in crag.named_parameters()} - set(ADDED_PREDICTORS)
     missing = expected - state.keys()
     if missing:
         raise ProgramError(

@@ -276,13 +276,16 @@ def create_app(
         except UnknownDomain as exc:
             return _unknown_domain(exc, "body")
         http.state.domain = service.loaded.domain
+        history = [turn.model_dump() for turn in request.history]
         started: list[CRAGTrace] = []
         cancel = threading.Event()
         try:
             # CRAG runs on the queue's threads; this coroutine only waits, so the deadline is kept
             # while an LM call is under way. Past it the run stops as its next stage starts.
             answer = await queue.run(
-                lambda: service.ask(request.question, on_start=started.append, cancel=cancel),
+                lambda: service.ask(
+                    request.question, history=history, on_start=started.append, cancel=cancel
+                ),
                 policy.request_timeout_s,
                 on_timeout=cancel.set,
             )
@@ -330,6 +333,7 @@ def create_app(
         except UnknownDomain as exc:
             return _unknown_domain(exc, "body")
         http.state.domain = service.loaded.domain
+        history = [turn.model_dump() for turn in request.history]
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[StageEvent] = asyncio.Queue()
         started: list[CRAGTrace] = []
@@ -344,7 +348,11 @@ def create_app(
             # deadline of POST /ask.
             future, running = queue.submit(
                 lambda: service.ask(
-                    request.question, on_start=started.append, cancel=cancel, on_event=on_event
+                    request.question,
+                    history=history,
+                    on_start=started.append,
+                    cancel=cancel,
+                    on_event=on_event,
                 )
             )
         except QueueFull as exc:

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from ..citations import Citation
+from ..conversation import MAX_ANSWER_CHARS, MAX_TURNS
 from ..trace import CRAGTrace
 from ..validation import DEFAULT_MAX_QUESTION_CHARS
 from .client_trace import ClientTrace
@@ -20,6 +21,7 @@ __all__ = [
     "Dependency",
     "ErrorResponse",
     "Health",
+    "HistoryTurn",
     "ProgramInfo",
     "ValidationErrorResponse",
 ]
@@ -31,6 +33,26 @@ DOMAIN_MAX_CHARS = 64
 """Longest domain name a request may give (domain names are short identifiers)."""
 
 Dependency = Literal["lm", "store"]
+
+
+def _not_blank(value: str) -> str:
+    value = value.strip()
+    if not value:
+        raise PydanticCustomError("blank_question", "must not be empty or only whitespace")
+    return value
+
+
+class HistoryTurn(BaseModel):
+    """One earlier turn of the conversation, as the client saw it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(
+        max_length=QUESTION_MAX_CHARS, json_schema_extra={"minLength": 1}, description="an earlier question"
+    )
+    answer: str = Field(max_length=MAX_ANSWER_CHARS, description="the answer it got (may be empty)")
+
+    _question_not_blank = field_validator("question")(_not_blank)
 
 
 class AskRequest(BaseModel):
@@ -46,13 +68,15 @@ class AskRequest(BaseModel):
         description=f"The question, 1 to {QUESTION_MAX_CHARS} characters; surrounding whitespace is removed.",
     )
 
-    @field_validator("question")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        value = value.strip()
-        if not value:
-            raise PydanticCustomError("blank_question", "must not be empty or only whitespace")
-        return value
+    _question_not_blank = field_validator("question")(_not_blank)
+
+    history: list[HistoryTurn] = Field(
+        default_factory=list,
+        max_length=MAX_TURNS,
+        description=f"the conversation's earlier turns, oldest first, at most {MAX_TURNS}: with any, the "
+        "question is first rewritten to stand alone (the trace's `standalone_question`). Untrusted "
+        "input, made inert as documents are",
+    )
 
     domain: str | None = Field(
         None,

@@ -10,7 +10,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
@@ -56,16 +56,20 @@ class ProgramService:
         self,
         question: str,
         *,
+        history: Sequence[Mapping[str, str]] | None = None,
         on_start: Callable[[CRAGTrace], None] | None = None,
         cancel: threading.Event | None = None,
         on_event: EventCallback | None = None,
     ) -> AskResponse:
         """Answer ``question`` with the full trace; ``on_start`` gets the trace as the run begins,
+        ``history`` holds the conversation's earlier turns (:mod:`crag_dspy.conversation`),
         setting ``cancel`` stops the run as its next stage starts (a deadline passed), and ``on_event``
         gets each stage event (:mod:`crag_dspy.events`) in the run's thread."""
         started = time.perf_counter()
         try:
-            prediction = self.crag(question=question, on_start=on_start, cancel=cancel, on_event=on_event)
+            prediction = self.crag(
+                question=question, history=history, on_start=on_start, cancel=cancel, on_event=on_event
+            )
         except RetrievalError as exc:
             raise DependencyError("store", str(exc), exc.trace) from exc
         except LMUnavailableError as exc:
