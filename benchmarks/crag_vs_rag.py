@@ -7,6 +7,7 @@ identical LM request repeats within a question.
     python benchmarks/crag_vs_rag.py --program runs/popqa/program.json --domain-dir ../shared/data/popqa-dev
     python benchmarks/crag_vs_rag.py --hosted-latency 0.2 --threads 8 --limit 100 --out /tmp/hosted.json
     python benchmarks/crag_vs_rag.py --hosted-latency 0.2 --concurrency 8 --limit 24
+    python benchmarks/crag_vs_rag.py --program default --followups benchmarks/followups.jsonl
 
 The questions are the split's (``--split``, default test), ``--limit`` of them taken evenly across kinds;
 without ``--program`` the uncompiled default program runs. Plain RAG retrieves the program's k passages
@@ -26,16 +27,24 @@ prompt, shaped as the adapters parse it (never a quality claim; no result file u
 judgements, N at a time); it reports their wall times per question, their ratio, and whether every
 answer, action and LM call count is the same.
 
+``--followups FILE`` measures conversations instead: each follow-up (a JSON line with ``history``, a
+``question`` that is ambiguous alone and gold ``answers``; benchmarks/followups.jsonl has 21 over the
+default domain) answered by CRAG with its history (condensed into a standalone question first) and
+without (the follow-up as asked), right answers paired by exact McNemar. Writes
+benchmarks/results/crag_vs_rag_followups_<domain>.json.
+
 Writes benchmarks/results/crag_vs_rag_<domain>.json.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import dspy
@@ -234,6 +243,71 @@ def report(results: dict[str, Any]) -> None:
         )
 
 
+# --- follow-up questions: with and without condensing the history ---------------------------------------
+
+
+def read_followups(path: Path) -> list[dict[str, Any]]:
+    """The follow-ups of a JSON-lines file, each checked: ``id``, ``history`` (turns of ``question`` and
+    ``answer``), ``question`` and gold ``answers``; a ValueError names the line and what is missing."""
+    items = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        item = json.loads(line)
+        missing = [key for key in ("id", "history", "question", "answers") if not item.get(key)]
+        if missing:
+            raise ValueError(f"{path}:{number}: a follow-up needs {', '.join(missing)}")
+        if not all(isinstance(t, dict) and t.get("question") and "answer" in t for t in item["history"]):
+            raise ValueError(f"{path}:{number}: each history turn needs a question and an answer")
+        items.append(item)
+    return items
+
+
+def answer_followups(crag: Any, items: Sequence[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Each follow-up answered twice: ``condensed`` with its history (a standalone question first) and
+    ``as_asked`` without it; a row per follow-up and side: its answer, whether it is right, the question
+    the stages read."""
+    rows: dict[str, list[dict[str, Any]]] = {"condensed": [], "as_asked": []}
+    for item in items:
+        for side, history in (("condensed", item["history"]), ("as_asked", None)):
+            trace = crag(question=item["question"], history=history).trace
+            rows[side].append(
+                {
+                    "id": item["id"],
+                    "answer": trace.answer,
+                    "right": answer_matches(trace.answer, item["answers"]),
+                    "asked": trace.standalone_question or trace.question,
+                    "action": trace.action,
+                }
+            )
+    return rows
+
+
+def summarize_followups(rows: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Accuracy of each side (Wilson intervals), the discordant pairs and the exact McNemar p."""
+    condensed = [r["right"] for r in rows["condensed"]]
+    as_asked = [r["right"] for r in rows["as_asked"]]
+    pairs = list(zip(condensed, as_asked, strict=True))
+    return {
+        "questions": len(pairs),
+        "condensed_accuracy": harness.rate(sum(condensed), len(pairs)),
+        "as_asked_accuracy": harness.rate(sum(as_asked), len(pairs)),
+        "only_condensed_right": sum(c and not a for c, a in pairs),
+        "only_as_asked_right": sum(a and not c for c, a in pairs),
+        "mcnemar_p": mcnemar_exact(condensed, as_asked),
+    }
+
+
+def report_followups(summary: dict[str, Any]) -> None:
+    print(f"{summary['questions']} follow-up questions")
+    print(f"  with the history condensed: {harness.fmt_rate(summary['condensed_accuracy'])}")
+    print(f"  as asked, without history:  {harness.fmt_rate(summary['as_asked_accuracy'])}")
+    print(
+        f"  right only condensed {summary['only_condensed_right']}, only as asked "
+        f"{summary['only_as_asked_right']}; exact McNemar p = {summary['mcnemar_p']:.3f}"
+    )
+
+
 def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int:
     p = harness.parser(__doc__, cache_flag=False, program=True)
     p.add_argument("--split", default="test", help="QA split (default test)")
@@ -250,6 +324,12 @@ def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int
         metavar="N",
         help="also answer with aforward and N LM calls of a question in flight, and compare",
     )
+    p.add_argument(
+        "--followups",
+        type=Path,
+        metavar="FILE",
+        help="instead: answer these follow-ups with and without their history (benchmarks/followups.jsonl)",
+    )
     args = harness.parse(p, argv)
     if args.threads < 1:
         p.error("--threads must be at least 1")
@@ -258,6 +338,8 @@ def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int
     if args.limit is not None and args.limit < 1:
         p.error("--limit must be at least 1")
     document = harness.read_document(args.program)
+    if args.followups is not None:
+        return followups_main(args, argv, document, lm)
     server = None
     if args.hosted_latency is not None and lm is None:
         engine = FakeHostedEngine(latency=0.0)  # no latency while warming up
@@ -326,6 +408,28 @@ def main(argv: list[str] | None = None, *, lm: dspy.BaseLM | None = None) -> int
     same = results.get("threads", {}).get(str(args.threads), {}).get("same_outcomes", True)
     same = same and results.get("concurrency", {}).get("same_outcomes", True)
     return 0 if same else 1
+
+
+def followups_main(args: Any, argv: list[str] | None, document: Any, lm: dspy.BaseLM | None) -> int:
+    """``--followups``: the conversation measurement (every LM call real, as the main one)."""
+    items = read_followups(args.followups)
+    settings = harness.settings_for(args, document)
+    lm = harness.lm_for(settings, args, lm, cache=False)
+    crag, domain = harness.open_crag(settings, lm, document, args.program)
+    rows = answer_followups(crag, items)
+    summary = summarize_followups(rows)
+    report_followups(summary)
+    results = {
+        "domain": domain.name,
+        "followups": str(args.followups),
+        "program": str(args.program) if args.program else None,
+        "summary": summary,
+        "rows": rows,
+    }
+    harness.write_result(
+        harness.result_path(args, f"{SCRIPT}_followups", domain.name), SCRIPT, argv, results, lm=lm
+    )
+    return 0
 
 
 if __name__ == "__main__":

@@ -5,10 +5,15 @@ DSPy's ``ChatAdapter`` wraps every output in ``[[ ## field ## ]]`` headers and a
 has one output. On the embedded model a generated token costs ~85 ms, so the markers alone cost
 ~1.2 s per answer or query rewrite. These adapters ask for the bare value instead; the measurement
 behind the judges' format is in ``docs/grader.md``.
+
+They also read a reply written in another adapter's format (:func:`wrapped_value`): DSPy's own test
+double ``dspy.utils.DummyLM`` formats its scripted outputs as ``ChatAdapter`` (or the adapter it is
+given) writes them, and a model tuned on DSPy's formats may do the same.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -17,12 +22,38 @@ from dspy.utils.exceptions import AdapterParseError
 
 from .untrusted import neutralize
 
-__all__ = ["NO_WORDS", "YES_WORDS", "LabelAdapter", "ListAdapter", "TextAdapter"]
+__all__ = ["NO_WORDS", "YES_WORDS", "LabelAdapter", "ListAdapter", "TextAdapter", "wrapped_value"]
 
 # The words a judge's one-word reply is read as: the label format's vocabulary, also where the judges
 # look for P(yes) among the first token's log-probabilities (crag_dspy.judges.scoring).
 YES_WORDS = frozenset({"yes", "true", "y"})
 NO_WORDS = frozenset({"no", "false", "n"})
+
+_NOTHING = object()
+_FENCE = re.compile(r"^```[a-zA-Z]*\n(.*?)\n?```$", re.DOTALL)
+
+
+def wrapped_value(name: str, completion: str) -> Any:
+    """The value of output ``name`` when ``completion`` wraps it in one of DSPy's own formats: a JSON
+    object holding it (``JSONAdapter``; fenced in a code block or not), a ``[[ ## name ## ]]`` block
+    (``ChatAdapter``, DummyLM's default) or a ``<name>`` element (``XMLAdapter``). None when it wraps
+    nothing: the reply is the bare value (or unusable, which the caller reports)."""
+    text = completion.strip()
+    fenced = _FENCE.match(text)
+    if fenced:
+        text = fenced.group(1).strip()
+    if text.startswith("{"):
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError:
+            parsed = _NOTHING  # not JSON after all: maybe a block below, else the caller reports it
+        if isinstance(parsed, dict) and name in parsed:
+            return parsed[name]
+    header = f"[[ ## {name} ## ]]"
+    if header in text:
+        return text.split(header, 1)[1].split("[[", 1)[0].strip()
+    element = re.search(rf"<{re.escape(name)}>(.*?)</{re.escape(name)}>", text, re.DOTALL)
+    return element.group(1).strip() if element else None
 
 
 class _FieldsAdapter(Adapter):
@@ -112,8 +143,13 @@ class LabelAdapter(_FieldsAdapter):
         return "yes" if value else "no"
 
     def parse(self, signature, completion: str) -> dict[str, Any]:
+        """The label of a one-word reply ("Yes", "no.", "**Yes**", "true"), or of a reply in another
+        adapter's format (:func:`wrapped_value`: a JSON object, a ``[[ ## name ## ]]`` block)."""
         name, _ = self._output(signature)
-        words = completion.strip().split()
+        value = wrapped_value(name, completion)
+        if isinstance(value, bool):  # a JSON true/false
+            return {name: value}
+        words = str(completion if value is None else value).strip().split()
         word = words[0].strip("\"'`.,:*").lower() if words else ""
         if word in YES_WORDS:
             return {name: True}
@@ -142,7 +178,8 @@ class TextAdapter(_FieldsAdapter):
 
     def parse(self, signature, completion: str) -> dict[str, Any]:
         name, _ = self._output(signature)
-        text = self._body(name, completion, "[[")
+        value = wrapped_value(name, completion)
+        text = self._body(name, completion, "[[") if value is None else str(value)
         line = next((line.strip() for line in text.splitlines() if line.strip()), "")
         if not line:
             raise self._unparsed(signature, completion, f"Expected the {name} as text, got nothing.")

@@ -99,7 +99,7 @@ def open_backends(
         if not ingest_if_missing:
             raise StoreError(
                 f"Domain {domain.name!r} is not ingested completely ({'; '.join(gaps)}): "
-                f"run `python -m crag_dspy ingest {domain.root}`"
+                f"run `crag-dspy ingest --domain-dir {domain.root}`"
             )
         # Upserts are idempotent by chunk id: chunks already stored are kept, not embedded again.
         log.warning("domain %r: %s; ingesting it now", domain.name, "; ".join(gaps))
@@ -193,7 +193,7 @@ def resolve_program(path: str | Path) -> Path:
     if not shipped.is_file():
         raise ProgramError(
             f"{path}: no such program file, and no bundled domain {name!r} ships a program: compile one "
-            f"with python -m optimize.compile --domain {name}"
+            f"with crag-dspy compile --domain {name}"
         )
     return shipped
 
@@ -255,8 +255,9 @@ def load_program(
     With ``retriever`` and ``web_search`` given, no store is opened (bring your own backends). Otherwise
     the program's own (bundled) domain is used unless ``settings`` names one, and a program compiled
     for another domain, or on other data than the domain holds now (unless ``force``), is refused:
-    thresholds and demos tuned on one domain's data must not transfer silently. Giving only one of
-    the two is an error rather than a backend silently replaced by the domain's store.
+    thresholds and demos tuned on one domain's data must not transfer silently (a program saved with
+    ``crag.save`` names no domain: it runs on the domain ``settings`` name, with a warning). Giving
+    only one of the two is an error rather than a backend silently replaced by the domain's store.
     """
     if (retriever is None) != (web_search is None):
         given, missing = ("retriever", "web_search") if web_search is None else ("web_search", "retriever")
@@ -324,12 +325,17 @@ def open_program(
 
 
 def program_settings(document: dict[str, Any], settings: Settings, path: str | Path) -> Settings:
-    """``settings`` on the bundled domain a (validated) program was compiled for.
+    """``settings`` on the bundled domain a (validated) program was compiled for; ``settings`` as they
+    are for a program that names no domain (written by ``crag.save``): it runs on the domain they name
+    (``--domain``/``--domain-dir``, ``CRAG_DOMAIN``, else the bundled default), and
+    :func:`~crag_dspy.program.check_domain` says it was not checked.
 
     Only the domain's *name* is taken from the program, never a folder: a program file must not decide
     which folder is read and indexed (a domain elsewhere is named by the caller, with --domain-dir).
     """
-    name = document["metadata"]["domain"]
+    name = document["metadata"].get("domain")
+    if name is None:
+        return settings
     chosen = settings.model_copy(update={"domain": name, "domain_dir": None})
     if not chosen.resolved_domain_dir.is_dir():
         raise ProgramError(

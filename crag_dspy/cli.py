@@ -6,10 +6,12 @@ The ``crag-dspy`` command itself is :mod:`crag_dspy.console`, which also runs co
 from __future__ import annotations
 
 import argparse
+import contextlib
+import contextvars
 import functools
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,7 @@ __all__ = [
     "add_program_arguments",
     "add_storage_arguments",
     "build_parser",
+    "command_prog",
     "error_line",
     "format_trace",
     "interruptible",
@@ -33,7 +36,28 @@ __all__ = [
     "program_from_args",
     "settings_from_args",
     "user_error_types",
+    "via_console",
 ]
+
+_VIA_CONSOLE = contextvars.ContextVar("crag_dspy_via_console", default=False)
+
+
+def command_prog(command: str, module: str) -> str:
+    """The program name a command's usage and error lines show: ``crag-dspy <command>`` when it runs
+    through the ``crag-dspy`` command (:func:`via_console`), ``python -m <module>`` when run as the
+    module: either way the line shows what the user typed."""
+    return f"crag-dspy {command}" if _VIA_CONSOLE.get() else f"python -m {module}"
+
+
+@contextlib.contextmanager
+def via_console() -> Iterator[None]:
+    """Within it, :func:`command_prog` names the ``crag-dspy`` command (:mod:`crag_dspy.console` runs
+    the commands it hands over in it)."""
+    token = _VIA_CONSOLE.set(True)
+    try:
+        yield
+    finally:
+        _VIA_CONSOLE.reset(token)
 
 
 def add_storage_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,15 +94,25 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_program_arguments(parser: argparse.ArgumentParser) -> None:
-    """Which program to run and its run-time knobs, shared by ``ask`` and ``crag_dspy.serve``."""
+def add_program_arguments(parser: argparse.ArgumentParser, *, several: bool = False) -> None:
+    """Which program to run and its run-time knobs, shared by ``ask`` and ``crag_dspy.serve``; with
+    ``several`` (serve), ``--program`` may be repeated or name a folder, and ``args.program`` is a list."""
     g = parser.add_argument_group("program")
-    g.add_argument(
-        "--program",
-        type=Path,
-        help="compiled program JSON (python -m optimize.compile), or a bundled domain's name for the program "
-        "it ships (--program default); without it, the uncompiled default program",
+    what = (
+        "compiled program JSON (crag-dspy compile, or crag.save), or a bundled domain's name for the program "
+        "it ships (--program default)"
     )
+    if several:
+        g.add_argument(
+            "--program",
+            type=Path,
+            action="append",
+            help=f"{what}, or a folder of program JSONs; repeat it to serve several domains, one program "
+            "each (a request chooses one by its 'domain', the first given is the default); without it, "
+            "the uncompiled default program",
+        )
+    else:
+        g.add_argument("--program", type=Path, help=f"{what}; without it, the uncompiled default program")
     g.add_argument(
         "--web-search",
         choices=["auto", "tavily", "offline", "none"],
@@ -118,8 +152,10 @@ def build_parser(delegated: Mapping[str, str] | None = None) -> argparse.Argumen
         "domain_path",
         type=Path,
         nargs="?",
-        help="domain directory (corpus.jsonl or corpus/, web.jsonl, domain.toml); default: the domain "
-        "--domain or --domain-dir names (the bundled default domain)",
+        metavar="DOMAIN_DIR",
+        help="domain directory (corpus.jsonl or corpus/, web.jsonl, domain.toml), the same as --domain-dir, "
+        "which every command takes; default: the domain --domain or --domain-dir names (the bundled "
+        "default domain)",
     )
     add_storage_arguments(ingest)
 
@@ -133,6 +169,12 @@ def build_parser(delegated: Mapping[str, str] | None = None) -> argparse.Argumen
     add_lm_arguments(ask)
     add_program_arguments(ask)
     ask.add_argument("--json", action="store_true", help="print the full trace as JSON")
+    ask.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="do not print the stages on stderr as they happen (stdout holds the answer either way)",
+    )
 
     engine = sub.add_parser(
         "engine",
@@ -292,6 +334,12 @@ def _ingest(args: argparse.Namespace) -> int:
     from .embeddings import Embedder
     from .store import ingest_domain, open_client
 
+    same = args.domain_dir is not None and args.domain_dir.resolve() == (args.domain_path or Path()).resolve()
+    if args.domain_path is not None and (args.domain_dir is not None or args.domain is not None) and not same:
+        raise ValueError(
+            f"ingest got the folder {args.domain_path} and also --domain or --domain-dir naming "
+            "another: give the domain once (--domain-dir DIR, as every command takes it)"
+        )
     settings = settings_from_args(args)
     domain = load_domain(args.domain_path or settings.resolved_domain_dir)
     reports = ingest_domain(open_client(settings), domain, Embedder(settings.embedding_model))
@@ -315,7 +363,7 @@ def _ask(args: argparse.Namespace) -> int:
     normalize_question(args.question, max_chars=settings.max_question_chars)
     crag = program_from_args(args).crag
     try:
-        prediction = crag(question=args.question)
+        prediction = crag(question=args.question, on_event=None if args.quiet else print_stage)
     except CRAGRunError as exc:
         if args.json:  # what happened up to the failure, for whoever debugs it
             print(json.dumps(exc.trace.model_dump(mode="json"), indent=2, ensure_ascii=False))
@@ -325,6 +373,16 @@ def _ask(args: argparse.Namespace) -> int:
     else:
         print(format_trace(prediction.trace))
     return 0
+
+
+def stage_line(event) -> str:
+    """A stage event as ``ask`` prints it on stderr: seconds since the run began, then what it did."""
+    return f"[{event.seconds:6.1f} s] {event.message}"
+
+
+def print_stage(event) -> None:
+    # stderr, flushed: the stages show as they happen, and stdout stays the answer for pipes and scripts.
+    print(stage_line(event), file=sys.stderr, flush=True)
 
 
 def _engine(args: argparse.Namespace) -> int:

@@ -39,6 +39,12 @@ def _serve(argv: list[str]) -> int:
     from .serve import MISSING_EXTRA
 
     if MISSING_EXTRA is not None:  # as python -m crag_dspy.serve says it: one line, no traceback
+        if {"-h", "--help"} & set(argv):
+            # The flags are documented whether or not the extra is installed: reading them is how one
+            # finds out what serving needs. The parser imports no server package.
+            from .serve.arguments import build_parser
+
+            build_parser(epilog=f"Not installed here: {MISSING_EXTRA}").parse_args(argv)
         print(f"error: {MISSING_EXTRA}", file=sys.stderr)
         return 2
     from .serve.cli import main as serve_main
@@ -62,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; its exit code (0 done, 2 bad input or setup, 1 a backend failed)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in DELEGATED:
-        return DELEGATED[argv[0]][0](argv[1:])
+        with cli.via_console():  # their usage lines say "crag-dspy <command>", as typed
+            return DELEGATED[argv[0]][0](argv[1:])
     return cli.main(
         argv, parser=cli.build_parser({name: summary for name, (_, summary) in DELEGATED.items()})
     )

@@ -75,6 +75,8 @@ __all__ = [
     "defused_note",
     "grounding_of_trace",
     "key_content",
+    "no_classifier",
+    "preload_classifier",
     "reads_as_instruction",
     "states",
     "support_of_trace",
@@ -789,6 +791,22 @@ def defused_note(source: str, removed: int) -> str:
     """The trace's ``defused`` entry for ``source`` (a document id or URL); :func:`grounding_of_trace`
     reads the source back from it, so the format lives here, next to the pattern that parses it."""
     return f"{source}: {removed} instruction-like sentence(s) removed"
+
+
+def no_classifier(sentences: Sequence[str]) -> list[bool]:
+    """A :data:`SentenceFlags` that flags nothing: the check with its phrase rule and disputed values
+    only. Its ``ungrounded`` items are the full check's (the classifier only takes standing from
+    sources that support an item), which is what deciding an abstention needs."""
+    return [False] * len(sentences)
+
+
+def preload_classifier() -> None:
+    """Start loading the package classifier's embedding model in the background (a no-op once loaded):
+    called as an answer is being generated, so that the load overlaps the LM's reply instead of
+    following it (docs/performance.md, "First call")."""
+    from .instructions import default_classifier  # the embedding model loads only when used
+
+    default_classifier().embedder.preload()
 
 
 def grounding_of_trace(trace: Any, classifier: SentenceFlags | None = None) -> Grounding:

@@ -11,30 +11,42 @@ from __future__ import annotations
 import asyncio
 import copy
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from typing import Any
 
 import dspy
 
-from signatures import AnswerFromContext, FilterStrip, GradeDocument, ReviseQuery, RewriteQuery
+from signatures import (
+    AnswerFromContext,
+    CondenseQuestion,
+    FilterStrip,
+    GradeDocument,
+    ReviseQuery,
+    RewriteQuery,
+)
 
 from .config import CRAGConfig
+from .conversation import Turn, as_history
 from .embeddings import Embedder
+from .events import EventCallback
 from .judges.fusion import Grading
 from .judges.llm import BinaryJudge
 from .judges.view import focus_view
 from .program_state import SavedAsProgram
 from .protocols import Retriever, WebSearch
+from .retrievers import as_retriever
 from .routing import NO_ABLATION, Ablation, Action, ablated_action, decide_action
 from .run import QuestionRun, StageCache
 from .stages import (
+    Condense,
     Grade,
     Knowledge,
     Retrieve,
     abstain,
     answer_from,
     check_answer,
+    finish,
     internal_knowledge,
     retry_internal,
     web_knowledge,
@@ -64,7 +76,9 @@ class CRAG(SavedAsProgram, dspy.Module):
     """Corrective RAG. Retriever, web search and (optionally) the LM are injected.
 
     Args:
-        retriever: internal knowledge (:class:`~crag_dspy.protocols.Retriever`).
+        retriever: internal knowledge (:class:`~crag_dspy.protocols.Retriever`), or another library's
+            retriever that :func:`~crag_dspy.retrievers.as_retriever` wraps (``dspy.retrievers.Embeddings``,
+            a callable ``(query, k) -> list[str | dict]``, a LangChain or LlamaIndex retriever).
         web_search: external knowledge (:class:`~crag_dspy.protocols.WebSearch`).
         config: every setting (:class:`~crag_dspy.config.CRAGConfig`; its defaults when omitted).
         lm: the LM for every stage; ``None`` uses ``dspy.settings.lm``.
@@ -85,7 +99,7 @@ class CRAG(SavedAsProgram, dspy.Module):
 
     def __init__(
         self,
-        retriever: Retriever,
+        retriever: Retriever | Any,
         web_search: WebSearch,
         config: CRAGConfig | None = None,
         *,
@@ -98,7 +112,9 @@ class CRAG(SavedAsProgram, dspy.Module):
         # Plain attributes, not DSPy parameters: they are infrastructure, never saved into program JSON.
         # None builds a module to load or save state only; anything else must be usable, or the mistake
         # would surface on the first question as a store or web failure.
-        self.retriever = _injected(retriever, "retriever", "retrieve", "retrieve(query, k) -> list[Passage]")
+        # Another library's retriever (dspy.retrievers.Embeddings, a function, LangChain, LlamaIndex) is
+        # wrapped in its adapter here, so every caller (load_program, the optimizers) takes them too.
+        self.retriever = None if retriever is None else as_retriever(retriever)
         self.web_search = _injected(
             web_search, "web_search", "search", "search(query, max_results) -> list[WebResult]"
         )
@@ -108,6 +124,8 @@ class CRAG(SavedAsProgram, dspy.Module):
         self.grading = Grading()
         self.grader = grader if grader is not None else BinaryJudge(GradeDocument)
         self.strip_filter = strip_filter if strip_filter is not None else BinaryJudge(FilterStrip)
+        # Rewrites a follow-up into a standalone question with the history; never called without history.
+        self.condenser = dspy.Predict(CondenseQuestion)
         self.rewriter = dspy.Predict(RewriteQuery)
         # Writes the query of a later internal retry round; never called with internal_retries < 2.
         self.reviser = dspy.Predict(ReviseQuery)
@@ -149,29 +167,41 @@ class CRAG(SavedAsProgram, dspy.Module):
         self,
         question: str,
         *,
+        history: Sequence[Turn | Mapping[str, str] | tuple[str, str]] | None = None,
         action: Action | None = None,
         ablation: Ablation = NO_ABLATION,
         cache: StageCache | None = None,
         witness: bool = True,
         on_start: Callable[[CRAGTrace], None] | None = None,
         cancel: threading.Event | None = None,
+        on_event: EventCallback | None = None,
     ) -> dspy.Prediction:
-        """Answer ``question``: retrieve, grade, decide the action (after internal retry rounds when
+        """Answer ``question``: condense a follow-up with its ``history``, retrieve, grade, decide the action (after internal retry rounds when
         configured), refine the knowledge the action reads, answer, check the answer. With no web search
         configured, INCORRECT answers "I don't know" without refining the passages the grader rejected.
 
+        ``history`` holds the conversation's earlier turns, oldest first (``{"question": ..., "answer":
+        ...}`` or (question, answer) pairs, at most :data:`~crag_dspy.conversation.MAX_TURNS`): with any,
+        the follow-up is first rewritten into a standalone question (the ``condense`` stage, one LM
+        call; ``trace.standalone_question``) that every later stage reads; without, no call is made.
         ``action`` forces the route (no decision, no retry rounds; passages graded only when refinement
         reads the grades); ``ablation`` leaves out what the paper's ablations do; ``cache`` keeps stage
         results across calls (default: this call's own); ``witness=False`` skips the witness search,
         for callers that read only answers (it changes the grounding, never the answer). ``on_start``
         gets the trace as the run begins (a server with a deadline answers with what was done so far);
-        setting ``cancel`` stops the run as its next stage starts (:class:`~crag_dspy.faults.RunCancelled`)."""
+        setting ``cancel`` stops the run as its next stage starts (:class:`~crag_dspy.faults.RunCancelled`);
+        ``on_event`` gets each stage event as it happens (:mod:`crag_dspy.events`; inside
+        ``dspy.streamify`` they also stream as status messages)."""
         # Any length: the length limit is the app's (CLI, server), which knows its users and budget.
         question = normalize_question(question, max_chars=None)
-        run = self.new_run(question, cache=cache, cancel=cancel)
+        turns = as_history(history)  # a bad history is refused before any work, as a bad question is
+        run = self.new_run(question, cache=cache, cancel=cancel, on_event=on_event)
+        run.trace.history_turns = len(turns)
         if on_start is not None:
             on_start(run.trace)
         with self.lm_scope(run.trace):
+            if turns:
+                question = self._standalone(run, question, turns)
             passages = Retrieve(self, run)(question=question)
             grades = (
                 Grade(self, run)(question=question, passages=passages)
@@ -185,12 +215,13 @@ class CRAG(SavedAsProgram, dspy.Module):
                     passages, scores = retry_internal(self, run, question, passages, scores)
                 action = ablated_action(scores, *bounds, ablation.remove)
             run.trace.action = action.value
+            run.emit("action", action=action.value, lower=run.trace.lower, upper=run.trace.upper)
             external = web_knowledge(self, run, question, ablation) if action.uses_web else None
             if action is Action.INCORRECT and web_is_off(self.web_search):
                 # The grader rejected every passage and there is no web to correct it: on own documents
                 # such answers were never right, only made up (docs/experiments.md, "INCORRECT without web").
                 abstain(run, f"{why_no_web(self)}; every passage was graded below lower ({run.trace.lower})")
-                return run.prediction()
+                return finish(run)
             internal = Knowledge([])
             if action.uses_internal or external is None:
                 if action is Action.INCORRECT:
@@ -199,10 +230,23 @@ class CRAG(SavedAsProgram, dspy.Module):
             answer_from(self, run, question, action, internal, external)
             if witness:
                 check_answer(self, run, question)
-        return run.prediction()
+        return finish(run)
+
+    def _standalone(self, run: QuestionRun, question: str, turns: list[Turn]) -> str:
+        """The follow-up as a standalone question; its type's thresholds when the program has per-type
+        ones (the type is the standalone question's: "and for a group?" alone has none)."""
+        standalone = Condense(self, run)(question=question, turns=[turn.model_dump() for turn in turns])
+        trace = run.trace
+        trace.lower, trace.upper, trace.question_type = self.thresholds.for_question(standalone)
+        return standalone
 
     async def aforward(
-        self, question: str, *, on_start: Callable[[CRAGTrace], None] | None = None
+        self,
+        question: str,
+        *,
+        history: Sequence[Turn | Mapping[str, str] | tuple[str, str]] | None = None,
+        on_start: Callable[[CRAGTrace], None] | None = None,
+        on_event: EventCallback | None = None,
     ) -> dspy.Prediction:
         """:meth:`forward` for an event loop (``await crag.acall(question)``): the question runs in a
         worker thread with this task's context (DSPy settings, callbacks), so the loop serves other
@@ -212,7 +256,13 @@ class CRAG(SavedAsProgram, dspy.Module):
         try:
             # type(self).forward: DSPy warns when an instance's forward is called other than by __call__.
             return await asyncio.to_thread(
-                type(self).forward, self, question, on_start=on_start, cancel=cancel
+                type(self).forward,
+                self,
+                question,
+                history=history,
+                on_start=on_start,
+                cancel=cancel,
+                on_event=on_event,
             )
         except asyncio.CancelledError:
             cancel.set()
@@ -224,9 +274,10 @@ class CRAG(SavedAsProgram, dspy.Module):
         *,
         cache: StageCache | None = None,
         cancel: threading.Event | None = None,
+        on_event: EventCallback | None = None,
     ) -> QuestionRun:
         """A run of ``question`` with its thresholds; ``cache`` keeps its stages' results (default: its
-        own); setting ``cancel`` stops it as its next stage starts."""
+        own); setting ``cancel`` stops it as its next stage starts; ``on_event`` gets its stage events."""
         lower, upper, kind = self.thresholds.for_question(question)
         names = {
             part: getattr(x, "name", type(x).__name__)
@@ -240,7 +291,7 @@ class CRAG(SavedAsProgram, dspy.Module):
             **names,
             internal_retries=self.config.internal_retries,
         )
-        return QuestionRun(trace, cache, cancel)
+        return QuestionRun(trace, cache, cancel, on_event)
 
     def lm_scope(self, trace: CRAGTrace):
         lm = self.lm or dspy.settings.lm

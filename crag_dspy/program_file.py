@@ -37,7 +37,12 @@ from .domain import check_domain_name
 from .judges.evaluator import EvaluatorError, RelevanceEvaluator
 from .version import __version__
 
+ADDED_PREDICTORS = ("condenser",)
+"""Predictors added after programs were first shipped: a program saved before one existed loads with it
+as the module builds it (no demos, the signature's own instruction), instead of failing on a missing key."""
+
 __all__ = [
+    "ADDED_PREDICTORS",
     "PROGRAM_FORMAT",
     "PROGRAM_FORMAT_VERSION",
     "FileMetadata",
@@ -265,7 +270,7 @@ def _check_format(document: Any, path: Path) -> None:
         domain_name = (metadata if isinstance(metadata, dict) else {}).get("domain") or "<domain>"
         raise ProgramError(
             f"{path}: program format version {version!r}; this crag-dspy reads version "
-            f"{PROGRAM_FORMAT_VERSION} only. Recompile it: python -m optimize.compile --domain {domain_name} "
+            f"{PROGRAM_FORMAT_VERSION} only. Recompile it: crag-dspy compile --domain {domain_name} "
             f"--out {path}"
         )
 
@@ -279,13 +284,20 @@ def _warn_on_other_dependencies(saved: dict[str, str], path: Path) -> None:
 
 
 def check_domain(document: dict[str, Any], domain: str, path: Path | str) -> None:
-    """Refuse a program compiled for another domain than ``domain`` (or saved without naming one)."""
+    """Refuse a program compiled for another domain than ``domain``. A program that names no domain
+    (``crag.save`` writes its config, thresholds and demos, but cannot know the data they were tuned on)
+    runs on ``domain`` unchecked, with one warning that says how to have it checked."""
     found = document["metadata"].get("domain")
     if found is None:
-        raise ProgramError(
-            f"{path}: program names no domain (saved with crag.save); to run it on domain {domain!r}, "
-            f"save it with crag_dspy.program.save_program(crag, path, {{'domain': {domain!r}}})"
+        log.warning(
+            "%s: program names no domain (saved with crag.save), so it is not checked against the data of "
+            "domain %r; its thresholds and demos are used as saved. To have it checked, save it with "
+            "crag_dspy.program.save_program(crag, path, {'domain': %r})",
+            path,
+            domain,
+            domain,
         )
+        return
     if found != domain:
         raise ProgramError(
             f"{path}: program was compiled for domain {found!r}, not {domain!r}; "
@@ -347,7 +359,8 @@ def apply_program(
     config = program_crag_config(document, crag.config.lm_calls if keep_lm_calls else None)
     state = {name: value for name, value in document.items() if name != "metadata"}
     evaluator = _load_evaluator(state.get("grading"), program_dir)
-    expected = {name for name, _ in crag.named_parameters()}
+    # A predictor added after the program was compiled (ADDED_PREDICTORS) loads as the module builds it.
+    expected = {name for name, _ in crag.named_parameters()} - set(ADDED_PREDICTORS)
     missing = expected - state.keys()
     if missing:
         raise ProgramError(

@@ -7,6 +7,7 @@ from typing import Any, Self
 import dspy
 
 from .config import CRAGConfig
+from .program_file import ADDED_PREDICTORS
 
 __all__ = ["SavedAsProgram"]
 
@@ -33,6 +34,16 @@ def _saved_fields_by_name(module: dspy.Module, state: dict[str, Any]) -> dict[st
             fields = [by_prefix[prefix] for prefix in current]
             reordered[name] = {**entry, "signature": {**signature, "fields": fields}}
     return reordered
+
+
+def _with_added_predictors(module: dspy.Module, state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with the current state of each of :data:`ADDED_PREDICTORS` it predates."""
+    missing = {
+        name: predictor.dump_state()
+        for name, predictor in module.named_predictors()
+        if name in ADDED_PREDICTORS and name not in state
+    }
+    return {**state, **missing} if missing else state
 
 
 class SavedAsProgram:
@@ -63,7 +74,7 @@ class SavedAsProgram:
         self.config = config
         try:
             # DSPy's load_state does a trial run on a copy first: a bad parameter state raises untouched.
-            super().load_state(_saved_fields_by_name(self, state))
+            super().load_state(_saved_fields_by_name(self, _with_added_predictors(self, state)))
         except Exception:
             self.config = previous
             self.thresholds.load_state(thresholds)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeVar
 
+from .events import EventCallback, EventKind, StageEvent, make_event, send_to_dspy_stream
 from .faults import LMHealth, RunCancelled
 from .trace import CRAGTrace, TraceRecorder
 
@@ -58,15 +60,19 @@ class QuestionRun(TraceRecorder):
     its stage cache (its own unless one is given) and ``cancel``: once that event is set, the run raises
     :class:`~crag_dspy.faults.RunCancelled` as its next stage starts. ``web_queries`` are the queries
     web search answered; ``web_failed`` is set when a search failed. ``id`` tells this run's cached
-    results from those another run computed (whose trace entries a stage then copies into this one)."""
+    results from those another run computed (whose trace entries a stage then copies into this one).
+    ``on_event`` gets each :class:`~crag_dspy.events.StageEvent` the run emits, in the run's thread."""
 
     def __init__(
         self,
         trace: CRAGTrace,
         cache: StageCache | None = None,
         cancel: threading.Event | None = None,
+        on_event: EventCallback | None = None,
     ):
         super().__init__(trace)
+        self.on_event = on_event
+        self._began = time.perf_counter()
         self.id = next(_run_ids)
         self.lm = LMHealth(trace)
         self.cache = cache if cache is not None else RunMemo()
@@ -80,3 +86,13 @@ class QuestionRun(TraceRecorder):
         if self.cancel.is_set():
             self.error(f"cancelled before stage {name!r}: the caller stopped waiting")
             raise RunCancelled(self.trace.errors[-1], self.trace)
+
+    def emit(self, kind: EventKind, **data: Any) -> StageEvent:
+        """Tell the caller what the run just did: to ``on_event``, and into ``dspy.streamify``'s stream
+        when the run is inside one. Call it from the run's own thread (a route, a stage's ``record``).
+        An exception the callback raises stops the run: a caller that cannot take events is a bug."""
+        event = make_event(kind, time.perf_counter() - self._began, **data)
+        if self.on_event is not None:
+            self.on_event(event)
+        send_to_dspy_stream(event)
+        return event

@@ -208,7 +208,7 @@ def get_collection(client: chromadb.ClientAPI, name: str, embedder: Embedder, cr
             collection = client.get_collection(name, embedding_function=None)
         except Exception as exc:  # chroma raises different types per backend
             raise StoreError(
-                f"Collection {name!r} not found: run `python -m crag_dspy ingest <domain dir>` first"
+                f"Collection {name!r} not found: run `crag-dspy ingest --domain-dir <domain dir>` first"
             ) from exc
     found = (collection.metadata or {}).get("embedding_model")
     if found != embedder.name:
@@ -389,7 +389,7 @@ def open_retrievable(client: chromadb.ClientAPI, collection: str, embedder: Embe
         empty = found.count() == 0
     if empty:
         raise StoreError(
-            f"Collection {collection!r} is empty: run `python -m crag_dspy ingest <domain dir>` first"
+            f"Collection {collection!r} is empty: run `crag-dspy ingest --domain-dir <domain dir>` first"
         )
     return found
 

@@ -115,6 +115,12 @@ class StageUsage(BaseModel):
 
 class CRAGTrace(BaseModel):
     question: str
+    history_turns: int = Field(0, description="earlier turns of the conversation the question came with")
+    standalone_question: str | None = Field(
+        None,
+        description="the question every stage read: the follow-up rewritten to stand alone with the "
+        "history (the condense stage); None without history, when it is the question itself",
+    )
     answer: str | None = None
     lm_answer: str | None = Field(
         None,

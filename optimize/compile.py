@@ -29,6 +29,7 @@ from crag_dspy.baselines import PlainRAG
 from crag_dspy.cli import (
     add_lm_arguments,
     add_storage_arguments,
+    command_prog,
     error_line,
     interruptible,
     settings_from_args,
@@ -222,7 +223,9 @@ def _limit(parser: argparse.ArgumentParser, flag: str, name: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m optimize.compile", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=command_prog("compile", "optimize.compile"), description=__doc__.split("\n\n")[0]
+    )
     add_storage_arguments(parser)
     add_lm_arguments(parser)
     _option(parser, "--optimizer", "optimizer", choices=OPTIMIZERS)

@@ -101,7 +101,7 @@ def guidance(root: Path, missing: Sequence[Shortfall]) -> str:
     lines = "\n".join(f"  - {s}" for s in missing)
     return (
         f"{root}: not enough labelled data to compile:\n{lines}\n"
-        f"Make it from the domain's documents: python -m optimize.synthesize --domain-dir {root} "
+        f"Make it from the domain's documents: crag-dspy synthesize --domain-dir {root} "
         "--accept-all (or review the candidates first; docs/synthesize.md). Or write it in the domain "
         "format (docs/configuration.md, Domain data format): qa.jsonl questions with gold answers and a "
         "split, relevance.jsonl (question, passage, label) pairs; questions with evidence quotes give "

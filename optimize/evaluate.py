@@ -28,6 +28,7 @@ from crag_dspy.baselines import NoRetrieval
 from crag_dspy.cli import (
     add_lm_arguments,
     add_storage_arguments,
+    command_prog,
     error_line,
     interruptible,
     settings_from_args,
@@ -493,7 +494,9 @@ def routing_frontier(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m optimize.evaluate", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog=command_prog("evaluate", "optimize.evaluate"), description=__doc__.split("\n\n")[0]
+    )
     add_storage_arguments(parser)
     add_lm_arguments(parser)
     parser.add_argument(

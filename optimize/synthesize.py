@@ -29,6 +29,7 @@ from crag_dspy.app import open_backends
 from crag_dspy.cli import (
     add_lm_arguments,
     add_storage_arguments,
+    command_prog,
     error_line,
     interruptible,
     settings_from_args,
@@ -236,7 +237,7 @@ def synthesize(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m optimize.synthesize",
+        prog=command_prog("synthesize", "optimize.synthesize"),
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="docs/synthesize.md: the rules, the review file, and ingest -> synthesize -> compile.",

@@ -826,3 +826,82 @@ def test_answer_order_answers_each_context_both_ways_and_pairs_them(wide, tmp_pa
     s = results["summary"]
     assert (s["only_context_first"], s["only_question_first"]) == (3, 0) and s["mcnemar_p"] == 0.25
     assert s["question_first"]["dont_know"] - s["context_first"]["dont_know"] == 3
+
+
+# --- crag_vs_rag.py --followups ---------------------------------------------------------------------------
+def test_the_followups_are_ambiguous_alone_with_one_or_two_turns_and_answers_the_corpus_states():
+    bench = load("crag_vs_rag")
+    items = bench.read_followups(BENCHMARKS / "followups.jsonl")
+    corpus = " ".join(
+        json.loads(line)["text"] for line in (ROOT / "data/default/corpus.jsonl").read_text().splitlines()
+    )
+    assert 15 <= len(items) <= 25 and len({i["id"] for i in items}) == len(items)
+    for item in items:
+        assert 1 <= len(item["history"]) <= 2, item["id"]
+        assert any(answer_matches(corpus, [alias]) for alias in item["answers"]), item["id"]
+        # Ambiguous alone: the follow-up names a thing only by reference to the history.
+        assert re.search(r"\b(it|its|one|that|there|the other|and)\b", item["question"], re.IGNORECASE), item[
+            "id"
+        ]
+
+
+def test_read_followups_names_the_line_of_a_bad_follow_up(tmp_path):
+    bench = load("crag_vs_rag")
+    path = tmp_path / "f.jsonl"
+    path.write_text('{"id": "a", "history": [], "question": "q", "answers": ["x"]}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match="f.jsonl:1: a follow-up needs history"):
+        bench.read_followups(path)
+
+
+def test_followups_are_answered_with_and_without_the_history_and_paired():
+    from dspy.utils.dummies import DummyLM
+
+    bench = load("crag_vs_rag")
+    ferry = "The night ferry to Velm Island leaves at 23:40 from pier four."
+    bakery = "The bakery on Quay Street opens at 06:00."
+    standalone = "When does the night ferry to Velm Island leave?"
+    items = [
+        {
+            "id": "f1",
+            "history": [{"question": "Is there a night ferry to Velm Island?", "answer": "Yes."}],
+            "question": "When does it leave?",
+            "answers": ["23:40"],
+        }
+    ]
+    # The condensed question retrieves the ferry; "When does it leave?" alone is graded irrelevant.
+    lm = DummyLM(
+        {
+            "Q1: ": {"standalone_question": standalone},
+            f"question: {standalone}": {"relevant": "yes", "keep": "yes", "answer": "23:40 from pier four"},
+            "question: When does it leave?": {
+                "relevant": "no",
+                "keep": "no",
+                "query": "ferry",
+                "answer": "?",
+            },
+        }
+    )
+    crag = CRAG(ListRetriever([("ferry", ferry), ("bakery", bakery)]), ListWebSearch(), lm=lm)
+    rows = bench.answer_followups(crag, items)
+    assert [(r["right"], r["asked"]) for r in rows["condensed"]] == [(True, standalone)]
+    assert [(r["right"], r["asked"]) for r in rows["as_asked"]] == [(False, "When does it leave?")]
+    summary = bench.summarize_followups(rows)
+    assert (summary["only_condensed_right"], summary["only_as_asked_right"]) == (1, 0)
+    assert summary["condensed_accuracy"]["k"] == 1 and summary["as_asked_accuracy"]["k"] == 0
+    assert summary["mcnemar_p"] == 1.0  # one discordant pair proves nothing
+
+
+def test_the_followup_summary_counts_discordant_pairs_both_ways():
+    bench = load("crag_vs_rag")
+    outcomes = [(True, False)] * 7 + [(False, True)] + [(True, True)] * 2
+    rows = {
+        "condensed": [{"right": c} for c, _ in outcomes],
+        "as_asked": [{"right": a} for _, a in outcomes],
+    }
+    summary = bench.summarize_followups(rows)
+    assert (summary["questions"], summary["only_condensed_right"], summary["only_as_asked_right"]) == (
+        10,
+        7,
+        1,
+    )
+    assert summary["mcnemar_p"] == pytest.approx(0.0703, abs=1e-4)  # binomial(8, 0.5), two-sided, k <= 1

@@ -1,4 +1,7 @@
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from fakes import NO_LM
@@ -6,6 +9,8 @@ from fakes import NO_LM
 from crag_dspy.cli import build_parser, main
 from crag_dspy.console import main as console_main
 from crag_dspy.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_help_everywhere(capsys):
@@ -151,17 +156,27 @@ def test_ask_with_a_corrupt_program_is_a_clear_error(tmp_path, capsys):
 @pytest.mark.parametrize(
     ("command", "own_help"),
     [
-        ("compile", ("usage: python -m optimize.compile", "--optimizer")),
-        ("evaluate", ("usage: python -m optimize.evaluate", "--split")),
-        ("serve", ("usage: python -m crag_dspy.serve", "--insecure")),
+        ("compile", ("usage: crag-dspy compile", "--optimizer")),
+        ("evaluate", ("usage: crag-dspy evaluate", "--split")),
+        ("synthesize", ("usage: crag-dspy synthesize", "--accept-all")),
+        ("serve", ("usage: crag-dspy serve", "--insecure")),
     ],
 )
 def test_compile_evaluate_and_serve_print_their_modules_own_help(command, own_help, capsys):
+    # Their modules' parsers, named as the user typed them: "crag-dspy compile", not "python -m ...".
     with pytest.raises(SystemExit) as exit_info:
         console_main([command, "--help"])
     assert exit_info.value.code == 0
     out = capsys.readouterr().out
     assert all(text in out for text in own_help), out
+
+
+def test_a_module_run_as_a_module_keeps_its_python_m_usage_line(capsys):
+    from optimize.compile import main as compile_main
+
+    with pytest.raises(SystemExit):
+        compile_main(["--help"])
+    assert "usage: python -m optimize.compile" in capsys.readouterr().out
 
 
 def test_every_subcommand_is_listed_in_the_overview(capsys):
@@ -196,15 +211,32 @@ def test_the_compile_subcommand_reports_bad_flags_as_the_module_does(capsys):
     with pytest.raises(SystemExit) as exit_info:
         console_main(["compile", "--no-such-flag"])
     assert exit_info.value.code == 2
-    assert (
-        "python -m optimize.compile: error: unrecognized arguments: --no-such-flag" in capsys.readouterr().err
-    )
+    assert "crag-dspy compile: error: unrecognized arguments: --no-such-flag" in capsys.readouterr().err
 
 
 def test_serve_without_its_extra_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr("crag_dspy.serve.MISSING_EXTRA", "crag_dspy.serve needs FastAPI (pip install x)")
     assert console_main(["serve", "--port", "8081"]) == 2
     assert capsys.readouterr().err == "error: crag_dspy.serve needs FastAPI (pip install x)\n"
+    # Its help works all the same (it used to exit 2), and says what is missing.
+    with pytest.raises(SystemExit) as exit_info:
+        console_main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "usage: crag-dspy serve" in out and "--insecure" in out
+    assert "Not installed here: crag_dspy.serve needs FastAPI" in out
+
+
+def test_serve_help_works_in_a_process_without_the_server_packages():
+    # Not a patched flag: the packages cannot be imported at all in this process.
+    code = (
+        "import sys; sys.modules.update(fastapi=None, uvicorn=None, limits=None); "
+        "from crag_dspy.console import main; main(['serve', '--help'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=False)
+    assert out.returncode == 0, out.stderr
+    assert (
+        "usage: crag-dspy serve" in out.stdout and "Not installed here: crag_dspy.serve needs" in out.stdout
+    )
 
 
 def test_ingest_without_a_path_ingests_the_domain_the_flags_name(tmp_path, capsys):
@@ -229,6 +261,59 @@ def test_ctrl_c_ends_every_command_with_one_line_and_exit_130(monkeypatch, capsy
     monkeypatch.setattr("optimize.compile.build_lm", interrupt)
     assert compile_main(["--no-test-eval", *NO_LM]) == 130
     assert console_main(["compile", "--no-test-eval", *NO_LM]) == 130
-    monkeypatch.setattr("crag_dspy.serve.cli.program_from_args", interrupt)  # serve's start-up
+    monkeypatch.setattr("crag_dspy.serve.cli.load_programs", interrupt)  # serve's start-up
     assert console_main(["serve", *NO_LM]) == 130
     assert capsys.readouterr().err == "interrupted\n" * 4
+
+
+def test_ingest_takes_the_folder_as_every_command_does_and_refuses_two_different_ones(tmp_path, capsys):
+    domain = tmp_path / "tiny"
+    domain.mkdir()
+    (domain / "corpus.jsonl").write_text(
+        json.dumps({"id": "a", "title": "Leave", "text": "Staff get 27 days of leave."}) + "\n",
+        encoding="utf-8",
+    )
+    chroma = ["--chroma-path", str(tmp_path / "chroma")]
+    assert main(["ingest", str(domain), "--domain-dir", str(domain), *chroma]) == 0  # the same folder twice
+    assert main(["ingest", str(tmp_path), "--domain-dir", str(domain), *chroma]) == 2
+    assert "give the domain once (--domain-dir DIR" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_ask_prints_the_stages_on_stderr_as_they_happen_and_the_answer_on_stdout(quiet, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from dspy.utils.dummies import DummyLM
+    from fakes import ListRetriever
+    from test_dummy_lm import FERRY, QUESTION, script
+
+    from crag_dspy import CRAG, cli
+    from crag_dspy.web import NoWebSearch
+
+    crag = CRAG(ListRetriever([("ferry", FERRY)]), NoWebSearch(), lm=DummyLM(script()))
+    seen: list[str] = []  # stderr as each stage ended: the lines are there before the run ends
+    real = cli.print_stage
+
+    def spying(event):
+        real(event)
+        seen.append(event.kind)
+
+    monkeypatch.setattr(cli, "print_stage", spying)
+    monkeypatch.setattr(cli, "program_from_args", lambda args: SimpleNamespace(crag=crag))
+    assert main(["ask", QUESTION, *NO_LM, *(["--quiet"] if quiet else [])]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("23:40 from pier four") or "23:40 from pier four" in out.splitlines()[0]
+    assert "action CORRECT" not in out and "[" not in out.splitlines()[0]
+    if quiet:
+        assert err == "" and seen == []
+    else:
+        lines = err.splitlines()
+        assert [line.split("] ", 1)[1].split(" ")[0] for line in lines] == [
+            "retrieved",
+            "graded",
+            "action",
+            "kept",
+            "answer:",
+            "cited",
+        ]
+        assert seen[0] == "retrieved"

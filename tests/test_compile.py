@@ -595,7 +595,7 @@ def test_a_documents_only_domain_is_refused_before_any_lm_call_with_guidance(tmp
     err = capsys.readouterr().err
     assert err.startswith(f"error: {domain}: not enough labelled data to compile:")
     assert "relevance.jsonl train pairs: 0 of at least 2" in err and "qa.jsonl val questions" in err
-    assert f"python -m optimize.synthesize --domain-dir {domain}" in err  # the command that makes it
+    assert f"crag-dspy synthesize --domain-dir {domain}" in err  # the command that makes it
     assert "python -m optimize.relevance_pairs" in err and "Traceback" not in err
     assert not (tmp_path / "chroma").exists()  # nothing opened, nothing asked
 

@@ -42,7 +42,7 @@ def test_a_documents_only_domain_lacks_everything_the_default_compile_needs():
     ]
     message = guidance(Path("data/pump"), missing)
     assert "qa.jsonl val questions: 0 of at least 1, for thresholds" in message
-    assert "python -m optimize.synthesize --domain-dir data/pump" in message  # the command that makes it
+    assert "crag-dspy synthesize --domain-dir data/pump" in message  # the command that makes it
     assert "--stages grader --no-thresholds --no-test-eval" in message
 
 

@@ -59,6 +59,7 @@ def test_the_wheel_holds_every_package(wheel_files):
         )
     assert "crag_dspy/serve/static/index.html" in wheel_files
     assert "crag_dspy/instruction_weights.json" in wheel_files  # the grounding check's classifier
+    assert "crag_dspy/py.typed" in wheel_files  # PEP 561: type checkers read the annotations
 
 
 def test_the_console_script_is_the_one_command_over_every_subcommand(wheel):

@@ -141,14 +141,14 @@ def _write(tmp_path, name, content):
         (
             "p.json",
             '{"metadata": {"format": "crag-dspy-program", "format_version": 99, "domain": "hr"}}',
-            "format version 99; .* Recompile it: python -m optimize.compile --domain hr",
+            "format version 99; .* Recompile it: crag-dspy compile --domain hr",
         ),
         (
             "p.json",
             '{"format": "crag-dspy-program", "format_version": 99}',
             (
                 f"format version 99; this crag-dspy reads version {PROGRAM_FORMAT_VERSION} only. Recompile it: "
-                "python -m optimize.compile --domain <domain>"
+                "crag-dspy compile --domain <domain>"
             ),
         ),
         (
@@ -179,9 +179,7 @@ def test_programs_of_earlier_formats_are_refused_with_how_to_recompile(tmp_path)
     for old in (2, 3, 4, 5, 6):
         doc["metadata"]["format_version"] = old
         path.write_text(json.dumps(doc))
-        with pytest.raises(
-            ProgramError, match=f"format version {old};.*python -m optimize.compile --domain hr"
-        ):
+        with pytest.raises(ProgramError, match=f"format version {old};.*crag-dspy compile --domain hr"):
             read_program(path)
 
 
@@ -521,8 +519,38 @@ def test_crag_save_and_load_round_trip_state_and_config_through_dspys_methods(tm
     # The file is a program file like the compile's: the app's reader takes it (it names no domain).
     document = read_program(path)
     assert document["metadata"].get("domain") is None
-    with pytest.raises(ProgramError, match="names no domain .*save_program"):
-        read_program(path, domain="default")
+
+
+def test_a_program_saved_with_crag_save_runs_on_the_domain_the_settings_name(
+    tmp_path, monkeypatch, caplog, capsys
+):
+    # Issue 61: it crashed with KeyError 'domain'. It holds config, thresholds and demos, not the domain
+    # (CRAG cannot know its data): it runs on the configured domain, with a warning that it is unchecked.
+    from test_compile import make_domain, script
+
+    from crag_dspy.cli import main
+
+    (tmp_path / "data").mkdir()
+    make_domain(tmp_path / "data" / "tiny")
+    monkeypatch.setattr("crag_dspy.settings.DEFAULT_DATA_DIR", tmp_path / "data")
+    monkeypatch.setenv("CRAG_DOMAIN", "tiny")
+    monkeypatch.setenv("CRAG_CHROMA_PATH", str(tmp_path / "chroma"))
+    path = tmp_path / "p.json"
+    saved = compiled_crag()
+    saved.answerer = CRAG(None, None).answerer  # the instructions the scripted LM answers to
+    saved.save(path)
+    document = read_program(path, domain="tiny")  # a warning, not a refusal
+    assert document["metadata"].get("domain") is None
+    assert "not checked against the data of domain 'tiny'" in caplog.text
+    crag = load_program(path, lm=ScriptedLM(script), progress=False)
+    assert (crag.thresholds.lower, crag.thresholds.upper, crag.config.k) == (0.12, 0.83, 4)
+    assert len(crag.grader.predict.demos) == 2
+    assert crag(question="What is the zeta code?").answer == "Z100"
+    # The CLI: `ask --program <file>` on the configured domain, and on one named by --domain-dir.
+    monkeypatch.setattr("crag_dspy.app.build_lm", lambda settings: ScriptedLM(script))
+    for extra in ([], ["--domain-dir", str(tmp_path / "data" / "tiny")]):
+        assert main(["ask", "What is the zeta code?", "--program", str(path), *extra]) == 0
+        assert "answer: Z100" in capsys.readouterr().out
 
 
 def test_dspys_plain_module_load_reads_a_program_file(tmp_path):

@@ -146,10 +146,16 @@ def test_question_of_exactly_the_maximum_length_is_accepted(client):
 
 def test_health_and_program_of_the_uncompiled_default(client):
     health = client.get("/health").json()
-    assert health == {"status": "ok", "compiled": False, "domain": "default", "version": "0.2.0"}
+    assert health == {
+        "status": "ok",
+        "compiled": False,
+        "domain": "default",
+        "domains": ["default"],
+        "version": "0.2.0",
+    }
     info = ProgramInfo.model_validate(client.get("/program").json())
     assert not info.compiled and info.path is None and info.metadata == {} and info.scores is None
-    assert "uncompiled default program" in info.note and "optimize.compile" in info.note
+    assert "uncompiled default program" in info.note and "crag-dspy compile" in info.note
     assert (info.lower, info.upper, info.lm, info.config["k"]) == (0.3, 0.7, "scripted/fake", 5)
 
 
@@ -207,7 +213,7 @@ def test_page_and_its_script_are_served_with_a_strict_policy(client):
         and "script-src 'self'" in page.headers["content-security-policy"]
     )
     script_response = client.get("/app.js")
-    assert script_response.status_code == 200 and 'fetch("/ask"' in script_response.text
+    assert script_response.status_code == 200 and 'fetch("/ask/stream"' in script_response.text
 
 
 def test_failed_web_search_is_a_degraded_answer_that_says_why():
@@ -411,8 +417,8 @@ def test_serve_command_end_to_end_with_an_unreachable_lm(tmp_path):
 
 def test_program_flags_keep_the_programs_domain_and_honour_storage_and_threshold_flags(tmp_path, monkeypatch):
     """--program without --domain serves the program's own (bundled) domain, on the store the flags name."""
-    from crag_dspy.cli import program_from_args
     from crag_dspy.serve.cli import build_parser
+    from crag_dspy.serve.programs import load_programs
 
     write_domain(tmp_path / "data" / "harbour")
     monkeypatch.setattr("crag_dspy.settings.DEFAULT_DATA_DIR", tmp_path / "data")  # the bundled domains
@@ -420,7 +426,7 @@ def test_program_flags_keep_the_programs_domain_and_honour_storage_and_threshold
     path = save_program(compiled, tmp_path / "p.json", {"domain": "harbour"})
     chroma = tmp_path / "chroma"
     args = build_parser().parse_args(["--program", str(path), "--chroma-path", str(chroma), "--lower", "0.2"])
-    loaded = program_from_args(args, lm=ScriptedLM(script), progress=False)
+    (loaded,) = load_programs(args, lm=ScriptedLM(script), progress=False)
     assert loaded.compiled and loaded.domain == "harbour" and loaded.path == path
     assert chroma.is_dir()  # the flag is honoured, not only the program's domain
     assert (loaded.crag.thresholds.lower, loaded.crag.thresholds.upper) == (0.2, 0.83)

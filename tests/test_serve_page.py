@@ -99,7 +99,7 @@ def _ask(page, question: str) -> None:
     from playwright.sync_api import expect
 
     page.fill("#question", question)
-    with page.expect_response("**/ask", timeout=30_000):
+    with page.expect_response("**/ask/stream", timeout=30_000):
         page.click("#submit")
     # A locator wait, not wait_for_function: a JavaScript string would be eval'd, which the page's
     # Content-Security-Policy (no 'unsafe-eval') refuses, and the test failed whenever the answer

@@ -85,7 +85,7 @@ def test_empty_collection_is_a_clear_error_and_is_ingested_by_open_backends(tmp_
     client = open_client(settings)
     # What an ingest interrupted before its first batch leaves behind:
     client.create_collection("tiny__kb", metadata={"embedding_model": embedder.name}, embedding_function=None)
-    with pytest.raises(StoreError, match="Collection 'tiny__kb' is empty: run `python -m crag_dspy ingest"):
+    with pytest.raises(StoreError, match="Collection 'tiny__kb' is empty: run `crag-dspy ingest"):
         ChromaRetriever(client, "tiny__kb", embedder)
     with pytest.raises(StoreError, match="is not ingested completely .*holds 0 of 1 chunks"):
         open_backends(settings, ingest_if_missing=False, progress=False)
@@ -128,7 +128,7 @@ def test_a_partial_ingest_is_completed_by_open_backends_and_said_in_one_line(tmp
     assert ingest_gaps(client, load_domain(root)) == [partial]
     with pytest.raises(StoreError) as info:
         open_backends(settings, ingest_if_missing=False, progress=False)
-    assert f"is not ingested completely ({partial}): run `python -m crag_dspy ingest" in str(info.value)
+    assert f"is not ingested completely ({partial}): run `crag-dspy ingest" in str(info.value)
     caplog.clear()
     backends = open_backends(settings, progress=False)
     assert backends.retriever().count() == 150 and ingest_gaps(client, load_domain(root)) == []

@@ -3,7 +3,8 @@
 
 Run it with ``python -m crag_dspy.serve --program runs/default/program.json``; embed it in your own
 ASGI stack with ``create_app(ProgramService(open_program(path)), policy)`` (``policy_for`` reads the
-keys and limits from the settings). Needs the ``serve`` extra.
+keys and limits from the settings), or several domains at once with a list of services
+(``--program a.json --program b.json``). Needs the ``serve`` extra.
 """
 
 try:
@@ -25,12 +26,14 @@ __all__ = [
     "AskResponse",
     "ClientTrace",
     "DependencyError",
+    "Domains",
     "ErrorResponse",
     "ExposureError",
     "Health",
     "ProgramInfo",
     "ProgramService",
     "ServePolicy",
+    "UnknownDomain",
     "ValidationErrorResponse",
     "client_trace",
     "create_app",
@@ -40,6 +43,7 @@ __all__ = [
 if MISSING_EXTRA is None:
     from .api import create_app
     from .client_trace import ClientTrace, client_trace
+    from .domains import Domains, UnknownDomain
     from .policy import ExposureError, ServePolicy, policy_for
     from .schemas import (
         QUESTION_MAX_CHARS,

@@ -38,6 +38,7 @@ def access_record(scope: Scope, status: int, seconds: float) -> dict:
         "status": status,
         "key_id": state.get("key_id"),
         "question_hash": state.get("question_hash"),
+        "domain": state.get("domain"),
         "action": state.get("action"),
         "latency_ms": round(seconds * 1000, 1),
     }

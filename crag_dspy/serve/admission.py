@@ -95,6 +95,18 @@ class ModelQueue:
         """``fn``'s result, or :class:`DeadlineExceeded` after ``timeout_s`` (queueing included), when
         ``on_timeout`` is called to stop ``fn`` if it has started."""
         future, started = self.submit(fn)
+        return await self.wait(future, started, timeout_s, on_timeout=on_timeout)
+
+    async def wait(
+        self,
+        future: Future[T],
+        started: threading.Event,
+        timeout_s: float,
+        *,
+        on_timeout: Callable[[], None] | None = None,
+    ) -> T:
+        """The result of a function :meth:`submit` admitted, as :meth:`run` gives it (a streaming answer
+        submits first, so that a full queue is a 503 before its stream begins)."""
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
         except TimeoutError:

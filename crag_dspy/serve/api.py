@@ -1,4 +1,7 @@
-"""The FastAPI app: ``POST /ask``, ``GET /health``, ``GET /program``, the page at ``/`` and ``/openapi.json``.
+"""The FastAPI app: ``POST /ask``, ``POST /ask/stream``, ``GET /health``, ``GET /program``, the page at ``/`` and ``/openapi.json``.
+
+One app serves one program or several, one per domain (:class:`~crag_dspy.serve.domains.Domains`): a
+request names its domain, the first served is the default.
 
 A request passes, in order: the access log (an id, one JSON line), the trusted-host check, the body
 limit (413), the API key (401), the caller's rate limit (429), request validation (422), then the
@@ -8,19 +11,22 @@ sets them all.
 
 # No `from __future__ import annotations`: FastAPI reads the dependencies in the signatures at
 # runtime, and `authenticate` is local to create_app.
+import asyncio
+import json
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib.resources import files
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from ..events import StageEvent
 from ..faults import describe_error
 from ..trace import CRAGTrace
 from ..validation import QuestionError
@@ -29,9 +35,11 @@ from .access_log import AccessLog, question_hash
 from .admission import DeadlineExceeded, ModelQueue, QueueFull
 from .auth import Caller, identify
 from .client_trace import client_trace
+from .domains import Domains, UnknownDomain
 from .policy import ServePolicy
 from .ratelimit import RateLimiter
 from .schemas import (
+    DOMAIN_MAX_CHARS,
     QUESTION_MAX_CHARS,
     AskRequest,
     AskResponse,
@@ -89,13 +97,60 @@ def _error(status: int, body: ErrorResponse, headers: dict[str, str] | None = No
     return JSONResponse(status_code=status, content=body.model_dump(mode="json"), headers=headers)
 
 
-def create_app(service: ProgramService, policy: ServePolicy | None = None) -> FastAPI:
+def _sse(event: str, data: dict) -> str:
+    """One server-sent event: its name and one line of JSON."""
+    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def _answer_body(answer: AskResponse, caller: Caller, debug: bool) -> dict:
+    """The JSON body of an answer as this caller may see it."""
+    full = debug and caller.debug
+    body = answer.model_copy(update={"trace": _trace_for(caller, debug, answer.trace), "full_trace": full})
+    return body.model_dump(mode="json")
+
+
+def _failure(
+    exc: Exception, caller: Caller, debug: bool, started: list[CRAGTrace]
+) -> tuple[int, ErrorResponse, dict[str, str] | None]:
+    """The status, body and headers of a question that got no answer: the queue was full (503), the
+    deadline passed (504, with the trace so far) or a dependency failed (503 naming it)."""
+    if isinstance(exc, QueueFull):
+        log.warning("503 (queue): %s", exc)
+        return 503, ErrorResponse(detail=str(exc)), {"Retry-After": str(exc.retry_after)}
+    if isinstance(exc, DeadlineExceeded):
+        log.warning("504: %s", exc)
+        trace = _snapshot(started[0]) if started else None
+        return 504, ErrorResponse(detail=str(exc), trace=_trace_for(caller, debug, trace)), None
+    if isinstance(exc, DependencyError):
+        log.error("503 (%s): %s", exc.dependency, exc)
+        body = ErrorResponse(
+            detail=str(exc), dependency=exc.dependency, trace=_trace_for(caller, debug, exc.trace)
+        )
+        return 503, body, None
+    raise TypeError(f"not a failure of a question: {type(exc).__name__}") from exc
+
+
+def _unknown_domain(exc: UnknownDomain, where: str) -> JSONResponse:
+    """The 422 of a request that named a domain not served, in the shape of every invalid request."""
+    log.info("422: %s", exc)
+    loc = ["body", "domain"] if where == "body" else ["query", "domain"]
+    error = {"type": "unknown_domain", "loc": loc, "msg": str(exc)}
+    body = ValidationErrorResponse(detail=f"invalid request: domain: {exc}", errors=[error])
+    return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
+
+
+def create_app(
+    service: ProgramService | Sequence[ProgramService] | Domains, policy: ServePolicy | None = None
+) -> FastAPI:
     """An ASGI app serving ``service``; run it with any ASGI server (``python -m crag_dspy.serve`` uses uvicorn).
 
+    ``service`` is one program, or several on different domains (the first is the default): a request
+    chooses one with its ``domain`` field; all share the keys, the rate limit, the queue and the deadline.
     ``policy`` defaults to the loopback developer's (no keys, the full trace on ``?debug=1``); listen
     beyond this machine only with one that has keys (:func:`~crag_dspy.serve.policy.policy_for`).
     """
     policy = policy or ServePolicy()
+    domains = Domains.of(service)
     queue = ModelQueue(policy.workers, policy.queue)
     limiter = RateLimiter(policy.rate_limit) if policy.rate_limit else None
 
@@ -121,6 +176,7 @@ def create_app(service: ProgramService, policy: ServePolicy | None = None) -> Fa
         lifespan=lifespan,
     )
     app.state.queue = queue  # for operators' probes and tests: how many questions are admitted
+    app.state.domains = domains
     # The last added runs first: every request gets an id and an access line, refused ones too.
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(policy.allowed_hosts))
     app.add_middleware(AccessLog)
@@ -192,7 +248,7 @@ def create_app(service: ProgramService, policy: ServePolicy | None = None) -> Fa
             422: {
                 "model": ValidationErrorResponse,
                 "description": f"question missing, blank, not a string or over {QUESTION_MAX_CHARS} chars, "
-                "or empty once control characters are removed",
+                "or empty once control characters are removed; a domain not served",
             },
             429: {"model": ErrorResponse, "description": "the caller's rate limit; see Retry-After"},
             500: {"model": ErrorResponse, "description": "a bug: the detail names the exception"},
@@ -215,52 +271,150 @@ def create_app(service: ProgramService, policy: ServePolicy | None = None) -> Fa
         if debug and not caller.debug:
             raise HTTPException(403, "the full trace (?debug=1) needs a debug key (CRAG_DEBUG_API_KEYS)")
         http.state.question_hash = question_hash(request.question)
+        try:
+            service = domains.choose(request.domain)
+        except UnknownDomain as exc:
+            return _unknown_domain(exc, "body")
+        http.state.domain = service.loaded.domain
+        history = [turn.model_dump() for turn in request.history]
         started: list[CRAGTrace] = []
         cancel = threading.Event()
         try:
             # CRAG runs on the queue's threads; this coroutine only waits, so the deadline is kept
             # while an LM call is under way. Past it the run stops as its next stage starts.
             answer = await queue.run(
-                lambda: service.ask(request.question, on_start=started.append, cancel=cancel),
+                lambda: service.ask(
+                    request.question, history=history, on_start=started.append, cancel=cancel
+                ),
                 policy.request_timeout_s,
                 on_timeout=cancel.set,
             )
-        except QueueFull as exc:
-            log.warning("503 (queue): %s", exc)
-            return _error(503, ErrorResponse(detail=str(exc)), {"Retry-After": str(exc.retry_after)})
-        except DeadlineExceeded as exc:
-            log.warning("504: %s", exc)
-            trace = _snapshot(started[0]) if started else None
-            http.state.action = trace.action if trace else None
-            return _error(504, ErrorResponse(detail=str(exc), trace=_trace_for(caller, debug, trace)))
-        except DependencyError as exc:
-            log.error("503 (%s): %s", exc.dependency, exc)
-            http.state.action = exc.trace.action if exc.trace else None
-            body = ErrorResponse(
-                detail=str(exc), dependency=exc.dependency, trace=_trace_for(caller, debug, exc.trace)
-            )
-            return _error(503, body)
+        except (QueueFull, DeadlineExceeded, DependencyError) as exc:
+            status, body, headers = _failure(exc, caller, debug, started)
+            http.state.action = body.trace.action if body.trace else None
+            return _error(status, body, headers)
         http.state.action = answer.action
-        full = debug and caller.debug
-        body = answer.model_copy(
-            update={"trace": _trace_for(caller, debug, answer.trace), "full_trace": full}
+        return JSONResponse(_answer_body(answer, caller, debug))
+
+    @app.post(
+        "/ask/stream",
+        summary="Answer a question, telling each stage as it happens (server-sent events)",
+        response_class=StreamingResponse,
+        responses={
+            200: {
+                "content": {"text/event-stream": {}},
+                "description": "`event: stage` per stage event (retrieved, graded, action, web_query, "
+                "strips_kept, answer, citations; JSON: kind, data, seconds), then `event: answer` with the "
+                "body `POST /ask` returns, or `event: error` with `status` (503, 504) and its error body",
+            },
+            401: {"model": ErrorResponse, "description": "no API key, or not a valid one"},
+            403: {"model": ErrorResponse, "description": "?debug=1 without a debug key"},
+            422: {
+                "model": ValidationErrorResponse,
+                "description": "as for POST /ask (a domain not served too)",
+            },
+            429: {"model": ErrorResponse, "description": "the caller's rate limit; see Retry-After"},
+            503: {"model": ErrorResponse, "description": "the queue is full (see Retry-After)"},
+        },
+    )
+    async def ask_stream(
+        request: AskRequest,
+        http: Request,
+        caller: Annotated[Caller, Depends(authenticate)],
+        debug: Annotated[
+            bool, Query(description="the full trace (raw passages, web contents): debug keys only")
+        ] = False,
+    ) -> Response:
+        if debug and not caller.debug:
+            raise HTTPException(403, "the full trace (?debug=1) needs a debug key (CRAG_DEBUG_API_KEYS)")
+        http.state.question_hash = question_hash(request.question)
+        try:
+            service = domains.choose(request.domain)
+        except UnknownDomain as exc:
+            return _unknown_domain(exc, "body")
+        http.state.domain = service.loaded.domain
+        history = [turn.model_dump() for turn in request.history]
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[StageEvent] = asyncio.Queue()
+        started: list[CRAGTrace] = []
+        cancel = threading.Event()
+
+        def on_event(event: StageEvent) -> None:
+            # The run's thread hands the event to this request's loop; the stream below sends it.
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        try:
+            # Admitted (or refused with a 503) before the stream begins, with the keys, limits and
+            # deadline of POST /ask.
+            future, running = queue.submit(
+                lambda: service.ask(
+                    request.question,
+                    history=history,
+                    on_start=started.append,
+                    cancel=cancel,
+                    on_event=on_event,
+                )
+            )
+        except QueueFull as exc:
+            status, body, headers = _failure(exc, caller, debug, started)
+            return _error(status, body, headers)
+        answer = asyncio.ensure_future(
+            queue.wait(future, running, policy.request_timeout_s, on_timeout=cancel.set)
         )
-        return JSONResponse(body.model_dump(mode="json"))
+
+        async def stream() -> AsyncIterator[str]:
+            try:
+                while not answer.done() or not events.empty():
+                    next_event = asyncio.ensure_future(events.get())
+                    await asyncio.wait({next_event, answer}, return_when=asyncio.FIRST_COMPLETED)
+                    if next_event.done():
+                        yield _sse("stage", next_event.result().model_dump(mode="json"))
+                    else:
+                        next_event.cancel()
+                try:
+                    done = answer.result()
+                except (DeadlineExceeded, DependencyError) as exc:
+                    status, body, _ = _failure(exc, caller, debug, started)
+                    yield _sse("error", {"status": status, **body.model_dump(mode="json")})
+                else:
+                    yield _sse("answer", _answer_body(done, caller, debug))
+            finally:
+                # The client left before the answer: the run stops as its next stage starts.
+                if not answer.done():
+                    cancel.set()
+                    answer.cancel()
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+        )
 
     @app.get(
         "/health", response_model=Health, summary="Liveness and what is loaded (makes no LM call; no key)"
     )
     def health() -> Health:
-        return service.health()
+        return domains.default.health().model_copy(update={"domains": domains.names})
 
     @app.get(
         "/program",
         response_model=ProgramInfo,
-        summary="The program served: thresholds, domain, scores",
-        responses={401: {"model": ErrorResponse, "description": "no API key, or not a valid one"}},
+        summary="The program of a domain served (the default one unless ?domain=): thresholds, scores",
+        responses={
+            401: {"model": ErrorResponse, "description": "no API key, or not a valid one"},
+            422: {"model": ValidationErrorResponse, "description": "a domain not served"},
+        },
     )
-    def program(caller: Annotated[Caller, Depends(authenticate)]) -> ProgramInfo:
-        return service.info()
+    def program(
+        caller: Annotated[Caller, Depends(authenticate)],
+        domain: Annotated[
+            str | None, Query(max_length=DOMAIN_MAX_CHARS, description="which domain (default: the first)")
+        ] = None,
+    ) -> Response:
+        try:
+            chosen = domains.choose(domain)
+        except UnknownDomain as exc:
+            return _unknown_domain(exc, "query")
+        info = chosen.info().model_copy(update={"domains": domains.names})
+        return JSONResponse(info.model_dump(mode="json"))
 
     @app.get("/", include_in_schema=False)
     def index() -> HTMLResponse:

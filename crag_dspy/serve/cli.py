@@ -1,9 +1,8 @@
-"""``python -m crag_dspy.serve``: load a program once, then serve the API and the page with uvicorn; with
-``--workers N``, N uvicorn worker processes each build the same app (:func:`worker_app`)."""
+"""``python -m crag_dspy.serve``: load the programs once (one per domain), then serve the API and the page
+with uvicorn; with ``--workers N``, N uvicorn worker processes each build the same app (:func:`worker_app`)."""
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import logging
@@ -13,57 +12,20 @@ import sys
 import uvicorn
 from fastapi import FastAPI
 
-from ..cli import (
-    add_lm_arguments,
-    add_program_arguments,
-    add_storage_arguments,
-    error_line,
-    interruptible,
-    program_from_args,
-    settings_from_args,
-    user_error_types,
-)
+from ..app import LoadedProgram
+from ..cli import error_line, interruptible, settings_from_args, user_error_types
 from ..redaction import configure_logging
 from .api import create_app
+from .arguments import build_parser
+from .domains import Domains
 from .policy import policy_for
+from .programs import load_programs
 from .service import ProgramService
 from .workers import ARGV_ENV, embedded_lm_refusal
 
 __all__ = ["build_parser", "main", "worker_app"]
 
 log = logging.getLogger("crag_dspy.serve")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m crag_dspy.serve",
-        description="Serve a CRAG program over HTTP: POST /ask (answer + full trace), GET /health, "
-        "GET /program, the OpenAPI schema at /openapi.json, and a page at / that shows CRAG's decision.",
-    )
-    add_program_arguments(parser)
-    add_storage_arguments(parser)
-    add_lm_arguments(parser)
-    g = parser.add_argument_group("server")
-    g.add_argument(
-        "--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1, this machine only)"
-    )
-    g.add_argument("--port", type=int, default=8080, help="port to listen on (default: 8080)")
-    g.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        metavar="N",
-        help="worker processes, each with the program and its backends loaded (default: 1). Needs an LM "
-        "server (--lm with --lm-api-base, or a hosted API), not the embedded LM. Each worker runs "
-        "CRAG_SERVE_WORKERS questions at once and keeps its own rate limits (docs/scale-out.md)",
-    )
-    g.add_argument(
-        "--insecure",
-        action="store_true",
-        help="listen beyond loopback without API keys (CRAG_API_KEYS); anyone who reaches the port can "
-        "use the LM. Without it, a --host other than loopback needs keys",
-    )
-    return parser
 
 
 def enable_access_log() -> None:
@@ -94,21 +56,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
         # Everything that can fail on bad input (program file, domain, LM settings, store) fails here,
         # before the server listens; with workers, a store that needs an ingest gets it here, once.
-        loaded = program_from_args(args)
+        domains = Domains([ProgramService(one) for one in load_programs(args)])
     except user_error_types() as exc:
         print(error_line(exc), file=sys.stderr)  # e.g. a --chroma-host with user:password@
         return 2
     enable_access_log()
-    what = f"program {loaded.path}" if loaded.compiled else "the uncompiled default program (no --program)"
+    what = "; ".join(_served(name, domains.choose(name).loaded) for name in domains.names)
     processes = f" with {args.workers} worker processes" if args.workers > 1 else ""
+    default = f" (default {domains.names[0]!r}: a request's 'domain' chooses)" if len(domains) > 1 else ""
     print(
-        f"serving {what} for domain {loaded.domain!r} on http://{args.host}:{args.port}/{processes}",
+        f"serving {what} on http://{args.host}:{args.port}/{processes}{default}",
         file=sys.stderr,
         flush=True,
     )
     # uvicorn's own access lines would repeat ours without the request id, key id and action.
     if args.workers == 1:
-        app = create_app(ProgramService(loaded), policy)
+        app = create_app(domains, policy)
         uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
         return 0
     if settings.rate_limit.strip().lower() not in ("", "none"):
@@ -118,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-    del loaded  # the workers load their own; this process only supervises them
+    del domains  # the workers load their own; this process only supervises them
     gc.collect()
     os.environ[ARGV_ENV] = json.dumps(argv)
     uvicorn.run(
@@ -146,6 +109,12 @@ def worker_app() -> FastAPI:
     policy, _ = policy_for(settings_from_args(args), args.host, insecure=args.insecure)  # parent warned
     # The parent opened the same program a moment ago: the store is complete, so nothing is ingested
     # or parsed here (and N workers never ingest the same domain at once).
-    loaded = program_from_args(args, progress=False)
+    programs = load_programs(args, progress=False)
     enable_access_log()
-    return create_app(ProgramService(loaded), policy)
+    return create_app(Domains([ProgramService(one) for one in programs]), policy)
+
+
+def _served(name: str, loaded: LoadedProgram) -> str:
+    """How the start-up line names one program served: its file, or the uncompiled default."""
+    what = f"program {loaded.path}" if loaded.compiled else "the uncompiled default program (no --program)"
+    return f"{what} for domain {name!r}"

@@ -62,6 +62,8 @@ class ClientTrace(BaseModel):
     """CRAGTrace without raw passages, graded excerpts, dropped strips' text or web page contents."""
 
     question: str
+    history_turns: int = 0
+    standalone_question: str | None = None
     answer: str | None = None
     lm_answer: str | None = None
     action: str | None = None

@@ -8,17 +8,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from ..citations import Citation
+from ..conversation import MAX_ANSWER_CHARS, MAX_TURNS
 from ..trace import CRAGTrace
 from ..validation import DEFAULT_MAX_QUESTION_CHARS
 from .client_trace import ClientTrace
 
 __all__ = [
+    "DOMAIN_MAX_CHARS",
     "QUESTION_MAX_CHARS",
     "AskRequest",
     "AskResponse",
     "Dependency",
     "ErrorResponse",
     "Health",
+    "HistoryTurn",
     "ProgramInfo",
     "ValidationErrorResponse",
 ]
@@ -26,7 +29,30 @@ __all__ = [
 QUESTION_MAX_CHARS = DEFAULT_MAX_QUESTION_CHARS
 """Longest question accepted: longer input is a 422, never silently truncated."""
 
+DOMAIN_MAX_CHARS = 64
+"""Longest domain name a request may give (domain names are short identifiers)."""
+
 Dependency = Literal["lm", "store"]
+
+
+def _not_blank(value: str) -> str:
+    value = value.strip()
+    if not value:
+        raise PydanticCustomError("blank_question", "must not be empty or only whitespace")
+    return value
+
+
+class HistoryTurn(BaseModel):
+    """One earlier turn of the conversation, as the client saw it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(
+        max_length=QUESTION_MAX_CHARS, json_schema_extra={"minLength": 1}, description="an earlier question"
+    )
+    answer: str = Field(max_length=MAX_ANSWER_CHARS, description="the answer it got (may be empty)")
+
+    _question_not_blank = field_validator("question")(_not_blank)
 
 
 class AskRequest(BaseModel):
@@ -42,18 +68,28 @@ class AskRequest(BaseModel):
         description=f"The question, 1 to {QUESTION_MAX_CHARS} characters; surrounding whitespace is removed.",
     )
 
-    @field_validator("question")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        value = value.strip()
-        if not value:
-            raise PydanticCustomError("blank_question", "must not be empty or only whitespace")
-        return value
+    _question_not_blank = field_validator("question")(_not_blank)
+
+    history: list[HistoryTurn] = Field(
+        default_factory=list,
+        max_length=MAX_TURNS,
+        description=f"the conversation's earlier turns, oldest first, at most {MAX_TURNS}: with any, the "
+        "question is first rewritten to stand alone (the trace's `standalone_question`). Untrusted "
+        "input, made inert as documents are",
+    )
+
+    domain: str | None = Field(
+        None,
+        max_length=DOMAIN_MAX_CHARS,
+        description="which served domain answers (GET /health lists them); omitted: the first one served. "
+        "A domain not served is a 422 naming the served ones",
+    )
 
 
 class AskResponse(BaseModel):
     answer: str
     action: Literal["CORRECT", "AMBIGUOUS", "INCORRECT"]
+    domain: str = Field(description="the domain whose program answered")
     degraded: bool = Field(
         description="True when a stage failed or fell back; the trace's errors and fallbacks say what and why"
     )
@@ -75,7 +111,8 @@ class AskResponse(BaseModel):
 class ProgramInfo(BaseModel):
     compiled: bool = Field(description="False: the uncompiled default program (no program JSON loaded)")
     path: str | None = Field(description="the file name of the program JSON served, if any (no folder)")
-    domain: str
+    domain: str = Field(description="the domain of this program (GET /program?domain=<name> chooses one)")
+    domains: list[str] = Field(description="every domain this server serves, the default first")
     lower: float = Field(description="lower action threshold in force")
     upper: float = Field(description="upper action threshold in force")
     thresholds_by_type: dict[str, tuple[float, float]] = Field(
@@ -94,8 +131,9 @@ class ProgramInfo(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
-    compiled: bool
-    domain: str
+    compiled: bool = Field(description="whether the default domain's program is compiled")
+    domain: str = Field(description="the default domain: the one /ask answers from without a `domain`")
+    domains: list[str] = Field(description="every domain this server serves, the default first")
     version: str
 
 

@@ -10,13 +10,14 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any
 
 import dspy
 
 from ..app import LoadedProgram
+from ..events import EventCallback
 from ..faults import LMUnavailableError, RetrievalError
 from ..program import program_config
 from ..trace import CRAGTrace
@@ -55,14 +56,20 @@ class ProgramService:
         self,
         question: str,
         *,
+        history: Sequence[Mapping[str, str]] | None = None,
         on_start: Callable[[CRAGTrace], None] | None = None,
         cancel: threading.Event | None = None,
+        on_event: EventCallback | None = None,
     ) -> AskResponse:
-        """Answer ``question`` with the full trace; ``on_start`` gets the trace as the run begins, and
-        setting ``cancel`` stops the run as its next stage starts (a deadline passed)."""
+        """Answer ``question`` with the full trace; ``on_start`` gets the trace as the run begins,
+        ``history`` holds the conversation's earlier turns (:mod:`crag_dspy.conversation`),
+        setting ``cancel`` stops the run as its next stage starts (a deadline passed), and ``on_event``
+        gets each stage event (:mod:`crag_dspy.events`) in the run's thread."""
         started = time.perf_counter()
         try:
-            prediction = self.crag(question=question, on_start=on_start, cancel=cancel)
+            prediction = self.crag(
+                question=question, history=history, on_start=on_start, cancel=cancel, on_event=on_event
+            )
         except RetrievalError as exc:
             raise DependencyError("store", str(exc), exc.trace) from exc
         except LMUnavailableError as exc:
@@ -73,6 +80,7 @@ class ProgramService:
         return AskResponse(
             answer=trace.answer or "",
             action=trace.action,
+            domain=self.loaded.domain,
             degraded=bool(trace.errors or trace.fallbacks),
             seconds=seconds,
             citations=client_citations(trace),
@@ -80,7 +88,9 @@ class ProgramService:
         )
 
     def health(self) -> Health:
-        return Health(compiled=self.loaded.compiled, domain=self.loaded.domain, version=__version__)
+        """Health as a server of this one program would say it (a server of several lists them all)."""
+        domain = self.loaded.domain
+        return Health(compiled=self.loaded.compiled, domain=domain, domains=[domain], version=__version__)
 
     def info(self) -> ProgramInfo:
         crag, document = self.crag, self.loaded.document
@@ -92,12 +102,13 @@ class ProgramService:
         else:
             note = (
                 "uncompiled default program: thresholds and prompts are the defaults; "
-                "compile one for this domain with `python -m optimize.compile` and serve it with --program"
+                "compile one for this domain with `crag-dspy compile` and serve it with --program"
             )
         return ProgramInfo(
             compiled=self.loaded.compiled,
             path=self.loaded.path.name if self.loaded.path else None,
             domain=self.loaded.domain,
+            domains=[self.loaded.domain],
             lower=crag.thresholds.lower,
             upper=crag.thresholds.upper,
             thresholds_by_type=crag.thresholds.by_type,

@@ -10,9 +10,10 @@ The trace is written by :meth:`Stage.record`, not by a callback: DSPy logs and d
 in a callback, and the trace is part of every answer.
 """
 
-from .answer import UNKNOWN_ANSWER, Answer, Answered, abstain, answer_from
+from .answer import UNKNOWN_ANSWER, Answer, Answered, abstain, answer_from, finish
 from .base import Computed, Program, Stage, config_value, state_key
 from .check import SearchWitnesses, check_answer
+from .condense import Condense, clean_standalone
 from .grade import Grade, GradePassage, PassageGraded
 from .knowledge import Knowledge, Refined, knowledge_for, note_reserve_used
 from .refine import RefineExternal, RefineInternal, internal_knowledge
@@ -25,6 +26,7 @@ __all__ = [
     "Answer",
     "Answered",
     "Computed",
+    "Condense",
     "Grade",
     "GradePassage",
     "Knowledge",
@@ -45,7 +47,9 @@ __all__ = [
     "abstain",
     "answer_from",
     "check_answer",
+    "clean_standalone",
     "config_value",
+    "finish",
     "internal_knowledge",
     "knowledge_for",
     "note_reserve_used",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import dspy
+
 from ..citations import citations_of_trace
 from ..faults import LMUnavailableError
 from ..generation import attach_unit, clean_answer
-from ..grounding import grounding_of_trace
+from ..grounding import grounding_of_trace, no_classifier, preload_classifier
 from ..routing import Action
 from ..run import QuestionRun
 from ..strips import format_context
@@ -16,7 +18,15 @@ from .base import Program, Stage
 from .calls import predict_with_retries
 from .knowledge import Knowledge, knowledge_for, note_reserve_used
 
-__all__ = ["UNKNOWN_ANSWER", "Answer", "Answered", "abstain", "abstain_ungrounded", "answer_from"]
+__all__ = [
+    "UNKNOWN_ANSWER",
+    "Answer",
+    "Answered",
+    "abstain",
+    "abstain_ungrounded",
+    "answer_from",
+    "finish",
+]
 
 UNKNOWN_ANSWER = "I don't know"
 
@@ -47,6 +57,9 @@ class Answer(Stage[Answered]):
             run.fallback(f"no knowledge survived refinement{detail}; answered without calling the LM")
             return Answered(UNKNOWN_ANSWER, context)
         retries = config.lm_calls.retries
+        # The grounding check's classifier embeds sentences once the answer is back: its model (seconds
+        # to load on a process's first answer) loads while the LM writes the answer, not after it.
+        preload_classifier()
         pred = predict_with_retries(
             self.program.answerer, "answer", run, retries, question=question, context=context
         )
@@ -67,7 +80,13 @@ class Answer(Stage[Answered]):
         trace.context, trace.answer, trace.lm_answer = value.context, value.answer, value.lm_answer
         # No LM call: a string check of the answer against what the run read, so every answer carries
         # one, also a trace cut short by a deadline before the witness search (stages.check).
-        trace.grounding = grounding_of_trace(trace)
+        strings_only = grounding_of_trace(trace, no_classifier)
+        if self.program.config.abstain_ungrounded and strings_only.ungrounded:
+            # answer_from replaces this answer with "I don't know": the classifier (an embedding model)
+            # would judge an answer nobody reads.
+            trace.grounding = strings_only
+        else:
+            trace.grounding = grounding_of_trace(trace)
         trace.citations = citations_of_trace(trace)
 
 
@@ -119,3 +138,18 @@ def abstain_ungrounded(run: QuestionRun, answered: Answered, ungrounded: list[st
     trace.lm_answer = answered.answer
     _answer_unknown(trace)
     return Answered(UNKNOWN_ANSWER, answered.context, lm_answer=answered.answer)
+
+
+def finish(run: QuestionRun) -> dspy.Prediction:
+    """The run's prediction, once its answer is final (after the grounding check, an abstention): the
+    ``answer`` and ``citations`` events are emitted here, so they tell what the caller gets."""
+    trace = run.trace
+    run.emit("answer", answer=trace.answer or "")
+    run.emit(
+        "citations",
+        citations=[
+            {"label": c.label, "doc_id": c.doc_id, "title": c.title, "url": c.url, "page": c.page}
+            for c in trace.citations
+        ],
+    )
+    return run.prediction()

@@ -48,6 +48,7 @@ class Program(Protocol):
     grading: Grading
     grader: BinaryJudge
     strip_filter: BinaryJudge
+    condenser: dspy.Predict
     rewriter: dspy.Predict
     reviser: dspy.Predict
     answerer: dspy.Predict

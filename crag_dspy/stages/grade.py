@@ -35,6 +35,9 @@ class Grade(Stage[list[DocumentGrade]]):
     def compute(self, question: str, passages: list[Passage]) -> list[DocumentGrade]:
         return grade_passages(self.program, self.run, question, passages)
 
+    def record(self, value: list[DocumentGrade], run: QuestionRun) -> None:
+        run.emit("graded", ids=[g.id for g in value], scores=[g.score for g in value])
+
 
 def grade_passages(
     program: Program, run: QuestionRun, question: str, passages: list[Passage]

@@ -66,6 +66,7 @@ class RefineInternal(Stage[Refined]):
 
     def record(self, value: Refined, run: QuestionRun) -> None:
         run.trace.internal_strips = [r.model_copy() for r in value.records]
+        emit_kept(run, "internal", value)
 
 
 def internal_knowledge(
@@ -101,6 +102,18 @@ class RefineExternal(Stage[Refined]):
 
     def record(self, value: Refined, run: QuestionRun) -> None:
         run.trace.external_strips = [r.model_copy() for r in value.records]
+        emit_kept(run, "web", value)
+
+
+def emit_kept(run: QuestionRun, source: str, refined: Refined) -> None:
+    """The ``strips_kept`` event: how many of ``source``'s strips refinement kept, and from where."""
+    run.emit(
+        "strips_kept",
+        source=source,
+        kept=len(refined.kept),
+        strips=len(refined.records),
+        titles=sorted({s.title for s in refined.kept}),
+    )
 
 
 def filter_strips(

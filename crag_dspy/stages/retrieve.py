@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..faults import RetrievalError, describe_error
 from ..protocols import Passage
+from ..run import QuestionRun
 from ..untrusted import sanitize_passage
 from .base import Stage
 from .calls import untrusted
@@ -27,3 +28,6 @@ class Retrieve(Stage[list[Passage]]):
             run.error(f"retriever {run.trace.retriever} failed: {describe_error(exc)}")
             raise RetrievalError(run.trace.errors[-1], run.trace) from exc
         return untrusted(found, sanitize_passage, run) if sanitize else list(found)
+
+    def record(self, value: list[Passage], run: QuestionRun) -> None:
+        run.emit("retrieved", ids=[p.id for p in value], titles=[p.title for p in value])

@@ -97,6 +97,7 @@ class SearchWeb(Stage[WebSearched]):
         run.trace.web_query = value.query
         run.trace.web_results = value.records()
         value.note(run)
+        run.emit("web_query", query=value.query, results=len(value.results), failed=value.failed)
 
 
 def web_knowledge(program: Program, run: QuestionRun, question: str, ablation: Ablation) -> Knowledge | None:

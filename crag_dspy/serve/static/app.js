@@ -64,7 +64,10 @@ $("key-form").addEventListener("submit", (event) => {
 async function loadProgram() {
   const box = $("program");
   try {
-    const response = await fetch("/program", { headers: keyHeaders() });
+    // A server of several domains (serve --program a.json --program b.json) lets the page choose one.
+    const chosen = $("domain").value;
+    const url = chosen ? `/program?domain=${encodeURIComponent(chosen)}` : "/program";
+    const response = await fetch(url, { headers: keyHeaders() });
     if (response.status === 401) {
       box.textContent = "This service needs an API key.";
       askForKey();
@@ -72,6 +75,12 @@ async function loadProgram() {
     }
     if (!response.ok) throw new Error(`HTTP ${response.status}`);
     const p = await response.json();
+    const domains = p.domains || [p.domain];
+    if (domains.length > 1 && $("domain").options.length === 0) {
+      $("domain").replaceChildren(...domains.map((name) => el("option", { value: name }, name)));
+      $("domain-row").hidden = false;
+    }
+    if (domains.length > 1) $("domain").value = p.domain;
     const scores = p.scores || {};
     const test = scores.test ? Object.entries(scores.test).map(([k, v]) => `${k} ${fmt(100 * v, 1)}%`).join(", ") : null;
     const parts = [
@@ -337,29 +346,64 @@ function drawTrace(trace, { answer, action, seconds }) {
   $("result").hidden = false;
 }
 
+// Reads POST /ask/stream's server-sent events: each `stage` goes to onStage as it arrives; resolves
+// with the last event (`answer` or `error`) and its data.
+async function readStream(response, onStage) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "", last = { event: "error", data: { status: 502, detail: "the stream ended without an answer" } };
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return last;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      const event = (block.match(/^event: (.*)$/m) || [])[1];
+      const data = (block.match(/^data: (.*)$/m) || [])[1];
+      if (!event || data === undefined) continue;
+      const parsed = JSON.parse(data);
+      if (event === "stage") onStage(parsed);
+      else last = { event, data: parsed };
+    }
+  }
+}
+
 async function ask(question) {
   const button = $("submit"), status = $("status"), failure = $("failure");
   button.disabled = true;
   failure.hidden = true;
   const started = performance.now();
-  const tick = () => { status.textContent = `Asking… ${((performance.now() - started) / 1000).toFixed(0)} s (each retrieved document is graded by the LM)`; };
+  let stageLine = "each retrieved document is graded by the LM";
+  const tick = () => { status.textContent = `Asking… ${((performance.now() - started) / 1000).toFixed(0)} s (${stageLine})`; };
   tick();
   const timer = setInterval(tick, 1000);
   try {
-    const response = await fetch("/ask", {
+    // The stream tells each stage as it happens; a refusal (401, 422, 429, a full queue) is plain JSON.
+    const response = await fetch("/ask/stream", {
       method: "POST",
-      headers: { "Content-Type": "application/json", Accept: "application/json", ...keyHeaders() },
-      body: JSON.stringify({ question }),
+      headers: { "Content-Type": "application/json", Accept: "text/event-stream", ...keyHeaders() },
+      body: JSON.stringify($("domain-row").hidden ? { question } : { question, domain: $("domain").value }),
     });
-    const body = await response.json().catch(() => ({ detail: `HTTP ${response.status} with a non-JSON body` }));
-    if (response.ok) {
-      drawTrace(body.trace, body);
-      status.textContent = `Answered in ${fmt(body.seconds, body.seconds < 10 ? 2 : 1)} s: ${body.action}${body.degraded ? " (degraded: see fallbacks and errors)" : ""}.`;
-      return;
+    let body, httpStatus = response.status;
+    if (response.ok && (response.headers.get("Content-Type") || "").startsWith("text/event-stream")) {
+      const ended = await readStream(response, (stage) => {
+        stageLine = stage.message;
+        tick();
+      });
+      body = ended.data;
+      if (ended.event === "answer") {
+        drawTrace(body.trace, body);
+        status.textContent = `Answered in ${fmt(body.seconds, body.seconds < 10 ? 2 : 1)} s: ${body.action}${body.degraded ? " (degraded: see fallbacks and errors)" : ""}.`;
+        return;
+      }
+      httpStatus = body.status;
+    } else {
+      body = await response.json().catch(() => ({ detail: `HTTP ${response.status} with a non-JSON body` }));
     }
-    if (response.status === 401) askForKey();
+    if (httpStatus === 401) askForKey();
     const who = body.dependency ? ` (failed dependency: ${body.dependency})` : "";
-    failure.replaceChildren(el("h3", {}, `HTTP ${response.status}${who}`), el("p", {}, body.detail || "request failed"));
+    failure.replaceChildren(el("h3", {}, `HTTP ${httpStatus}${who}`), el("p", {}, body.detail || "request failed"));
     failure.hidden = false;
     if (body.trace) drawTrace(body.trace, { answer: body.trace.answer, action: body.trace.action });
     else $("result").hidden = true;
@@ -390,4 +434,5 @@ $("question").addEventListener("keydown", (event) => {
     $("ask").requestSubmit();
   }
 });
+$("domain").addEventListener("change", () => loadProgram());
 loadProgram();

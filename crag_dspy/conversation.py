@@ -1,0 +1,106 @@
+"""A conversation's earlier turns: checked, bounded, and made inert before a prompt shows them.
+
+``CRAG(question=..., history=...)`` takes the turns before ``question``; its ``condense`` stage
+(:mod:`crag_dspy.stages.condense`) rewrites a follow-up ("and the night ferry?") into a standalone
+question from them. History is untrusted input, as documents are: a client writes it, and an earlier
+answer may quote a document. Its text passes the same defusing as passages (:mod:`crag_dspy.untrusted`)
+and is bounded, so that a long conversation cannot crowd the question out of the prompt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from .untrusted import defuse_instructions, one_line
+from .validation import DEFAULT_MAX_QUESTION_CHARS
+
+__all__ = [
+    "MAX_ANSWER_CHARS",
+    "MAX_TURNS",
+    "HistoryError",
+    "Turn",
+    "as_history",
+    "history_text",
+]
+
+MAX_TURNS = 8
+"""Most earlier turns a question may carry: a follow-up refers to the last one or two, and each turn
+costs prompt tokens on every condensing call."""
+MAX_ANSWER_CHARS = 4000
+"""Longest answer of an earlier turn (a question's limit is the question's own, 2,000 characters)."""
+
+
+class HistoryError(ValueError):
+    """The history is not a list of at most :data:`MAX_TURNS` turns of a question and an answer."""
+
+
+class Turn(BaseModel):
+    """One earlier turn: a question and the answer it got."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    question: str
+    answer: str
+
+
+def _turn(item: Any, index: int) -> Turn:
+    where = f"history[{index}]"
+    if isinstance(item, Turn):
+        question, answer = item.question, item.answer
+    elif isinstance(item, Mapping):
+        missing = [key for key in ("question", "answer") if key not in item]
+        extra = sorted(set(item) - {"question", "answer"}, key=str)
+        if missing or extra:
+            problem = f"lacks {', '.join(map(repr, missing))}" if missing else f"has unknown keys {extra}"
+            raise HistoryError(f"{where} {problem}: each turn is {{'question': ..., 'answer': ...}}")
+        question, answer = item["question"], item["answer"]
+    elif isinstance(item, tuple | list) and len(item) == 2:
+        question, answer = item
+    else:
+        raise HistoryError(
+            f"{where} is a {type(item).__name__}: each turn is {{'question': ..., 'answer': ...}} "
+            "or a (question, answer) pair"
+        )
+    for name, value, most in (
+        ("question", question, DEFAULT_MAX_QUESTION_CHARS),
+        ("answer", answer, MAX_ANSWER_CHARS),
+    ):
+        if not isinstance(value, str):
+            raise HistoryError(f"{where}.{name} must be a string, got {type(value).__name__}")
+        if len(value) > most:
+            raise HistoryError(f"{where}.{name} has {len(value)} characters; at most {most}")
+    if not question.strip():
+        raise HistoryError(f"{where}.question must not be empty or only whitespace")
+    return Turn(question=question.strip(), answer=answer.strip())
+
+
+def as_history(history: Sequence[Turn | Mapping[str, str] | tuple[str, str]] | None) -> list[Turn]:
+    """``history`` as checked :class:`Turn` objects, oldest first ([] for None); a :class:`HistoryError`
+    names the first bad turn and what is wrong with it. Never truncated: pass the last turns yourself."""
+    if history is None:
+        return []
+    if isinstance(history, str | bytes | Mapping) or not isinstance(history, Sequence):
+        raise HistoryError(
+            f"history must be a list of turns (each {{'question': ..., 'answer': ...}}), got {type(history).__name__}"
+        )
+    if len(history) > MAX_TURNS:
+        raise HistoryError(
+            f"history has {len(history)} turns; at most {MAX_TURNS}: pass the last {MAX_TURNS} (a follow-up "
+            "refers to the latest ones)"
+        )
+    return [_turn(item, i) for i, item in enumerate(history)]
+
+
+def history_text(turns: Sequence[Turn]) -> tuple[str, int]:
+    """The turns as the condensing prompt shows them, each field on one line and made inert (prompt-format
+    tokens neutralised, instruction-like sentences removed), and how many sentences were removed."""
+    lines, removed = [], 0
+    for number, turn in enumerate(turns, 1):
+        for label, text in (("Q", turn.question), ("A", turn.answer)):
+            clean, n = defuse_instructions(one_line(text))
+            lines.append(f"{label}{number}: {clean}")
+            removed += n
+    return "\n".join(lines), removed

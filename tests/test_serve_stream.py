@@ -1,0 +1,124 @@
+"""``POST /ask/stream``: the stages as server-sent events while the question runs, then the answer or
+the error ``POST /ask`` would give, with the same keys, limits, queue and deadline. Scripted LM."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from fakes import ScriptedLM
+from serving import local_client
+from test_serve import make_service, script
+
+from crag_dspy.serve import create_app
+from crag_dspy.serve.policy import ServePolicy
+
+QUESTION = "What is the range of the AquaProbe 220?"
+
+
+def events_of(lines) -> list[tuple[str, dict]]:
+    """(event, data) of each server-sent event in ``lines``."""
+    found, name = [], None
+    for line in lines:
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            found.append((name, json.loads(line.removeprefix("data: "))))
+    return found
+
+
+def test_the_stages_stream_then_the_answer_post_ask_gives():
+    client = local_client(create_app(make_service()))
+    response = client.post("/ask/stream", json={"question": QUESTION})
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+    events = events_of(response.text.splitlines())
+    assert [(name, data.get("kind")) for name, data in events] == [
+        ("stage", "retrieved"),
+        ("stage", "graded"),
+        ("stage", "action"),
+        ("stage", "strips_kept"),
+        ("stage", "answer"),
+        ("stage", "citations"),
+        ("answer", None),
+    ]
+    answer = events[-1][1]
+    plain = client.post("/ask", json={"question": QUESTION}).json()
+    assert (answer["answer"], answer["action"], answer["citations"]) == (
+        plain["answer"],
+        plain["action"],
+        plain["citations"],
+    )
+    assert "context" not in answer["trace"]  # trimmed for clients, as /ask
+    assert events[0][1]["data"]["titles"] == ["kb-good", "kb-bad"]
+
+
+def test_stages_are_sent_while_the_run_goes_on_not_at_its_end():
+    read_action = threading.Event()
+
+    def waits_for_the_client(system: str, user: str):
+        # The answer is written only once the client has read the action.
+        if "You judge" not in system and not read_action.wait(10):
+            return ConnectionError("the action event never reached the client")
+        return script(system, user)
+
+    client = local_client(create_app(make_service(lm=ScriptedLM(waits_for_the_client), retries=0)))
+    with client.stream("POST", "/ask/stream", json={"question": QUESTION}) as response:
+        lines = []
+        for line in response.iter_lines():
+            lines.append(line)
+            if '"kind":"action"' in line.replace(" ", ""):
+                read_action.set()
+    events = events_of(lines)
+    assert read_action.is_set() and events[-1][0] == "answer" and events[-1][1]["answer"] == "0 to 25 mg/L"
+
+
+def test_a_failed_lm_ends_the_stream_with_the_503_post_ask_gives():
+    lm = ScriptedLM(lambda s, u: ConnectionError("connection refused"))
+    client = local_client(create_app(make_service(lm=lm, retries=0)))
+    events = events_of(client.post("/ask/stream", json={"question": QUESTION}).text.splitlines())
+    name, error = events[-1]
+    assert name == "error" and error["status"] == 503 and error["dependency"] == "lm"
+    assert "connection refused" in error["detail"] and error["trace"]["errors"]
+
+
+def test_past_the_deadline_the_stream_ends_with_a_504_and_the_run_stops():
+    release = threading.Event()
+
+    def slow(system: str, user: str):
+        release.wait(10)
+        return script(system, user)
+
+    service = make_service(lm=ScriptedLM(slow))
+    client = local_client(create_app(service, ServePolicy(request_timeout_s=0.3)))
+    events = events_of(client.post("/ask/stream", json={"question": QUESTION}).text.splitlines())
+    release.set()
+    name, error = events[-1]
+    assert name == "error" and error["status"] == 504 and "deadline" in error["detail"].lower()
+
+
+def test_a_full_queue_is_a_503_before_any_stream_and_keys_are_required_as_for_ask():
+    release = threading.Event()
+
+    def blocked(system: str, user: str):
+        release.wait(10)
+        return script(system, user)
+
+    app = create_app(make_service(lm=ScriptedLM(blocked)), ServePolicy(workers=1, queue=1))
+    client = local_client(app)
+    first = threading.Thread(target=client.post, args=("/ask",), kwargs={"json": {"question": QUESTION}})
+    first.start()
+    try:
+        while app.state.queue.admitted == 0:
+            first.join(0.01)
+        response = client.post("/ask/stream", json={"question": QUESTION})
+        assert response.status_code == 503 and "Retry-After" in response.headers
+        assert response.headers["content-type"].startswith("application/json")
+    finally:
+        release.set()
+        first.join()
+
+    keyed = local_client(create_app(make_service(), ServePolicy(api_keys=("k" * 32,), open_debug=False)))
+    assert keyed.post("/ask/stream", json={"question": QUESTION}).status_code == 401
+    assert (
+        keyed.post("/ask/stream", json={"question": " "}, headers={"X-API-Key": "k" * 32}).status_code == 422
+    )
