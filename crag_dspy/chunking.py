@@ -31,21 +31,54 @@ def _words(text: str) -> int:
     return len(text.split())
 
 
+_CHARS_PER_WORD = 12  # generous: ordinary prose averages 5-8 characters a word, spaces included
+
+
+def _bounded(sentence: str, max_words: int) -> list[str]:
+    """``sentence`` as is, unless it is past the hard bound (twice ``max_words`` words, or 12 characters
+    a word of that): a run without sentence breaks, a table flattened into one line, a data blob. Then it
+    is cut into runs of at most ``max_words`` words within the character bound, and a "word" longer than
+    that is cut by characters into pieces of exactly the bound (the last one shorter), which no other text
+    fits next to, so no space is put inside a word; nothing is dropped or reordered.
+
+    Twice the budget, not the budget itself: a long sentence of ordinary text (a bulleted list joined
+    into one paragraph) stays one chunk as before, so its chunk id, and a corpus's, does not change.
+    """
+    max_chars = 2 * max_words * _CHARS_PER_WORD
+    words = sentence.split()
+    if len(words) <= 2 * max_words and len(sentence) <= max_chars:
+        return [sentence]
+    tokens = [word[i : i + max_chars] for word in words for i in range(0, len(word), max_chars)]
+    runs: list[list[str]] = [[]]
+    length = 0
+    for token in tokens:
+        if runs[-1] and (len(runs[-1]) >= max_words or length + 1 + len(token) > max_chars):
+            runs.append([])
+            length = -1
+        runs[-1].append(token)
+        length += 1 + len(token)
+    return [" ".join(run) for run in runs]
+
+
 def chunk_text(text: str, max_words: int) -> list[str]:
-    """Paragraph-aligned chunks of at most ``max_words`` words where possible.
+    """Paragraph-aligned chunks of at most ``max_words`` words where possible, and never past a hard bound.
 
     Paragraphs are kept whole and short neighbours are merged; a paragraph longer than ``max_words``
     is cut at sentence boundaries; a single sentence longer than ``max_words`` stays one chunk rather
-    than being cut mid-sentence.
+    than being cut mid-sentence, up to twice ``max_words`` words (and 24 characters a budget word):
+    past that it is cut at the word budget, since a chunk far past the embedder's input and the LM's
+    context would be indexed by its start only and could not be read whole.
     """
+    max_chars = 2 * max_words * _CHARS_PER_WORD
     pieces: list[str] = []
     for paragraph in split_paragraphs(text):
-        if _words(paragraph) <= max_words:
+        if _words(paragraph) <= max_words and len(paragraph) <= max_chars:
             pieces.append(paragraph)
             continue
         current: list[str] = []
-        for sentence in split_sentences(paragraph):
-            if current and _words(" ".join([*current, sentence])) > max_words:
+        for sentence in (part for whole in split_sentences(paragraph) for part in _bounded(whole, max_words)):
+            joined = " ".join([*current, sentence])
+            if current and (_words(joined) > max_words or len(joined) > max_chars):
                 pieces.append(" ".join(current))
                 current = []
             current.append(sentence)
@@ -55,7 +88,11 @@ def chunk_text(text: str, max_words: int) -> list[str]:
     min_words = max_words // 4
     for piece in pieces:
         short = chunks and min(_words(chunks[-1]), _words(piece)) < min_words
-        if short and _words(chunks[-1]) + _words(piece) <= max_words:
+        if (
+            short
+            and _words(chunks[-1]) + _words(piece) <= max_words
+            and len(chunks[-1]) + 2 + len(piece) <= max_chars
+        ):
             chunks[-1] = f"{chunks[-1]}\n\n{piece}"  # a fragment this short cannot stand alone as a passage
         else:
             chunks.append(piece)

@@ -117,7 +117,7 @@ _TOO_DEEP = "nested too deeply to parse (arrays or objects inside each other, pa
 def _read_text(path: Path) -> str:
     """``path`` as UTF-8 text; a missing or undecodable file is a :class:`DomainDataError` naming it."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a byte-order mark is no part of the text
     except FileNotFoundError:
         raise DomainDataError(f"{path}: file not found") from None
     except UnicodeDecodeError as exc:

@@ -5,22 +5,31 @@ Transient LM faults (timeouts, connection errors, rate limits, 5xx) are retried 
 failed call that reaches CRAG has already been retried. CRAG then takes each stage's fallback (see
 ``docs/reliability.md``) and counts the failure: two failed calls in a row, or one that cannot get
 better by waiting (authentication, billing, configuration), mean the LM is down, and the question stops
-with :class:`LMUnavailableError` instead of spending minutes in backoff on every remaining stage.
+with :class:`LMUnavailableError` instead of spending minutes in backoff on every remaining stage. A
+request the server refuses (HTTP 400 or 404: a wrong path in the base URL, a proxy refusing the model
+name) counts as a failed call too: an LM that refuses everything is down, not a model that knows nothing.
+
+A batch run (:func:`watch_lm`) applies the rule across questions, and needs the failures in a row to
+come from two questions or more (:func:`asking` says which question a call is for): one question whose
+every call fails is that question's error, and the run goes on.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal
 
 import dspy
 from dspy.utils.callback import BaseCallback
 from dspy.utils.exceptions import (
+    ContextWindowExceededError,
     LMAuthError,
     LMBillingError,
     LMConfigurationError,
+    LMInvalidRequestError,
     LMUnsupportedModelError,
     is_retryable_lm_error,
 )
@@ -41,6 +50,7 @@ __all__ = [
     "LMWatch",
     "RetrievalError",
     "RunCancelled",
+    "asking",
     "classify_lm_error",
     "describe_error",
     "raise_if_lm_down",
@@ -50,7 +60,20 @@ __all__ = [
 CONSECUTIVE_LM_FAILURES = 2
 """Failed LM calls in a row (each already retried by DSPy) after which a question stops."""
 
-LMFault = Literal["fatal", "unavailable", "output"]
+LMFault = Literal["fatal", "unavailable", "refused", "output"]
+
+_QUESTION: ContextVar[str | None] = ContextVar("crag_dspy_question", default=None)
+
+
+@contextmanager
+def asking(question: str) -> Iterator[None]:
+    """Mark the LM calls made inside the block (and in threads that copy its context) as ``question``'s,
+    so that a batch's :class:`LMWatch` can tell one question failing from an LM that is down."""
+    token = _QUESTION.set(question)
+    try:
+        yield
+    finally:
+        _QUESTION.reset(token)
 
 
 class CRAGRunError(RuntimeError):
@@ -87,13 +110,16 @@ class LMUnavailableError(CRAGRunError):
 
 def classify_lm_error(exc: BaseException) -> LMFault:
     """``fatal``: waiting will not help (bad key, billing, unknown model); ``unavailable``: transient
-    and already retried with backoff by DSPy; ``output``: the LM answered but unusably (or the request
-    was refused as malformed), which a new rollout may fix."""
+    and already retried with backoff by DSPy; ``refused``: the server refused the request (HTTP 400,
+    404), which neither waiting nor a new rollout changes; ``output``: the LM answered but unusably (or
+    the prompt is too long for it), which a new rollout may fix, or which is this question's alone."""
     if isinstance(exc, (LMAuthError, LMBillingError, LMConfigurationError, LMUnsupportedModelError)):
         return "fatal"
     # Builtin network errors come from LM clients that are not LiteLLM (custom dspy.BaseLM subclasses).
     if is_retryable_lm_error(exc) or isinstance(exc, (ConnectionError, TimeoutError)):
         return "unavailable"
+    if isinstance(exc, LMInvalidRequestError) and not isinstance(exc, ContextWindowExceededError):
+        return "refused"
     return "output"
 
 
@@ -111,23 +137,44 @@ def describe_error(exc: BaseException, limit: int = 300) -> str:
 class FailureStreak:
     """The rule that says an LM is down, shared by one question (:class:`LMHealth`) and a whole batch
     (:class:`LMWatch`): a fatal error, or ``CONSECUTIVE_LM_FAILURES`` failed calls in a row (each already
-    retried by DSPy). A response resets the streak, an unusable answer included: the LM answered."""
+    retried by DSPy, or refused by the server) from at least ``questions`` different questions. A
+    response resets the streak, an unusable answer included: the LM answered.
 
-    def __init__(self) -> None:
+    Args:
+        questions: how many different questions the failures in a row must come from: 1 for one
+            question's own run; 2 for a batch, where one question whose every call fails (a prompt the
+            provider chokes on) is that question's error and not an outage.
+    """
+
+    def __init__(self, questions: int = 1) -> None:
         self.in_a_row = 0
+        self.questions = questions
+        self._failing: set[Hashable] = set()
+        self._refused = 0
 
-    def record(self, exc: BaseException | None) -> str | None:
-        """Count one call (``exc``: how it failed, None when it got a response); why the LM is down now,
-        or None."""
+    def record(self, exc: BaseException | None, question: Hashable = None) -> str | None:
+        """Count one call (``exc``: how it failed, None when it got a response; ``question``: which
+        question it was for, None for a call of no question, which counts as its own); why the LM is
+        down now, or None."""
         kind = classify_lm_error(exc) if exc is not None else None
         if kind is None or kind == "output":
-            self.in_a_row = 0
+            self.in_a_row, self._refused = 0, 0
+            self._failing.clear()
             return None
         self.in_a_row += 1
+        self._refused += kind == "refused"
+        self._failing.add(question if question is not None else object())
         if kind == "fatal":
             return "refuses the requests"
-        if self.in_a_row >= CONSECUTIVE_LM_FAILURES:
-            return f"failed {self.in_a_row} calls in a row, each after retries with backoff"
+        if self.in_a_row >= CONSECUTIVE_LM_FAILURES and len(self._failing) >= self.questions:
+            what = "refused" if self._refused == self.in_a_row else "failed"
+            after = (
+                "each refused by the server (a wrong path in the base URL, or a model it does not serve?)"
+                if what == "refused"
+                else "each after retries with backoff"
+            )
+            questions = f" of {len(self._failing)} questions" if self.questions > 1 else ""
+            return f"{what} {self.in_a_row} calls{questions} in a row, {after}"
         return None
 
 
@@ -164,25 +211,27 @@ class LMDownError(RuntimeError):
 class LMWatch(BaseCallback):
     """:class:`LMHealth`'s rule over a whole batch run: every LM call of the run (any question, any
     thread, baselines and judges included) reports here through DSPy's callbacks, and a fatal error or
-    ``CONSECUTIVE_LM_FAILURES`` failed calls in a row (each already retried by DSPy) mean the LM is
-    down. Any call that gets a response resets the count, so one bad question (an unusable answer, one
-    failed call) is that question's wrong answer, not an outage. Install it with :func:`watch_lm`."""
+    ``CONSECUTIVE_LM_FAILURES`` failed calls in a row (each already retried by DSPy) from two questions
+    or more (:func:`asking`) mean the LM is down. Any call that gets a response resets the count, so one
+    bad question (an unusable answer, failed calls, every call failing) is that question's wrong answer,
+    not an outage. Install it with :func:`watch_lm`."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._models: dict[str, str] = {}
-        self.streak = FailureStreak()
+        self._models: dict[str, tuple[str, str | None]] = {}
+        self.streak = FailureStreak(questions=2)
         self.down: str | None = None
         """Why the LM counts as down now (None while it answers)."""
 
     def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
+        # Callbacks run in the caller's context: the question is the one the call is made for.
         with self._lock:
-            self._models[call_id] = getattr(instance, "model", type(instance).__name__)
+            self._models[call_id] = (getattr(instance, "model", type(instance).__name__), _QUESTION.get())
 
     def on_lm_end(self, call_id: str, outputs: Any, exception: BaseException | None = None) -> None:
         with self._lock:
-            model = self._models.pop(call_id, "?")
-            why = self.streak.record(exception)
+            model, question = self._models.pop(call_id, ("?", None))
+            why = self.streak.record(exception, question)
             self.down = None if why is None else f"the LM {model} {why} ({describe_error(exception)})"
 
     def check(self) -> None:

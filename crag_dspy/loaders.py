@@ -54,9 +54,10 @@ Read = tuple[str | None, str, list[DocPart] | None]
 
 
 def _text_file(path: Path) -> Read:
-    # The first line is the title, as the corpus folder has always read .md/.txt.
+    # The first line is the title, as the corpus folder has always read .md/.txt. utf-8-sig: editors on
+    # Windows start UTF-8 files with a byte-order mark, which is no part of the text.
     try:
-        text = path.read_text(encoding="utf-8").strip()
+        text = path.read_text(encoding="utf-8-sig").strip()
     except UnicodeDecodeError as exc:
         raise UnreadableDocumentError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     title = text.splitlines()[0].lstrip("# ").strip() if text else None
@@ -176,8 +177,14 @@ def load_document(path: Path | str, doc_id: str | None = None) -> CorpusDoc:
             f"{path}: cannot read {path.suffix} ({type(exc).__name__}: {exc})"[:400]
         ) from exc
     if not text.strip():
-        scanned = " (a scanned PDF needs OCR first)" if path.suffix.lower() == ".pdf" else ""
-        raise EmptyDocumentError(f"{path}: no text found{scanned}")
+        why = (
+            " (a scanned PDF needs OCR first)"
+            if path.suffix.lower() == ".pdf"
+            else " (an empty file)"
+            if reader in (_text_file, _markdown)
+            else ""
+        )
+        raise EmptyDocumentError(f"{path}: no text found{why}")
     title = " ".join((title or "").split()) or path.stem
     return CorpusDoc(id=doc_id or path.name, title=title, text=text.strip(), source=str(path), parts=parts)
 
@@ -193,26 +200,43 @@ class LoadedFolder:
 def load_folder(folder: Path) -> LoadedFolder:
     """Every supported file under ``folder`` (recursively, in path order), ids = paths relative to it.
 
-    An unreadable file, or one of a type no reader reads (a slide deck, a spreadsheet), is logged,
-    skipped and listed in :attr:`LoadedFolder.skipped`, so that a document the user put there is never
-    missing without a word. Hidden files and folders (``.DS_Store``, ``.git/``) are not documents and an
-    empty Markdown or text file is nothing to report: both are passed over silently.
+    An unreadable file, an empty one, or one of a type no reader reads (a slide deck, a spreadsheet) is
+    logged, skipped and listed in :attr:`LoadedFolder.skipped`, so that a document the user put there is
+    never missing without a word. So is a symbolic link that leads out of ``folder`` (or nowhere): domain
+    folders come from uploads and archives, and a link to ``/etc/passwd`` must not become a quotable
+    document. Links inside the folder are read as the files they point to. Hidden files and folders
+    (``.DS_Store``, ``.git/``) are not documents and are passed over silently.
     """
+    root = folder.resolve()
     docs, skipped = [], []
-    paths = sorted(
-        p
-        for p in folder.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    )
-    for path in paths:
+
+    def skip(message: str) -> None:
+        log.warning("skipped %s", message)
+        skipped.append(message)
+
+    for path in sorted(folder.rglob("*")):  # rglob does not descend into linked folders
+        if any(part.startswith(".") for part in path.relative_to(folder).parts):
+            continue
+        outside = _link_outside(path, root)
+        if outside is not None:
+            skip(outside)
+            continue
+        if not path.is_file():
+            continue
         try:
             docs.append(load_document(path, doc_id=str(path.relative_to(folder))))
-        except EmptyDocumentError as exc:
-            if SUFFIXES[path.suffix.lower()] in (_text_file, _markdown):
-                continue  # an empty note is nothing to report; an empty PDF is (scanned, needs OCR)
-            log.warning("skipped %s", exc)
-            skipped.append(str(exc))
         except UnreadableDocumentError as exc:
-            log.warning("skipped %s", exc)
-            skipped.append(str(exc))
+            skip(str(exc))
     return LoadedFolder(docs, skipped)
+
+
+def _link_outside(path: Path, root: Path) -> str | None:
+    """Why ``path`` is not read when it, or a folder on its way, is a link leading out of ``root`` (or
+    nowhere); None for any other path."""
+    target = path.resolve()
+    if target.is_relative_to(root) and (target.exists() or not path.is_symlink()):
+        return None
+    if not target.exists():
+        return f"{path}: a broken link ({target}): not read"
+    kind = "folder" if target.is_dir() else "file"
+    return f"{path}: a link to a {kind} outside the corpus folder ({target}): not read"

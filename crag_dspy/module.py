@@ -30,6 +30,7 @@ from .config import CRAGConfig
 from .conversation import Turn, as_history
 from .embeddings import Embedder
 from .events import EventCallback
+from .faults import asking
 from .judges.fusion import Grading
 from .judges.llm import BinaryJudge
 from .judges.view import focus_view
@@ -199,7 +200,7 @@ class CRAG(SavedAsProgram, dspy.Module):
         run.trace.history_turns = len(turns)
         if on_start is not None:
             on_start(run.trace)
-        with self.lm_scope(run.trace):
+        with self.lm_scope(run.trace), asking(question):  # a batch's LM watch counts questions
             if turns:
                 question = self._standalone(run, question, turns)
             passages = Retrieve(self, run)(question=question)

@@ -24,13 +24,14 @@ from __future__ import annotations
 import json
 import logging
 import re
+from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import dspy
 from dspy.utils.saving import get_dependency_versions
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError, field_validator
 
 from .config import CRAGConfig, describe_validation_error
 from .domain import check_domain_name
@@ -45,6 +46,7 @@ __all__ = [
     "ADDED_PREDICTORS",
     "PROGRAM_FORMAT",
     "PROGRAM_FORMAT_VERSION",
+    "PROGRAM_PARAMETERS",
     "FileMetadata",
     "ProgramError",
     "ProgramFile",
@@ -66,6 +68,20 @@ PROGRAM_FORMAT = "crag-dspy-program"
 # Programs of earlier versions are refused: recompiling is one command, and a program's numbers hold
 # only for the code that measured them (format 6 files convert: python -m optimize.convert_program).
 PROGRAM_FORMAT_VERSION = 7
+PROGRAM_PARAMETERS = (
+    "grading",
+    "grader.predict",
+    "grader.calibration",
+    "strip_filter.predict",
+    "strip_filter.calibration",
+    "condenser",
+    "rewriter",
+    "reviser",
+    "answerer",
+    "thresholds",
+)
+"""The state keys of a CRAG program file: ``CRAG.named_parameters()``'s names (a test keeps them equal).
+Any other top-level key but ``config`` and ``metadata`` is refused: it would be ignored, silently."""
 # What crag-dspy writes into "metadata" itself; a compile's metadata must not name them.
 _FILE_KEYS = ("dependency_versions", "format", "format_version", "crag_dspy_version", "created")
 
@@ -128,18 +144,77 @@ class FileMetadata(ProgramMetadata):
     domain: str | None = Field(None, description="Domain the program was compiled for, when recorded.")
 
 
+class CalibrationState(BaseModel):
+    """A judge's :class:`~crag_dspy.judges.calibration.Calibration`: finite numbers, a positive slope.
+
+    Python's json reads ``NaN`` and ``Infinity``; checked here, they are refused by name when the file
+    is read instead of failing as a ``TypeError`` once the program is applied."""
+
+    model_config = ConfigDict(extra="allow")
+
+    slope: FiniteFloat = Field(gt=0)
+    intercept: FiniteFloat
+    weights: dict[str, FiniteFloat] | None = None  # programs of format 2 have none
+
+
+class LinearScoreState(BaseModel):
+    """A fitted :class:`~crag_dspy.judges.fusion.LinearScore`: finite weights and intercept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    weights: dict[str, FiniteFloat]
+    intercept: FiniteFloat
+
+
+class WeightsFileState(BaseModel):
+    """One file of a trained evaluator's folder, as the program lists it (the folder is verified against
+    it when the weights load: a missing size or digest is refused there)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    bytes: int | None = Field(None, ge=0)
+    sha256: str | None = Field(None, pattern=_SHA256.pattern)
+
+
+class EvaluatorManifestState(BaseModel):
+    """Where a trained evaluator's weights are (a folder beside the program) and what they are."""
+
+    model_config = ConfigDict(extra="allow")
+
+    path: str
+    base_model: str | None = None
+    max_length: int | None = Field(None, gt=0)
+    files: dict[str, WeightsFileState]
+
+
+class GradingState(BaseModel):
+    """The grader's :class:`~crag_dspy.judges.fusion.Grading`: its mode, evaluator and fitted scores
+    (the module checks that they fit together when the program is applied)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    mode: str = "llm"
+    evaluator: EvaluatorManifestState | None = None
+    evaluator_score: LinearScoreState | None = None
+    fused_score: LinearScoreState | None = None
+
+
 class ProgramFile(BaseModel):
     """The whole program file, checked before any of it is applied (and before a store or model is
     opened): the :class:`~crag_dspy.config.CRAGConfig` with its ranges, the metadata, and the state's
-    shape (each parameter's DSPy state an object; thresholds in range and ordered)."""
+    shape (each parameter's DSPy state an object; thresholds in range and ordered; calibrations, the
+    grading and the evaluator's manifest with finite numbers)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
     # Every other key is a parameter's DSPy state, named as CRAG.named_parameters() names it.
     __pydantic_extra__: dict[str, dict[str, Any]] = Field(init=False)
 
     config: CRAGConfig
     metadata: FileMetadata
     thresholds: dict[str, Any] | None = None
+    grading: GradingState | None = None
+    grader_calibration: CalibrationState | None = Field(None, alias="grader.calibration")
+    strip_filter_calibration: CalibrationState | None = Field(None, alias="strip_filter.calibration")
 
 
 def program_config(crag: dspy.Module) -> dict[str, Any]:
@@ -229,12 +304,17 @@ def read_program_json(path: Path | str) -> Any:
 
 
 def read_program(
-    path: Path | str, *, domain: str | None = None, schema: type[ProgramFile] = ProgramFile
+    path: Path | str,
+    *,
+    domain: str | None = None,
+    schema: type[ProgramFile] = ProgramFile,
+    parameters: Collection[str] = PROGRAM_PARAMETERS,
 ) -> dict[str, Any]:
     """Read and validate a program file (``schema``: :class:`ProgramFile`, or
     :class:`crag_dspy.program.ProgramFile`, which also checks the thresholds as the module does); with
-    ``domain``, also require that it was compiled for it. Returns the validated document as JSON-able
-    dicts, shaped as the file."""
+    ``domain``, also require that it was compiled for it. ``parameters`` are the state keys the file may
+    hold besides ``config`` and ``metadata`` (a module's ``named_parameters()``). Returns the validated
+    document as JSON-able dicts, shaped as the file."""
     path = Path(path)
     document = read_program_json(path)
     _check_format(document, path)
@@ -243,9 +323,15 @@ def read_program(
     # A program saved before ``strip_view`` existed fitted its strip filter on whole strips.
     document["config"].setdefault("strip_view", {"sentences": 0})
     try:
-        document = schema.model_validate(document).model_dump(mode="json", exclude_unset=True)
+        document = schema.model_validate(document).model_dump(mode="json", exclude_unset=True, by_alias=True)
     except ValidationError as exc:
         raise ProgramError(f"{path}: invalid program: {describe_validation_error(exc, 'file')}") from None
+    unknown = sorted(set(document) - set(parameters) - {"config", "metadata"})
+    if unknown:
+        raise ProgramError(
+            f"{path}: invalid program: {unknown[0]}: not a part of a CRAG program (its keys are config, "
+            f"metadata and the state of {', '.join(sorted(parameters))}); it would be ignored"
+        )
     _warn_on_other_dependencies(document["metadata"]["dependency_versions"], path)
     if domain is not None:
         check_domain(document, domain, path)
@@ -387,7 +473,8 @@ def load_into(crag: dspy.Module, path: Path | str) -> dspy.Module:
     """What ``crag.load(path)`` does: read and validate the program file at ``path`` and apply all of it,
     its ``lm_calls`` included, to ``crag``; a trained evaluator is loaded from beside the file."""
     path = Path(path)
-    return apply_program(crag, read_program(path), path.parent, keep_lm_calls=False)
+    parameters = [name for name, _ in crag.named_parameters()]
+    return apply_program(crag, read_program(path, parameters=parameters), path.parent, keep_lm_calls=False)
 
 
 def _load_evaluator(grading: Any, program_dir: Path | str | None) -> RelevanceEvaluator | None:

@@ -8,11 +8,12 @@ variables present in the environment and anything shaped like a bearer token or 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
 
-__all__ = ["REDACTED", "RedactingFilter", "configure_logging", "redact", "secret_values"]
+__all__ = ["REDACTED", "RedactingFilter", "configure_logging", "question_hash", "redact", "secret_values"]
 
 REDACTED = "***"
 
@@ -49,6 +50,12 @@ def redact(text: str, extra: tuple[str, ...] = ()) -> str:
         lambda m: f"{m.group(1)} {REDACTED}" if m.group(1) else REDACTED,
         text,
     )
+
+
+def question_hash(question: str) -> str:
+    """A short, stable hash of a question: enough to count repeats of one question or to match a span
+    with an access-log line, without writing the question (which may hold personal data) anywhere."""
+    return hashlib.sha256(question.encode("utf-8", errors="surrogatepass")).hexdigest()[:12]
 
 
 class RedactingFilter(logging.Filter):

@@ -13,6 +13,12 @@ Install it once, for every program in the process::
 
     dspy.configure(callbacks=[OpenTelemetryCallback()])  # spans go to the global tracer provider
 
+Spans go to a tracing backend, often another team's, so they hold no secrets and, by default, no text a
+user wrote or was answered: the question appears as the access log's hash (``crag.question_hash``), and
+questions, queries and answers in clear need ``OpenTelemetryCallback(record_text=True)`` (a developer's
+machine). A failed call's error is recorded redacted (:func:`~crag_dspy.redaction.redact`), as in
+CRAG's own trace: providers echo keys in their error messages.
+
 ``mlflow.dspy.autolog()`` reads the same callbacks and needs nothing from this module. The OpenTelemetry
 API ships with chromadb; an exporter (``opentelemetry-sdk``, OTLP) is the ``tracing`` extra.
 """
@@ -20,6 +26,7 @@ API ships with chromadb; an exporter (``opentelemetry-sdk``, OTLP) is the ``trac
 from __future__ import annotations
 
 import threading
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +35,7 @@ from dspy.utils.callback import ACTIVE_CALL_ID, BaseCallback
 
 from .module import CRAG
 from .protocols import Passage
+from .redaction import question_hash, redact
 from .stages import Answered, PassageGraded, Refined, RetryRound, Stage, WebSearched
 from .trace import DocumentGrade
 
@@ -59,19 +67,25 @@ class OpenTelemetryCallback(BaseCallback):
 
     Args:
         tracer_provider: where spans go (default: the global provider, as configured by the app).
+        record_text: also record questions, queries, answers and stage values in clear (redacted, cut at
+            500 characters). Off by default: questions may hold personal data, and spans leave the
+            service for a tracing backend; the question's hash (as in the access log) is always there.
     """
 
-    def __init__(self, tracer_provider: otel_trace.TracerProvider | None = None):
+    def __init__(
+        self, tracer_provider: otel_trace.TracerProvider | None = None, *, record_text: bool = False
+    ):
         self._tracer = otel_trace.get_tracer("crag_dspy", tracer_provider=tracer_provider)
+        self.record_text = record_text
         self._spans: dict[str, otel_trace.Span] = {}
         self._lock = threading.Lock()
 
     # -- DSPy's callback hooks ------------------------------------------------------------------
     def on_module_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
-        self._start(call_id, span_name(instance), _input_attributes(inputs))
+        self._start(call_id, span_name(instance), _input_attributes(inputs, self.record_text))
 
     def on_module_end(self, call_id: str, outputs: Any | None, exception: Exception | None = None) -> None:
-        self._end(call_id, _output_attributes(outputs), exception)
+        self._end(call_id, _output_attributes(outputs, self.record_text), exception)
 
     def on_lm_start(self, call_id: str, instance: Any, inputs: dict[str, Any]) -> None:
         self._start(call_id, "lm", {"lm.model": str(getattr(instance, "model", type(instance).__name__))})
@@ -96,23 +110,43 @@ class OpenTelemetryCallback(BaseCallback):
             return
         span.set_attributes(dict(attributes))
         if exception is not None:
-            span.record_exception(exception)
-            span.set_status(Status(StatusCode.ERROR, f"{type(exception).__name__}: {exception}"))
+            _record_error(span, exception)
         span.end()
 
 
+def _record_error(span: otel_trace.Span, exception: BaseException) -> None:
+    """``span.record_exception`` and an error status, with the message and traceback redacted: a
+    provider's 401 may echo the key, and the span is exported as is."""
+    kind = type(exception)
+    name = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    stack = "".join(traceback.format_exception(kind, exception, exception.__traceback__))
+    span.add_event(
+        "exception",
+        {
+            "exception.type": name,
+            "exception.message": redact(str(exception)),
+            "exception.stacktrace": redact(stack),
+            "exception.escaped": "False",
+        },
+    )
+    span.set_status(Status(StatusCode.ERROR, redact(f"{kind.__name__}: {exception}")))
+
+
 def _short(text: str) -> str:
+    text = redact(text)
     return text if len(text) <= _TEXT_LIMIT else text[:_TEXT_LIMIT] + "..."
 
 
-def _input_attributes(inputs: Mapping[str, Any]) -> dict[str, Any]:
+def _input_attributes(inputs: Mapping[str, Any], record_text: bool) -> dict[str, Any]:
     # Module.__call__'s arguments arrive as {"args": (...), "kwargs": {...}}.
     kwargs = inputs.get("kwargs") if isinstance(inputs.get("kwargs"), Mapping) else inputs
     args = inputs.get("args") or ()
     if args and isinstance(args[0], str) and "question" not in kwargs:  # crag("question?")
         kwargs = {**kwargs, "question": args[0]}
     attributes: dict[str, Any] = {}
-    for key in ("question", "query"):
+    if isinstance(kwargs.get("question"), str):
+        attributes["crag.question_hash"] = question_hash(kwargs["question"])
+    for key in ("question", "query") if record_text else ():
         if isinstance(kwargs.get(key), str):
             attributes[f"crag.{key}"] = _short(kwargs[key])
     passage = kwargs.get("passage")
@@ -121,8 +155,19 @@ def _input_attributes(inputs: Mapping[str, Any]) -> dict[str, Any]:
     return attributes
 
 
-def _output_attributes(value: Any) -> dict[str, Any]:
-    """The attributes that say what a stage found: scores, counts, the action and the answer."""
+def _output_attributes(value: Any, record_text: bool) -> dict[str, Any]:
+    """The attributes that say what a stage found: scores, counts, the action, and with ``record_text``
+    the queries and the answer."""
+    attributes = _found(value)
+    if record_text:
+        return attributes
+    return {k: v for k, v in attributes.items() if k not in _TEXT_ATTRIBUTES}
+
+
+_TEXT_ATTRIBUTES = {"crag.query", "crag.answer", "crag.value"}  # what a user wrote or was told
+
+
+def _found(value: Any) -> dict[str, Any]:
     if isinstance(value, PassageGraded):
         grade = value.grade
         attributes = {"crag.doc_id": grade.doc_id, "crag.score_source": grade.score_source}
@@ -135,7 +180,7 @@ def _output_attributes(value: Any) -> dict[str, Any]:
         return {"crag.answer": _short(value.answer), "crag.context_chars": len(value.context)}
     if isinstance(value, RetryRound):
         return {"crag.query": _short(value.query), "crag.passages": len(value.passages)} | (
-            {"crag.error": value.error} if value.error else {}
+            {"crag.error": redact(value.error)} if value.error else {}
         )
     if isinstance(value, list) and value and all(isinstance(g, DocumentGrade) for g in value):
         scores = [g.score for g in value if g.score is not None]

@@ -18,6 +18,7 @@ from fakes import render
 
 # fault(request_number, body) -> None (answer normally) or one of:
 #   "429" / "500" / "503"  that status with a JSON error body and Retry-After: 0
+#   "400" / "404"          that status with a JSON error body (a proxy refusing the model, a wrong path)
 #   "500-slow"             500 without Retry-After, so the client's own exponential backoff applies
 #   "401-echo"             401 whose message echoes the Authorization header (worst-case key leak)
 #   "hang"                 no answer within the client's timeout
@@ -102,6 +103,8 @@ class LoopbackServer:
 
         if fault in {"429", "500", "503"}:
             self.send(handler, int(fault), error(int(fault), f"injected {fault}"), {"Retry-After": "0"})
+        elif fault in {"400", "404"}:
+            self.send(handler, int(fault), error(int(fault), f"injected {fault}"))
         elif fault == "500-slow":
             self.send(handler, 500, error(500, "injected 500"))
         elif fault == "401-echo":

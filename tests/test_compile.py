@@ -513,7 +513,7 @@ def test_an_lm_that_is_down_stops_the_compile_fast_with_one_line(tmp_path, capsy
     assert main([*argv, "--out", str(tmp_path / "out" / "program.json")]) == 1
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == (
-        "error: the LM scripted/fake failed 2 calls in a row, each after retries with backoff "
+        "error: the LM scripted/fake failed 2 calls of 2 questions in a row, each after retries with backoff "
         "(ConnectionError: connection refused); the run stopped"
     )
     assert "Traceback" not in err and len(lm.calls) == 2  # the first two grader calls, not the whole val set

@@ -107,6 +107,15 @@ def test_duplicate_ids_and_bad_toml(tmp_path):
     assert "domain.toml: name: " in message and "(got 'bad name!')" in message
 
 
+def test_domain_files_starting_with_a_utf8_byte_order_mark_are_read(tmp_path):
+    # Editors on Windows write one; it is no part of the first record.
+    doc = json.dumps({"id": "a", "title": "A", "text": "Staff get 25 days."})
+    (tmp_path / "corpus.jsonl").write_text("\ufeff" + doc + "\n", encoding="utf-8")
+    (tmp_path / "domain.toml").write_text('\ufeffname = "leave"\n', encoding="utf-8")
+    domain = load_domain(tmp_path)
+    assert domain.name == "leave" and [d.id for d in domain.corpus] == ["a"]
+
+
 def test_text_folder_corpus(tmp_path):
     (tmp_path / "corpus").mkdir()
     (tmp_path / "corpus" / "policy.md").write_text("# Leave policy\n\nStaff get 25 days.\n", encoding="utf-8")

@@ -357,7 +357,9 @@ def test_an_lm_that_is_down_stops_the_run_fast_with_one_line(setup, tmp_path, ca
         return eval_script(system, user)
 
     lm = ScriptedLM(down_after_one_question)
-    with pytest.raises(LMDownError, match="the LM scripted/fake failed 2 calls in a row") as info:
+    with pytest.raises(
+        LMDownError, match="the LM scripted/fake failed 2 calls of 2 questions in a row"
+    ) as info:
         evaluate_domain(settings, lm=lm, rows="main", out=tmp_path / "out" / "down", progress=False)
     assert "ConnectionError: connection refused" in str(info.value) and "the run stopped" in str(info.value)
     failed = [call for call in lm.calls if answered[0] not in call[1]]
@@ -370,7 +372,9 @@ def test_an_lm_that_is_down_stops_the_run_fast_with_one_line(setup, tmp_path, ca
     argv += NO_LM
     assert main([*argv, "--rows", "main", "--out", str(tmp_path / "cli")]) == 1
     err = capsys.readouterr().err  # progress bars, then the one line
-    assert err.splitlines()[-1].startswith("error: the LM scripted/fake failed 2 calls in a row")
+    assert err.splitlines()[-1].startswith(
+        "error: the LM scripted/fake failed 2 calls of 2 questions in a row"
+    )
     assert "Traceback" not in err and not (tmp_path / "cli.md").exists()
 
 

@@ -266,7 +266,47 @@ def test_a_watched_batch_tells_one_bad_question_from_an_lm_outage():
 
     with FakeOpenAI(script, down_after_the_first) as server, watch_lm():
         crag = CRAG(ListRetriever([("kb-1", GOOD)]), ListWebSearch([WEB]), lm=make_lm(server))
-        with pytest.raises(LMDownError, match="failed 2 calls in a row.*the run stopped"):
+        with pytest.raises(LMDownError, match="failed 4 calls of 2 questions in a row.*the run stopped"):
             precompute_routes(crag, questions, progress=False)
     failed = [r for r in server.requests if QUESTION not in r["body"]["messages"][-1]["content"]]
-    assert len(failed) == CONSECUTIVE_LM_FAILURES * 3  # 2 calls x (1 + num_retries): then it stopped
+    # Two questions, each stopped after 2 calls x (1 + num_retries): the second one's failures tell an
+    # outage from one bad question, then the run stopped.
+    assert len(failed) == 2 * CONSECUTIVE_LM_FAILURES * 3
+
+
+@pytest.mark.parametrize("status", ["400", "404"])
+def test_an_lm_that_refuses_every_call_is_down_not_a_model_that_knows_nothing(status):
+    # A wrong path in --lm-api-base or a proxy refusing the model name: every request is refused.
+    with FakeOpenAI(script, lambda n, body: status) as server, pytest.raises(LMUnavailableError) as info:
+        ask(server, [("kb-1", GOOD), ("kb-2", GOOD), ("kb-3", GOOD)])
+    assert "refused 2 calls in a row, each refused by the server" in str(info.value)
+    assert info.value.stage == "grade" and len(server.requests) == CONSECUTIVE_LM_FAILURES  # no rollouts
+
+
+def test_one_refused_call_is_not_an_outage():
+    with FakeOpenAI(script, fault_on("grade", "400", times=1)) as server:
+        pred = ask(server, [("kb-1", GOOD), ("kb-2", GOOD)])
+    assert pred.trace.documents[0].score is None and pred.answer == "0 to 25 mg/L"
+
+
+def test_a_watched_batch_goes_on_past_a_question_whose_every_call_fails():
+    from crag_dspy.domain import QAPair
+    from crag_dspy.faults import watch_lm
+    from optimize.thresholds import precompute_routes
+
+    speed = "What is the speed of the AquaProbe 220?"
+    questions = [
+        QAPair(id="ok", question=QUESTION, answers=["0 to 25 mg/L"], split="val"),
+        QAPair(id="bad", question=speed, answers=["fast"], split="val"),
+        QAPair(id="ok2", question="What does the AquaProbe 220 measure?", answers=["0 to 25"], split="val"),
+    ]
+
+    def poisoned(n, body):  # every call for one question fails with a 5xx, after retries
+        return "500" if "speed" in body["messages"][-1]["content"] else None
+
+    with FakeOpenAI(script, poisoned) as server, watch_lm():
+        crag = CRAG(ListRetriever([("kb-1", GOOD), ("kb-2", GOOD)]), ListWebSearch([WEB]), lm=make_lm(server))
+        routes, _ = precompute_routes(crag, questions, progress=False)
+    assert [r.error is None for r in routes] == [True, False, True]
+    assert "failed 2 calls in a row" in routes[1].error
+    assert routes[2].correct["CORRECT"]  # the run went on

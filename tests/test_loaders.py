@@ -159,7 +159,7 @@ def test_a_corpus_with_nothing_readable_says_why_for_each_file(tmp_path):
     )
 
 
-def test_a_file_no_reader_reads_is_named_and_hidden_or_empty_files_are_passed_over(tmp_path):
+def test_a_file_no_reader_reads_or_an_empty_file_is_named_and_hidden_files_are_passed_over(tmp_path):
     corpus = tmp_path / "corpus"
     (corpus / ".git").mkdir(parents=True)
     (corpus / "pumps.md").write_text("# Pumps\n\nThe P-40 pump moves 40 litres per minute.\n")
@@ -169,9 +169,48 @@ def test_a_file_no_reader_reads_is_named_and_hidden_or_empty_files_are_passed_ov
     (corpus / ".git" / "config").write_text("[core]\n")
     loaded = load_folder(corpus)
     assert [d.id for d in loaded.docs] == ["pumps.md"]
+    # An empty file is listed too: a document the user put there and that is not read is never silent.
     assert loaded.skipped == [
-        f"{corpus / 'prices.xlsx'}: unsupported file type (supported: {', '.join(SUFFIXES)})"
+        f"{corpus / 'empty.md'}: no text found (an empty file)",
+        f"{corpus / 'prices.xlsx'}: unsupported file type (supported: {', '.join(SUFFIXES)})",
     ]
+
+
+def test_a_text_file_with_a_utf8_byte_order_mark_is_read_without_it(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "pumps.md").write_bytes("\ufeff# Pumps\n\nThe P-40 pump moves 40 litres per minute.\n".encode())
+    (corpus / "notes.txt").write_bytes(b"\xef\xbb\xbfPump notes\nThe P-40 needs oil every month.\n")
+    loaded = load_folder(corpus)
+    assert loaded.skipped == []
+    assert [(d.title, d.text[:1]) for d in loaded.docs] == [("Pump notes", "P"), ("Pumps", "#")]
+
+
+def test_links_that_leave_the_corpus_folder_are_skipped_and_named(tmp_path):
+    # Domain folders come from uploads and archives: a link to /etc/passwd must not become a document.
+    outside = tmp_path / "secret.txt"
+    outside.write_text("Secret\nThe root password is hunter2.\n")
+    (tmp_path / "private").mkdir()
+    (tmp_path / "private" / "keys.md").write_text("# Keys\n\nThe vault key is 1234.\n")
+    corpus = tmp_path / "domain" / "corpus"
+    (corpus / "sub").mkdir(parents=True)
+    (corpus / "pumps.md").write_text("# Pumps\n\nThe P-40 pump moves 40 litres per minute.\n")
+    (corpus / "passwd.txt").symlink_to(outside)
+    (corpus / "sub" / "up.md").symlink_to(Path("..") / ".." / ".." / "private" / "keys.md")
+    (corpus / "private").symlink_to(tmp_path / "private", target_is_directory=True)
+    (corpus / "alias.md").symlink_to(corpus / "pumps.md")  # inside the folder: read as any file
+    loaded = load_folder(corpus)
+    assert [d.id for d in loaded.docs] == ["alias.md", "pumps.md"]
+    leaving = [
+        (corpus / "passwd.txt", "file", outside),
+        (corpus / "private", "folder", tmp_path / "private"),
+        (corpus / "sub" / "up.md", "file", tmp_path / "private" / "keys.md"),
+    ]
+    assert loaded.skipped == [
+        f"{link}: a link to a {kind} outside the corpus folder ({target}): not read"
+        for link, kind, target in leaving
+    ]
+    assert not any("hunter2" in d.text or "vault" in d.text for d in loaded.docs)
 
 
 def test_a_missing_package_names_the_extra_and_stops_the_load(domain, monkeypatch):

@@ -352,6 +352,103 @@ def test_a_bad_program_config_is_one_line_exit_2_before_any_store_is_opened(tmp_
     assert not (tmp_path / "chroma").exists()  # nothing opened, nothing ingested
 
 
+MANIFEST = {
+    "path": "p.evaluator",
+    "base_model": "all-MiniLM-L6-v2",
+    "max_length": 256,
+    "files": {"model.safetensors": {"bytes": 10, "sha256": SHA}},
+}
+LINEAR = {"weights": {"llm": 1.0}, "intercept": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("key", "state", "message"),
+    [
+        ("grader.calibration", {"slope": "NaN"}, "grader.calibration.slope: Input should be a finite number"),
+        ("strip_filter.calibration", {"intercept": "-Infinity"}, "strip_filter.calibration.intercept: Input"),
+        (
+            "grader.calibration",
+            {"weights": {"term_coverage": "Infinity"}},
+            "grader.calibration.weights.term_coverage: Input should be a finite number",
+        ),
+        ("grader.calibration", {"slope": 0}, "grader.calibration.slope: Input should be greater than 0"),
+        (
+            "grading",
+            {
+                "mode": "fused",
+                "evaluator": MANIFEST,
+                "fused_score": {"weights": {"llm": "NaN"}, "intercept": 0},
+            },
+            "grading.fused_score.weights.llm: Input should be a finite number",
+        ),
+        (
+            "grading",
+            {
+                "mode": "evaluator",
+                "evaluator": MANIFEST,
+                "evaluator_score": {**LINEAR, "intercept": "Infinity"},
+            },
+            "grading.evaluator_score.intercept: Input should be a finite number",
+        ),
+        (
+            "grading",
+            {"mode": "evaluator", "evaluator": {**MANIFEST, "max_length": "NaN"}},
+            "grading.evaluator.max_length: Input should be a finite number",
+        ),
+        (
+            "grading",
+            {
+                "mode": "evaluator",
+                "evaluator": {**MANIFEST, "files": {"model.safetensors": {"bytes": "Infinity"}}},
+            },
+            "grading.evaluator.files.model.safetensors.bytes: Input should be a finite number",
+        ),
+    ],
+)
+def test_non_finite_numbers_in_calibration_grading_and_evaluator_state_are_refused_by_name(
+    tmp_path, key, state, message
+):
+    # JSON has no NaN, but Python's json reads (and writes) NaN and Infinity: a TypeError about None was
+    # all a program with one said, and only after the store and the embedding model were opened.
+    doc = json.loads(save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"}).read_text())
+    doc[key] = {**(doc[key] or {}), **state}
+    text = (
+        json.dumps(doc)
+        .replace('"NaN"', "NaN")
+        .replace('"-Infinity"', "-Infinity")
+        .replace('"Infinity"', "Infinity")
+    )
+    path = _write(tmp_path, "bad.json", text)
+    with pytest.raises(ProgramError, match=f"^{tmp_path / 'bad.json'}: invalid program: {message}"):
+        read_program(path)
+
+
+def test_a_non_finite_calibration_is_one_line_exit_2_before_any_store_is_opened(tmp_path, capsys):
+    doc = json.loads(save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"}).read_text())
+    doc["grader.calibration"]["slope"] = float("nan")
+    path = _write(tmp_path, "p.json", json.dumps(doc))
+    assert _ask(["--program", str(path)], tmp_path / "chroma") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "grader.calibration.slope: " in err, err
+    assert not (tmp_path / "chroma").exists()  # nothing opened, nothing ingested
+
+
+def test_an_unknown_top_level_key_is_refused_whatever_its_value(tmp_path):
+    doc = json.loads(save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"}).read_text())
+    for value in ({"demos": []}, {}):
+        path = _write(tmp_path, "bad.json", json.dumps({**doc, "grader.predictor": value}))
+        with pytest.raises(
+            ProgramError, match="invalid program: grader.predictor: not a part of a CRAG program"
+        ):
+            read_program(path)
+
+
+def test_the_state_keys_a_program_may_hold_are_the_module_s_parameters():
+    from crag_dspy.program_file import PROGRAM_PARAMETERS
+
+    assert set(PROGRAM_PARAMETERS) == {name for name, _ in compiled_crag().named_parameters()}
+
+
 def test_a_program_never_decides_which_folder_is_read(tmp_path, capsys):
     from test_compile import make_domain
 

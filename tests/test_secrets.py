@@ -239,13 +239,10 @@ def test_every_cli_error_line_redacts_a_password_in_a_url(tmp_path, capsys):
         assert URL_PASSWORD not in err, name
 
 
-def test_a_password_in_the_lm_api_base_never_reaches_stderr_or_the_trace(tmp_path):
+def test_a_password_in_the_lm_api_base_is_refused_before_any_call_and_never_shown(tmp_path):
+    # LiteLLM would resolve "alice:<password>@127.0.0.1" as the host name: every call would fail with
+    # "Name or service not known". Refused up front, by a message that says what to do instead.
     tiny_domain(tmp_path / "tiny")
-    # Two documents, two gradings: two failed calls in a row are an outage (exit 1). With web search off
-    # no query is rewritten, so one document would leave one failed call, a failed question, not an outage.
-    other = {"id": "sick", "title": "Sick Leave", "text": "Sick leave needs a note after three days."}
-    with (tmp_path / "tiny" / "corpus.jsonl").open("a", encoding="utf-8") as corpus:
-        corpus.write(json.dumps(other) + "\n")
     env = {**os.environ, "CRAG_CACHE_DIR": str(tmp_path), "CRAG_LM_RETRIES": "0"}
     argv = [
         sys.executable, "-m", "crag_dspy", "ask", "How many days of leave do staff get?",
@@ -254,10 +251,33 @@ def test_a_password_in_the_lm_api_base_never_reaches_stderr_or_the_trace(tmp_pat
         "--web-search", "none", "-v", "--json",
     ]  # fmt: skip
     run = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
-    assert run.returncode == 1, run.stderr
-    trace = json.loads(run.stdout)
-    assert any("***@" in e for e in trace["errors"])  # the failure is there, its credential is not
-    assert URL_PASSWORD not in run.stdout + run.stderr
+    assert run.returncode == 2, run.stderr
+    assert "error: LM base URL http://***@127.0.0.1:9/v1 holds a user name and password" in run.stderr
+    assert URL_PASSWORD not in run.stdout + run.stderr and "alice" not in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize(
+    ("base", "message"),
+    [
+        (
+            f"http://alice:{URL_PASSWORD}@127.0.0.1:9/v1",
+            "http://***@127.0.0.1:9/v1 holds a user name and password",
+        ),
+        (
+            f"https://{URL_PASSWORD}@llm.example/v1",
+            "https://***@llm.example/v1 holds a user name and password",
+        ),
+        ("file:///srv/model/v1", "file:///srv/model/v1 is not an http:// or https:// URL"),
+        ("127.0.0.1:8000/v1", "127.0.0.1:8000/v1 is not an http:// or https:// URL"),
+    ],
+)
+def test_an_lm_base_url_no_server_can_answer_is_an_lm_config_error(base, message):
+    from crag_dspy.lm import LMConfigError, build_lm
+    from crag_dspy.settings import Settings
+
+    with pytest.raises(LMConfigError) as raised:
+        build_lm(Settings(lm="openai/fake", lm_api_base=base))
+    assert message in str(raised.value) and URL_PASSWORD not in str(raised.value)
 
 
 def test_a_long_error_is_redacted_before_it_is_cut_to_one_trace_line(keys):

@@ -110,3 +110,39 @@ def test_chunk_ids_are_content_hashes():
     assert a[0].id == b[0].id and a[1].id != b[1].id
     dup = chunk_document("doc", "T", "Same text here.\n\nSame text here.", 3)
     assert len({c.id for c in dup}) == 2
+
+
+def test_a_run_of_words_without_sentence_breaks_is_cut_at_the_chunk_budget():
+    # 30,000 words without a sentence break were one chunk: far past the embedder's 256 tokens.
+    run = " ".join(f"word{i}" for i in range(30_000))
+    chunks = chunk_text(f"Intro sentence here.\n\n{run}", 120)
+    assert max(len(c.split()) for c in chunks) <= 240
+    assert " ".join(" ".join(chunks).split()) == f"Intro sentence here. {run}"  # nothing lost or reordered
+    # One "word" of 100,000 characters (a data blob) is cut by characters, nothing lost either.
+    blob = "x" * 100_000
+    chunks = chunk_text(f"Before the blob.\n\n{blob}\n\nAfter the blob.", 120)
+    assert max(len(c) for c in chunks) <= 24 * 120
+    assert sum(c.count("x") for c in chunks) == len(blob)
+    assert not any(" x" in c or "x " in c for c in chunks)  # no space put inside the blob
+    assert chunks[0] == "Before the blob." and chunks[-1].endswith("After the blob.")
+
+
+def test_chunk_ids_of_ordinary_text_do_not_change_with_the_bound():
+    # A paragraph of sentences, a sentence somewhat over the budget (a bulleted list joined into one
+    # paragraph): chunked as before, so re-ingesting a corpus re-embeds nothing.
+    sentences = " ".join(
+        f"Sentence {i} says the pump number {i} moves {i} litres a minute." for i in range(40)
+    )
+    listing = " ".join(f"- item {i} of the list" for i in range(30))  # 150 words, no sentence end
+    text = f"Pumps\n\n{sentences}\n\n{listing}\n\nShort tail."
+    chunks = chunk_document("doc", "Pumps", text, 120)
+    # The ids before the bound was added:
+    assert [(c.id[:12], len(c.text.split())) for c in chunks] == [
+        ("6b269e18de8f", 1),
+        ("f5d3e09fae1d", 120),
+        ("5492fe52a249", 120),
+        ("fd4298cc8e42", 120),
+        ("e02d7d3bd9ed", 120),
+        ("656709995d00", 180),
+        ("1b388ff57792", 2),
+    ]

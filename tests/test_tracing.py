@@ -32,7 +32,7 @@ def spans_of_one_question():
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     crag = CRAG(ListRetriever([("kb-1", GOOD), ("kb-2", BAD)]), ListWebSearch([WEB]), CRAGConfig(k=2))
-    with dspy.context(lm=ScriptedLM(script), callbacks=[OpenTelemetryCallback(provider)]):
+    with dspy.context(lm=ScriptedLM(script), callbacks=[OpenTelemetryCallback(provider, record_text=True)]):
         pred = crag(question=QUESTION)
     return pred, exporter.get_finished_spans()
 
@@ -99,3 +99,58 @@ def test_a_failing_stage_ends_its_span_with_the_error():
         and "store down" in spans["retrieve"].status.description
     )
     assert spans["CRAG"].status.status_code.name == "ERROR"
+
+
+def spans_of(crag, callback):
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    with dspy.context(lm=ScriptedLM(script), callbacks=[callback(provider)]):
+        try:
+            pred = crag(question=QUESTION)
+        except Exception:  # noqa: BLE001 - the failing runs' spans are what is tested
+            pred = None
+    return pred, exporter.get_finished_spans()
+
+
+def test_a_failed_call_s_error_reaches_spans_redacted():
+    # A provider 401 that echoes the key: the span's status and exception event must not hold it.
+    class LeakyStore:
+        name = "leaky"
+
+        def retrieve(self, query, k):
+            raise ConnectionError("401 Incorrect API key provided: Bearer sk-proj-abcdefghijklmnop1234")
+
+    _, spans = spans_of(CRAG(LeakyStore(), ListWebSearch([WEB])), OpenTelemetryCallback)
+    retrieve = next(s for s in spans if s.name == "retrieve")
+    assert (
+        retrieve.status.status_code.name == "ERROR" and "401 Incorrect API key" in retrieve.status.description
+    )
+    (event,) = [e for e in retrieve.events if e.name == "exception"]
+    assert event.attributes["exception.type"] == "crag_dspy.faults.RetrievalError"
+    assert "401 Incorrect API key" in event.attributes["exception.message"]
+    for span in spans:
+        exported = repr(span.to_json())
+        assert "sk-proj-abcdefghijklmnop1234" not in exported and "***" in exported
+
+
+def test_question_and_answer_stay_out_of_spans_unless_asked_for():
+    crag = CRAG(ListRetriever([("kb-1", GOOD), ("kb-2", BAD)]), ListWebSearch([WEB]), CRAGConfig(k=2))
+    pred, spans = spans_of(crag, OpenTelemetryCallback)
+    (root,) = [s for s in spans if s.parent is None]
+    # The access log's hash of the question, so that a span and an access line can be matched.
+    from crag_dspy.serve.access_log import question_hash
+
+    assert root.attributes["crag.question_hash"] == question_hash(QUESTION)
+    exported = " ".join(span.to_json() for span in spans)
+    assert (
+        QUESTION not in exported and "0 to 25 mg/L" not in exported and "AquaProbe 220 range" not in exported
+    )
+    assert root.attributes["crag.action"] == pred.action  # what the run did is still there
+
+    def with_text(provider):
+        return OpenTelemetryCallback(provider, record_text=True)
+
+    _, spans = spans_of(crag, with_text)
+    (root,) = [s for s in spans if s.parent is None]
+    assert root.attributes["crag.question"] == QUESTION and root.attributes["crag.answer"] == "0 to 25 mg/L"

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 import dspy
 
 from ..settings import Settings
 from .embedded import start_embedded_server
 
-__all__ = ["LMConfigError", "build_lm", "lm_identity"]
+__all__ = ["LMConfigError", "build_lm", "checked_api_base", "lm_identity"]
 
 # Provider prefix -> the environment variable LiteLLM reads the key from. Checked up front so a missing
 # key is reported by name before any work starts, not as a provider error mid-request.
@@ -37,6 +39,32 @@ def _known_providers() -> set[str]:
         known.add(registered.id)
         known.update(getattr(registered.definition, "aliases", ()) or ())
     return known
+
+
+def checked_api_base(url: str) -> str:
+    """``url`` when an LM server can be reached at it; else :class:`LMConfigError` saying why and what to
+    do, never repeating a password.
+
+    LiteLLM sends neither a ``user:password@`` part (the host then resolves as ``user:password@host``,
+    "Name or service not known" on every call) nor anything but HTTP: a ``file://`` or scheme-less URL
+    fails on every call, which would look like an LM that knows nothing rather than a setup error.
+    """
+    parts = urlsplit(url.strip())
+    if "@" in parts.netloc:
+        host = parts.netloc.rsplit("@", 1)[1]
+        shown = f"{parts.scheme}://***@{host}{parts.path}" if parts.scheme else f"***@{host}{parts.path}"
+        raise LMConfigError(
+            f"LM base URL {shown} holds a user name and password, which are not sent to the server "
+            "(the host would be read as 'user:password@host'): drop them from --lm-api-base / "
+            "CRAG_LM_API_BASE; a server that wants a key gets it from OPENAI_API_KEY (sent as 'Authorization: "
+            "Bearer'); one behind HTTP basic authentication needs a proxy in front of it that adds the header"
+        )
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise LMConfigError(
+            f"LM base URL {url} is not an http:// or https:// URL: an LM server is reached over HTTP, e.g. "
+            "--lm-api-base http://127.0.0.1:8000/v1"
+        )
+    return url
 
 
 def lm_identity(settings: Settings) -> str:
@@ -88,7 +116,7 @@ def build_lm(settings: Settings, **overrides) -> dspy.LM:
     if variable and not settings.lm_api_base and not os.environ.get(variable):
         raise LMConfigError(f"LM {settings.lm!r} needs an API key: set the environment variable {variable}.")
     if settings.lm_api_base:
-        kwargs["api_base"] = settings.lm_api_base
+        kwargs["api_base"] = checked_api_base(settings.lm_api_base)
         # OpenAI-compatible servers (vLLM, llama.cpp) often need no key, but LiteLLM insists on one.
         if provider == "openai" and not os.environ.get("OPENAI_API_KEY"):
             kwargs["api_key"] = "not-needed"

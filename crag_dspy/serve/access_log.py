@@ -7,7 +7,6 @@ question, and questions may hold personal data.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import time
@@ -16,15 +15,13 @@ import uuid
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from ..redaction import question_hash
+
 __all__ = ["REQUEST_ID_HEADER", "AccessLog", "access_record", "question_hash"]
 
 log = logging.getLogger("crag_dspy.serve.access")
 
 REQUEST_ID_HEADER = "X-Request-ID"
-
-
-def question_hash(question: str) -> str:
-    return hashlib.sha256(question.encode("utf-8", errors="surrogatepass")).hexdigest()[:12]
 
 
 def access_record(scope: Scope, status: int, seconds: float) -> dict:
