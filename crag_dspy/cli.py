@@ -94,6 +94,16 @@ def add_lm_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_web_search_argument(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--web-search``, shared by every command that may search the web (ask, serve, compile, evaluate,
+    synthesize): the same choices and default everywhere."""
+    parser.add_argument(
+        "--web-search",
+        choices=["auto", "tavily", "offline", "none"],
+        help="web backend (auto: Tavily when TAVILY_API_KEY is set, else the offline stand-in; none: off)",
+    )
+
+
 def add_program_arguments(parser: argparse.ArgumentParser, *, several: bool = False) -> None:
     """Which program to run and its run-time knobs, shared by ``ask`` and ``crag_dspy.serve``; with
     ``several`` (serve), ``--program`` may be repeated or name a folder, and ``args.program`` is a list."""
@@ -113,11 +123,7 @@ def add_program_arguments(parser: argparse.ArgumentParser, *, several: bool = Fa
         )
     else:
         g.add_argument("--program", type=Path, help=f"{what}; without it, the uncompiled default program")
-    g.add_argument(
-        "--web-search",
-        choices=["auto", "tavily", "offline", "none"],
-        help="web backend (auto: Tavily when TAVILY_API_KEY is set, else the offline stand-in)",
-    )
+    add_web_search_argument(g)
     g.add_argument(
         "--force",
         action="store_true",

@@ -29,6 +29,7 @@ from crag_dspy.baselines import PlainRAG
 from crag_dspy.cli import (
     add_lm_arguments,
     add_storage_arguments,
+    add_web_search_argument,
     command_prog,
     error_line,
     interruptible,
@@ -228,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_storage_arguments(parser)
     add_lm_arguments(parser)
+    add_web_search_argument(parser)
     _option(parser, "--optimizer", "optimizer", choices=OPTIMIZERS)
     _option(parser, "--demos", "demos", type=at_least(0))
     _option(parser, "--calibration-pairs", "calibration_pairs", type=at_least(0))

@@ -28,6 +28,7 @@ from crag_dspy.baselines import NoRetrieval
 from crag_dspy.cli import (
     add_lm_arguments,
     add_storage_arguments,
+    add_web_search_argument,
     command_prog,
     error_line,
     interruptible,
@@ -493,12 +494,19 @@ def routing_frontier(
     return frontier_summary(route_table(routes), baselines, pair, defaults=defaults)
 
 
+def _report_prefix(out: Path) -> Path:
+    """``--out`` as the reports' common prefix: ``x.md``, ``x.json`` and ``x`` all name ``x``; another
+    suffix is part of the name (``run.2026`` stays ``run.2026``)."""
+    return out.with_suffix("") if out.suffix in (".md", ".json") else out
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=command_prog("evaluate", "optimize.evaluate"), description=__doc__.split("\n\n")[0]
     )
     add_storage_arguments(parser)
     add_lm_arguments(parser)
+    add_web_search_argument(parser)
     parser.add_argument(
         "--program",
         type=Path,
@@ -517,7 +525,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--limit", type=int, help="evaluate N questions of the split, taken evenly across kinds (quick runs)"
     )
     parser.add_argument(
-        "--out", type=Path, help="output path without suffix (default: runs/eval/<domain>-<split>)"
+        "--out",
+        type=Path,
+        help="report path: PATH.md, with PATH.json and the plots beside it (a .md or .json suffix given is "
+        "the same path; default: runs/eval/<domain>-<split>.md)",
     )
     parser.add_argument(
         "--no-cache",
@@ -558,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
             program=args.program,
             split=args.split,
             limit=args.limit,
-            out=args.out.with_suffix("") if args.out else None,
+            out=_report_prefix(args.out) if args.out else None,
             num_threads=args.num_threads,
             rows=args.rows,
             force=args.force,

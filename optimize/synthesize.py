@@ -29,6 +29,7 @@ from crag_dspy.app import open_backends
 from crag_dspy.cli import (
     add_lm_arguments,
     add_storage_arguments,
+    add_web_search_argument,
     command_prog,
     error_line,
     interruptible,
@@ -244,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_storage_arguments(parser)
     add_lm_arguments(parser)
+    add_web_search_argument(parser)
     parser.add_argument(
         "--questions",
         type=at_least(1),

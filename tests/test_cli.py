@@ -317,3 +317,24 @@ def test_ask_prints_the_stages_on_stderr_as_they_happen_and_the_answer_on_stdout
             "cited",
         ]
         assert seen[0] == "retrieved"
+
+
+@pytest.mark.parametrize("module", ["optimize.compile", "optimize.evaluate", "optimize.synthesize"])
+def test_every_command_that_may_search_takes_web_search(module):
+    import importlib
+
+    from crag_dspy.cli import settings_from_args
+
+    parser = importlib.import_module(module).build_parser()
+    args = parser.parse_args(["--web-search", "none"])
+    assert settings_from_args(args).web_search == "none"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--web-search", "bing"])
+
+
+def test_evaluate_out_names_the_report_with_or_without_its_suffix():
+    from optimize.evaluate import _report_prefix
+
+    assert _report_prefix(Path("runs/x.md")) == _report_prefix(Path("runs/x.json")) == Path("runs/x")
+    assert _report_prefix(Path("runs/x")) == Path("runs/x")
+    assert _report_prefix(Path("runs/run.2026")) == Path("runs/run.2026")

@@ -83,6 +83,7 @@ def test_every_flag_reaches_its_option(tmp_path):
         "--test-limit", "5",
         "--no-test-eval",
         "--num-threads", "2",
+        "--objective", "web<=0.5",
     ]  # fmt: skip
     expected = CompileOptions(
         stages=("grader", "retry"),
@@ -101,6 +102,7 @@ def test_every_flag_reaches_its_option(tmp_path):
         test_limit=5,
         evaluate_test=False,
         num_threads=2,
+        objective="web<=0.5",
         progress=True,
     )
     options = options_from_args(build_parser().parse_args(argv))
@@ -145,6 +147,7 @@ def test_the_keyword_and_the_options_form_compile_the_same_program(tmp_path):
         report = {k: v for k, v in optimizer.report.items() if k != "stage_seconds"}
         for timed_or_placed in ("seconds", "trials_per_second", "persist_seconds", "storage", "plot"):
             report["thresholds"].pop(timed_or_placed)
+        report["thresholds"]["frontier"].pop("plot")  # placed beside the program
         # As text: the landscape's NaN cells (lower > upper) equal nothing, themselves included.
         return json.dumps(program.dump_state(), default=str), json.dumps(report, default=str)
 
