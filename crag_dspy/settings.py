@@ -181,6 +181,18 @@ class Settings(BaseSettings):
     serve_queue: int = Field(
         16, ge=1, description="Questions running or waiting at most; more are refused with 503."
     )
+    serve_header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a connection may take to send a request's headers, counted from its opening "
+        "or its previous response; then it is closed (uvicorn has no such limit).",
+    )
+    serve_max_waiting_connections: int = Field(
+        100,
+        ge=1,
+        description="Connections that may wait for request headers at once (per worker process); past it "
+        "the one waiting longest is closed, so half-open connections cannot lock /health out.",
+    )
 
     @field_validator("api_keys", "debug_api_keys", "allowed_hosts", mode="before")
     @classmethod
