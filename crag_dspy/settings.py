@@ -181,6 +181,12 @@ class Settings(BaseSettings):
     serve_queue: int = Field(
         16, ge=1, description="Questions running or waiting at most; more are refused with 503."
     )
+    forwarded_allow_ips: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="Addresses (or networks, or '*') of reverse proxies whose X-Forwarded-For / "
+        "X-Forwarded-Proto the service believes, comma-separated; by default none: the client address is "
+        "the connection's, so a forged header cannot change who a rate limit counts.",
+    )
     serve_header_timeout_s: float = Field(
         10.0,
         gt=0,
@@ -194,7 +200,7 @@ class Settings(BaseSettings):
         "the one waiting longest is closed, so half-open connections cannot lock /health out.",
     )
 
-    @field_validator("api_keys", "debug_api_keys", "allowed_hosts", mode="before")
+    @field_validator("api_keys", "debug_api_keys", "allowed_hosts", "forwarded_allow_ips", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):

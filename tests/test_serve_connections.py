@@ -10,7 +10,7 @@ from fakes import ScriptedLM
 from serving import serving
 from test_serve import make_service, script
 
-from crag_dspy.serve import create_app
+from crag_dspy.serve import ServePolicy, create_app
 from crag_dspy.serve.connections import serve_config
 from crag_dspy.settings import Settings
 
@@ -101,3 +101,27 @@ def test_a_request_in_progress_is_not_closed_by_the_header_timeout():
         for _ in range(2):  # the same keep-alive connection
             response = client.post("/ask", json={"question": "What is the range of the AquaProbe 220?"})
             assert response.status_code == 200
+
+
+def _addresses_counted(url: str, forwarded: list[str]) -> list[int]:
+    """The status of one GET /program per forged X-Forwarded-For: under a 2/minute limit, the third is a
+    429 when they all count against this machine's address."""
+    with httpx.Client(base_url=url, timeout=10) as client:
+        return [client.get("/program", headers={"X-Forwarded-For": ip}).status_code for ip in forwarded]
+
+
+def test_a_forged_x_forwarded_for_does_not_reset_the_rate_limit_by_default():
+    app = create_app(make_service(), ServePolicy(rate_limit="2/minute"))
+    with serving(app, config=_server_config(app)) as url:
+        assert _addresses_counted(url, ["10.0.0.1", "10.0.0.2", "10.0.0.3"]) == [200, 200, 429]
+
+
+def test_proxy_headers_are_trusted_from_the_configured_addresses_only():
+    app = create_app(make_service(), ServePolicy(rate_limit="2/minute"))
+    config = _server_config(app, forwarded_allow_ips=("127.0.0.1",))  # a reverse proxy on this machine
+    with serving(app, config=config) as url:
+        assert _addresses_counted(url, ["10.0.0.1", "10.0.0.2", "10.0.0.3"]) == [200, 200, 200]
+    app = create_app(make_service(), ServePolicy(rate_limit="2/minute"))
+    config = _server_config(app, forwarded_allow_ips=("10.9.9.9",))  # the proxy is elsewhere: not us
+    with serving(app, config=config) as url:
+        assert _addresses_counted(url, ["10.0.0.1", "10.0.0.2", "10.0.0.3"]) == [200, 200, 429]

@@ -181,11 +181,20 @@ def run_server(config: ServeConfig) -> bool:
 def serve_config(app: Any, settings: Settings, **kwargs: Any) -> ServeConfig:
     """The uvicorn configuration ``serve`` runs ``app`` with (an ASGI app, or an import string with
     ``factory=True``): the connection limits from ``settings``, uvicorn's access log off (the service
-    writes its own, with the request id, key id and action); ``kwargs`` go to uvicorn (host, port, ...)."""
+    writes its own, with the request id, key id and action); ``kwargs`` go to uvicorn (host, port, ...).
+
+    Proxy headers (``X-Forwarded-For``, ``X-Forwarded-Proto``) are believed only from
+    ``settings.forwarded_allow_ips``: uvicorn's default trusts them from loopback (and its
+    ``FORWARDED_ALLOW_IPS`` variable), so any local client could pose as any address and reset its rate
+    limit. Without addresses uvicorn's proxy middleware is not installed at all."""
+    trusted = list(settings.forwarded_allow_ips)
     return ServeConfig(
         app,
         header_timeout_s=settings.serve_header_timeout_s,
         max_waiting_connections=settings.serve_max_waiting_connections,
         access_log=False,
+        proxy_headers=bool(trusted),
+        # Never None: uvicorn would read FORWARDED_ALLOW_IPS from the environment, a setting outside ours.
+        forwarded_allow_ips=trusted or "",
         **kwargs,
     )
