@@ -1,4 +1,5 @@
-"""The FastAPI app: ``POST /ask``, ``POST /ask/stream``, ``GET /health``, ``GET /program``, the page at ``/`` and ``/openapi.json``.
+"""The FastAPI app: ``POST /ask``, ``POST /ask/stream``, ``GET /health``, ``GET /program``, the page at ``/`` and ``/openapi.json``
+(with ``/docs`` and ``/redoc`` without keys; with keys the schema needs one and those pages are off).
 
 One app serves one program or several, one per domain (:class:`~crag_dspy.serve.domains.Domains`): a
 request names its domain, the first served is the default.
@@ -174,6 +175,11 @@ def create_app(
         ),
         max_body_size=policy.max_body_bytes,  # Starlette's limit: 413 from Content-Length or while streaming
         lifespan=lifespan,
+        # With keys the schema is served behind them (below); the Swagger and ReDoc pages are off, as a
+        # browser opening them could not send a key with the schema request they make.
+        openapi_url=None if policy.keys_required else "/openapi.json",
+        docs_url=None if policy.keys_required else "/docs",
+        redoc_url=None if policy.keys_required else "/redoc",
     )
     app.state.queue = queue  # for operators' probes and tests: how many questions are admitted
     app.state.domains = domains
@@ -415,6 +421,12 @@ def create_app(
             return _unknown_domain(exc, "query")
         info = chosen.info().model_copy(update={"domains": domains.names})
         return JSONResponse(info.model_dump(mode="json"))
+
+    if policy.keys_required:
+
+        @app.get("/openapi.json", include_in_schema=False)
+        def openapi_schema(caller: Annotated[Caller, Depends(authenticate)]) -> JSONResponse:
+            return JSONResponse(app.openapi())
 
     @app.get("/", include_in_schema=False)
     def index() -> HTMLResponse:
