@@ -102,6 +102,13 @@ class Settings(BaseSettings):
         2, ge=0, le=5, description="Retries of a failed LM request, with backoff (DSPy's num_retries)."
     )
 
+    on_flag: Literal["warn", "withhold"] = Field(
+        "warn",
+        description="An answer the grounding check flags because its sources disagree or instruct the "
+        "model: 'warn' shows it with a warning, 'withhold' answers 'The sources disagree or instruct; not "
+        "answered' and cites both sides (crag_dspy.flag_policy). `ask --on-flag`, `serve --on-flag`.",
+    )
+
     # --- retrieval ------------------------------------------------------------------------------
     domain: str = Field("default", description="Name of a bundled domain under data/.")
     domain_dir: Path | None = Field(

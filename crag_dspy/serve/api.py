@@ -65,6 +65,9 @@ _PAGE_HEADERS = {
 }
 
 
+# Stage events that carry the answer or its citations before the flag policy has judged it.
+_WITHHELD_EVENTS = frozenset({"answer", "citations"})
+
 _NOT_AN_OBJECT = 'the body must be a JSON object such as {"question": "..."} sent as application/json'
 
 
@@ -290,7 +293,11 @@ def create_app(
             # while an LM call is under way. Past it the run stops as its next stage starts.
             answer = await queue.run(
                 lambda: service.ask(
-                    request.question, history=history, on_start=started.append, cancel=cancel
+                    request.question,
+                    history=history,
+                    on_start=started.append,
+                    cancel=cancel,
+                    on_flag=policy.on_flag,
                 ),
                 policy.request_timeout_s,
                 on_timeout=cancel.set,
@@ -346,6 +353,8 @@ def create_app(
         cancel = threading.Event()
 
         def on_event(event: StageEvent) -> None:
+            if policy.on_flag == "withhold" and event.kind in _WITHHELD_EVENTS:
+                return  # the answer may yet be withheld: it reaches the client in the final event only
             # The run's thread hands the event to this request's loop; the stream below sends it.
             loop.call_soon_threadsafe(events.put_nowait, event)
 
@@ -359,6 +368,7 @@ def create_app(
                     on_start=started.append,
                     cancel=cancel,
                     on_event=on_event,
+                    on_flag=policy.on_flag,
                 )
             )
         except QueueFull as exc:
