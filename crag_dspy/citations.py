@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field
 from .grounding import answer_items, states
 from .strips import split_sentences
 
-__all__ = ["MAX_CITATIONS", "Citation", "citations_of_trace", "cite"]
+__all__ = ["MAX_CITATIONS", "Citation", "citations_of_trace", "cite", "content_words"]
 
 MAX_CITATIONS = 3
 """At most this many sources are cited: the strongest first."""
@@ -56,7 +56,8 @@ class Citation(BaseModel):
         return f"{self.doc_id}, {where}" if where else self.doc_id
 
 
-def _words(text: str) -> set[str]:
+def content_words(text: str) -> set[str]:
+    """The words of ``text`` (lower case) without the common ones: what quotes are matched by."""
     return {w for w in _WORD.findall(text.lower()) if w not in _STOP}
 
 
@@ -69,8 +70,8 @@ def _best_sentence(answer: str, question: str, text: str) -> tuple[float, str]:
             score = sum(states(item, sentence) for item in items) / len(items)
         else:
             # No number or name to look for: the answer's own words, less those it repeats of the question.
-            wanted = _words(answer) - _words(question) or _words(answer)
-            score = len(wanted & _words(sentence)) / len(wanted) if wanted else 0.0
+            wanted = content_words(answer) - content_words(question) or content_words(answer)
+            score = len(wanted & content_words(sentence)) / len(wanted) if wanted else 0.0
             score = score if score >= 0.5 else 0.0
         if score > best[0]:
             best = (score, sentence)

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from .config import describe_validation_error
 from .faults import CRAGRunError
+from .flag_policy import OnFlag, judge_flag
 from .grounding import warning_line
 from .lm import EMBEDDED_MODELS, ENGINE_CHOICES, WeightsError
 from .redaction import configure_logging, redact
@@ -104,6 +105,17 @@ def add_web_search_argument(parser: argparse.ArgumentParser | argparse._Argument
     )
 
 
+def add_flag_policy_argument(parser: argparse.ArgumentParser) -> None:
+    """``--on-flag warn|withhold``: what a flagged answer becomes (:mod:`crag_dspy.flag_policy`)."""
+    parser.add_argument(
+        "--on-flag",
+        choices=("warn", "withhold"),
+        help="an answer flagged because its sources disagree or instruct the model: 'warn' (default) shows "
+        "it with a warning; 'withhold' answers 'The sources disagree or instruct; not answered' and cites "
+        "both sides (CRAG_ON_FLAG)",
+    )
+
+
 def add_program_arguments(parser: argparse.ArgumentParser, *, several: bool = False) -> None:
     """Which program to run and its run-time knobs, shared by ``ask`` and ``crag_dspy.serve``; with
     ``several`` (serve), ``--program`` may be repeated or name a folder, and ``args.program`` is a list."""
@@ -174,6 +186,7 @@ def build_parser(delegated: Mapping[str, str] | None = None) -> argparse.Argumen
     add_storage_arguments(ask)
     add_lm_arguments(ask)
     add_program_arguments(ask)
+    add_flag_policy_argument(ask)
     ask.add_argument("--json", action="store_true", help="print the full trace as JSON")
     ask.add_argument(
         "-q",
@@ -208,6 +221,7 @@ _SETTING_FLAGS = (
     "embedded_model",
     "embedded_engine",
     "web_search",
+    "on_flag",
 )
 # Flags that set a CRAGConfig field (Settings.config).
 _CONFIG_FLAGS = ("k", "lower", "upper", "internal_retries")
@@ -253,16 +267,31 @@ def _quoted(text: str, most: int = 100) -> str:
     return f'"{text[:most]}{"..." if len(text) > most else ""}"'
 
 
-def format_trace(trace) -> str:
-    """A compact, human-readable account of one CRAG run."""
+def _answer_lines(trace, on_flag: OnFlag) -> list[str]:
+    """The answer as ``ask`` shows it under the flag policy, its warning, and the sources of both sides."""
+    verdict = judge_flag(trace, on_flag)
+    warning = warning_line(trace.grounding)
+    if verdict.status == "withheld":
+        first = f"answer: {verdict.answer}  (withheld: --on-flag withhold)"
+    else:
+        first = f"answer: {trace.answer}" + (
+            f"  (the LM replied {trace.lm_answer!r}; {_why_changed(trace)})" if trace.lm_answer else ""
+        )
+    lines = [first, *([warning] if warning else [])]  # right under the answer: it is about the answer
+    lines += [f"  [{n}] {c.label}: {_quoted(c.quote)}" for n, c in enumerate(verdict.citations, 1)]
+    if verdict.other_side:
+        lines.append("sources that disagree or instruct:")
+        start = len(verdict.citations) + 1
+        lines += [f"  [{n}] {c.label}: {_quoted(c.quote)}" for n, c in enumerate(verdict.other_side, start)]
+    return lines
+
+
+def format_trace(trace, on_flag: OnFlag = "warn") -> str:
+    """A compact, human-readable account of one CRAG run; a flagged answer as ``on_flag`` says."""
     rounds = trace.internal_rounds
     retried = f"; first {trace.first_action}, {len(rounds)} internal retry round(s)" if rounds else ""
-    warning = warning_line(trace.grounding)
     lines = [
-        f"answer: {trace.answer}"
-        + (f"  (the LM replied {trace.lm_answer!r}; {_why_changed(trace)})" if trace.lm_answer else ""),
-        *([warning] if warning else []),  # right under the answer: it is about the answer
-        *(f"  [{n}] {c.label}: {_quoted(c.quote)}" for n, c in enumerate(trace.citations, 1)),
+        *_answer_lines(trace, on_flag),
         f"action: {trace.action}  (lower={trace.lower:.2f}, upper={trace.upper:.2f}"
         + (f" for {trace.question_type} questions" if trace.question_type else "")
         + f"{retried})",
@@ -377,7 +406,7 @@ def _ask(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(prediction.trace.model_dump(mode="json"), indent=2, ensure_ascii=False))
     else:
-        print(format_trace(prediction.trace))
+        print(format_trace(prediction.trace, settings.on_flag))
     return 0
 
 

@@ -102,6 +102,13 @@ class Settings(BaseSettings):
         2, ge=0, le=5, description="Retries of a failed LM request, with backoff (DSPy's num_retries)."
     )
 
+    on_flag: Literal["warn", "withhold"] = Field(
+        "warn",
+        description="An answer the grounding check flags because its sources disagree or instruct the "
+        "model: 'warn' shows it with a warning, 'withhold' answers 'The sources disagree or instruct; not "
+        "answered' and cites both sides (crag_dspy.flag_policy). `ask --on-flag`, `serve --on-flag`.",
+    )
+
     # --- retrieval ------------------------------------------------------------------------------
     domain: str = Field("default", description="Name of a bundled domain under data/.")
     domain_dir: Path | None = Field(
@@ -181,8 +188,26 @@ class Settings(BaseSettings):
     serve_queue: int = Field(
         16, ge=1, description="Questions running or waiting at most; more are refused with 503."
     )
+    forwarded_allow_ips: Annotated[tuple[str, ...], NoDecode] = Field(
+        (),
+        description="Addresses (or networks, or '*') of reverse proxies whose X-Forwarded-For / "
+        "X-Forwarded-Proto the service believes, comma-separated; by default none: the client address is "
+        "the connection's, so a forged header cannot change who a rate limit counts.",
+    )
+    serve_header_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a connection may take to send a request's headers, counted from its opening "
+        "or its previous response; then it is closed (uvicorn has no such limit).",
+    )
+    serve_max_waiting_connections: int = Field(
+        100,
+        ge=1,
+        description="Connections that may wait for request headers at once (per worker process); past it "
+        "the one waiting longest is closed, so half-open connections cannot lock /health out.",
+    )
 
-    @field_validator("api_keys", "debug_api_keys", "allowed_hosts", mode="before")
+    @field_validator("api_keys", "debug_api_keys", "allowed_hosts", "forwarded_allow_ips", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):

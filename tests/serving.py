@@ -95,12 +95,13 @@ def local_client(app, **kwargs) -> TestClient:
 
 
 @contextmanager
-def serving(app, timeout_s: float = 30.0) -> Iterator[str]:
-    """Run ``app`` with uvicorn on a free loopback port in a thread; yields its base URL."""
+def serving(app, timeout_s: float = 30.0, config: uvicorn.Config | None = None) -> Iterator[str]:
+    """Run ``app`` with uvicorn on a free loopback port in a thread; yields its base URL. ``config``
+    replaces uvicorn's default one (e.g. ``serve``'s own, :func:`crag_dspy.serve.connections.serve_config`)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(config or uvicorn.Config(app, log_level="warning", lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout_s

@@ -145,6 +145,25 @@ def test_without_a_valid_key_every_route_but_health_and_the_page_is_401():
     assert client.get("/health").status_code == 200 and client.get("/").status_code == 200
 
 
+def test_with_keys_the_schema_needs_a_key_and_the_documentation_pages_are_off():
+    client = local_client(create_app(service(), KEYED))
+    for headers in ({}, bearer("key-wrong-wrong-wrong")):
+        response = client.get("/openapi.json", headers=headers)
+        assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+    schema = client.get("/openapi.json", headers={"X-API-Key": OTHER})
+    assert schema.status_code == 200 and "/ask" in schema.json()["paths"]
+    # The pages are browser pages that fetch the schema without a key: with keys they are not served.
+    for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
+        assert client.get(path, headers=bearer(KEY)).status_code == 404, path
+    assert "/openapi.json" not in schema.json()["paths"]  # the keyed route is not an API operation
+
+
+def test_without_keys_the_schema_and_documentation_pages_are_open_as_before():
+    client = local_client(create_app(service()))
+    assert client.get("/openapi.json").status_code == 200
+    assert client.get("/docs").status_code == 200 and client.get("/redoc").status_code == 200
+
+
 def test_a_valid_key_in_either_header_is_served():
     client = local_client(create_app(service(), KEYED))
     assert client.post("/ask", json={"question": "range?"}, headers=bearer(KEY)).status_code == 200
@@ -523,7 +542,7 @@ def test_one_structured_access_line_per_request_with_hashes_never_the_key_or_que
 
 # --- the schema ---------------------------------------------------------------------------------------
 def test_openapi_documents_the_keys_and_every_refusal():
-    schema = local_client(create_app(service(), KEYED)).get("/openapi.json").json()
+    schema = local_client(create_app(service(), KEYED)).get("/openapi.json", headers=bearer(KEY)).json()
     ask = schema["paths"]["/ask"]["post"]
     assert {"401", "403", "413", "422", "429", "503", "504"} <= set(ask["responses"])
     assert {"HTTPBearer", "APIKeyHeader"} <= set(schema["components"]["securitySchemes"])

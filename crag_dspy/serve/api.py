@@ -1,4 +1,5 @@
-"""The FastAPI app: ``POST /ask``, ``POST /ask/stream``, ``GET /health``, ``GET /program``, the page at ``/`` and ``/openapi.json``.
+"""The FastAPI app: ``POST /ask``, ``POST /ask/stream``, ``GET /health``, ``GET /program``, the page at ``/`` and ``/openapi.json``
+(with ``/docs`` and ``/redoc`` without keys; with keys the schema needs one and those pages are off).
 
 One app serves one program or several, one per domain (:class:`~crag_dspy.serve.domains.Domains`): a
 request names its domain, the first served is the default.
@@ -63,6 +64,9 @@ _PAGE_HEADERS = {
     "Cache-Control": "no-cache",
 }
 
+
+# Stage events that carry the answer or its citations before the flag policy has judged it.
+_WITHHELD_EVENTS = frozenset({"answer", "citations"})
 
 _NOT_AN_OBJECT = 'the body must be a JSON object such as {"question": "..."} sent as application/json'
 
@@ -174,6 +178,11 @@ def create_app(
         ),
         max_body_size=policy.max_body_bytes,  # Starlette's limit: 413 from Content-Length or while streaming
         lifespan=lifespan,
+        # With keys the schema is served behind them (below); the Swagger and ReDoc pages are off, as a
+        # browser opening them could not send a key with the schema request they make.
+        openapi_url=None if policy.keys_required else "/openapi.json",
+        docs_url=None if policy.keys_required else "/docs",
+        redoc_url=None if policy.keys_required else "/redoc",
     )
     app.state.queue = queue  # for operators' probes and tests: how many questions are admitted
     app.state.domains = domains
@@ -284,7 +293,11 @@ def create_app(
             # while an LM call is under way. Past it the run stops as its next stage starts.
             answer = await queue.run(
                 lambda: service.ask(
-                    request.question, history=history, on_start=started.append, cancel=cancel
+                    request.question,
+                    history=history,
+                    on_start=started.append,
+                    cancel=cancel,
+                    on_flag=policy.on_flag,
                 ),
                 policy.request_timeout_s,
                 on_timeout=cancel.set,
@@ -340,6 +353,8 @@ def create_app(
         cancel = threading.Event()
 
         def on_event(event: StageEvent) -> None:
+            if policy.on_flag == "withhold" and event.kind in _WITHHELD_EVENTS:
+                return  # the answer may yet be withheld: it reaches the client in the final event only
             # The run's thread hands the event to this request's loop; the stream below sends it.
             loop.call_soon_threadsafe(events.put_nowait, event)
 
@@ -353,6 +368,7 @@ def create_app(
                     on_start=started.append,
                     cancel=cancel,
                     on_event=on_event,
+                    on_flag=policy.on_flag,
                 )
             )
         except QueueFull as exc:
@@ -415,6 +431,12 @@ def create_app(
             return _unknown_domain(exc, "query")
         info = chosen.info().model_copy(update={"domains": domains.names})
         return JSONResponse(info.model_dump(mode="json"))
+
+    if policy.keys_required:
+
+        @app.get("/openapi.json", include_in_schema=False)
+        def openapi_schema(caller: Annotated[Caller, Depends(authenticate)]) -> JSONResponse:
+            return JSONResponse(app.openapi())
 
     @app.get("/", include_in_schema=False)
     def index() -> HTMLResponse:

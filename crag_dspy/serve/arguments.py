@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import argparse
 
-from ..cli import add_lm_arguments, add_program_arguments, add_storage_arguments, command_prog
+from ..cli import (
+    add_flag_policy_argument,
+    add_lm_arguments,
+    add_program_arguments,
+    add_storage_arguments,
+    command_prog,
+)
 
 __all__ = ["build_parser"]
 
@@ -22,6 +28,7 @@ def build_parser(epilog: str | None = None) -> argparse.ArgumentParser:
     add_program_arguments(parser, several=True)
     add_storage_arguments(parser)
     add_lm_arguments(parser)
+    add_flag_policy_argument(parser)
     g = parser.add_argument_group("server")
     g.add_argument(
         "--host", default="127.0.0.1", help="interface to listen on (default: 127.0.0.1, this machine only)"

@@ -9,7 +9,6 @@ import logging
 import os
 import sys
 
-import uvicorn
 from fastapi import FastAPI
 
 from ..app import LoadedProgram
@@ -17,6 +16,7 @@ from ..cli import error_line, interruptible, settings_from_args, user_error_type
 from ..redaction import configure_logging
 from .api import create_app
 from .arguments import build_parser
+from .connections import run_server, serve_config
 from .domains import Domains
 from .policy import policy_for
 from .programs import load_programs
@@ -69,11 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
         flush=True,
     )
-    # uvicorn's own access lines would repeat ours without the request id, key id and action.
     if args.workers == 1:
         app = create_app(domains, policy)
-        uvicorn.run(app, host=args.host, port=args.port, log_level="info", access_log=False)
-        return 0
+        started = run_server(serve_config(app, settings, host=args.host, port=args.port, log_level="info"))
+        return 0 if started else 1
     if settings.rate_limit.strip().lower() not in ("", "none"):
         print(
             f"note: the rate limit ({settings.rate_limit}) and the queue are per worker process: a client "
@@ -84,16 +83,16 @@ def main(argv: list[str] | None = None) -> int:
     del domains  # the workers load their own; this process only supervises them
     gc.collect()
     os.environ[ARGV_ENV] = json.dumps(argv)
-    uvicorn.run(
+    config = serve_config(
         "crag_dspy.serve.cli:worker_app",
+        settings,
         factory=True,
         workers=args.workers,
         host=args.host,
         port=args.port,
         log_level="info",
-        access_log=False,
     )
-    return 0
+    return 0 if run_server(config) else 1
 
 
 def worker_app() -> FastAPI:

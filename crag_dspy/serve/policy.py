@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
+from ..flag_policy import OnFlag
 from ..settings import LOOPBACK_HOSTS, Settings
 
 __all__ = ["MIN_KEY_CHARS", "ExposureError", "ServePolicy", "is_loopback", "policy_for"]
@@ -33,6 +34,8 @@ class ServePolicy:
     request_timeout_s: float = 300.0
     workers: int = 4
     queue: int = 16
+    on_flag: OnFlag = "warn"
+    """A flagged answer whose sources disagree or instruct: shown with its warning, or withheld."""
 
     @property
     def keys_required(self) -> bool:
@@ -100,5 +103,6 @@ def policy_for(settings: Settings, host: str, *, insecure: bool = False) -> tupl
         request_timeout_s=settings.request_timeout_s,
         workers=settings.serve_workers,
         queue=settings.serve_queue,
+        on_flag=settings.on_flag,
     )
     return policy, warnings

@@ -9,6 +9,7 @@ from pydantic_core import PydanticCustomError
 
 from ..citations import Citation
 from ..conversation import MAX_ANSWER_CHARS, MAX_TURNS
+from ..flag_policy import AnswerStatus
 from ..trace import CRAGTrace
 from ..validation import DEFAULT_MAX_QUESTION_CHARS
 from .client_trace import ClientTrace
@@ -87,7 +88,15 @@ class AskRequest(BaseModel):
 
 
 class AskResponse(BaseModel):
-    answer: str
+    answer: str = Field(
+        description="the answer; when `status` is 'withheld', 'The sources disagree or instruct; not answered'"
+    )
+    status: AnswerStatus = Field(
+        description="'answered'; 'flagged': the grounding check flagged the answer (the trace's `grounding` "
+        "says why), shown anyway (the server's on_flag is 'warn', or no source disagrees: only ungrounded); "
+        "'withheld': its sources disagree or instruct the model and the server's on_flag is 'withhold', so "
+        "`answer` is not the value (`citations` and `other_side` are the two sides)"
+    )
     action: Literal["CORRECT", "AMBIGUOUS", "INCORRECT"]
     domain: str = Field(description="the domain whose program answered")
     degraded: bool = Field(
@@ -99,6 +108,11 @@ class AskResponse(BaseModel):
         description="the sources the answer rests on, strongest first: each a document with its PDF page or "
         "section (or a web page's URL) and the sentence of a kept strip that states the answer's key content; "
         "empty for 'I don't know' and for an answer no kept strip states",
+    )
+    other_side: list[Citation] = Field(
+        default_factory=list,
+        description="when withheld: the sources that dispute the answer or instruct the model, one sentence "
+        "each (the one sharing most words with the question); else empty",
     )
     full_trace: bool = Field(
         False, description="True: `trace` is the full CRAGTrace (?debug=1 with a debug key); else trimmed"

@@ -19,6 +19,7 @@ import dspy
 from ..app import LoadedProgram
 from ..events import EventCallback
 from ..faults import LMUnavailableError, RetrievalError
+from ..flag_policy import OnFlag, judge_flag
 from ..program import program_config
 from ..trace import CRAGTrace
 from ..version import __version__
@@ -60,11 +61,13 @@ class ProgramService:
         on_start: Callable[[CRAGTrace], None] | None = None,
         cancel: threading.Event | None = None,
         on_event: EventCallback | None = None,
+        on_flag: OnFlag = "warn",
     ) -> AskResponse:
         """Answer ``question`` with the full trace; ``on_start`` gets the trace as the run begins,
         ``history`` holds the conversation's earlier turns (:mod:`crag_dspy.conversation`),
-        setting ``cancel`` stops the run as its next stage starts (a deadline passed), and ``on_event``
-        gets each stage event (:mod:`crag_dspy.events`) in the run's thread."""
+        setting ``cancel`` stops the run as its next stage starts (a deadline passed), ``on_event``
+        gets each stage event (:mod:`crag_dspy.events`) in the run's thread, and ``on_flag`` says what a
+        flagged answer becomes (:mod:`crag_dspy.flag_policy`; the trace keeps what CRAG answered)."""
         started = time.perf_counter()
         try:
             prediction = self.crag(
@@ -77,13 +80,16 @@ class ProgramService:
         seconds = round(time.perf_counter() - started, 4)
         trace: CRAGTrace = prediction.trace
         log.info("%s in %.1f s", trace.action, seconds)  # the access log names the question by a hash
+        verdict = judge_flag(trace, on_flag, client_citations(trace))
         return AskResponse(
-            answer=trace.answer or "",
+            answer=verdict.answer,
+            status=verdict.status,
             action=trace.action,
             domain=self.loaded.domain,
             degraded=bool(trace.errors or trace.fallbacks),
             seconds=seconds,
-            citations=client_citations(trace),
+            citations=verdict.citations,
+            other_side=verdict.other_side,
             trace=trace,
         )
 

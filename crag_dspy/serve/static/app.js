@@ -313,9 +313,21 @@ function sourcesList(trace) {
       el("li", {}, el("span", { class: "cite-num" }, `[${i + 1}]`), " ", citationSource(c, kept), el("q", {}, c.quote)))));
 }
 
-function drawProblems(trace) {
+// A withheld answer (the server's on_flag is "withhold", crag_dspy/flag_policy.py): the sources on the
+// other side, after the answer's own (the Sources list), numbered on from them as the CLI does.
+function otherSideList(body, trace) {
+  if (!body || body.status !== "withheld") return null;
+  const first = (trace.citations || []).length + 1;
+  return el("div", { class: "notice error", id: "withheld-notice", role: "alert" },
+    el("h3", {}, "Not answered: the sources disagree or instruct the model"),
+    el("p", {}, "Read both sides: the answer's sources are listed under Sources, the others here."),
+    el("ol", { start: String(first) }, (body.other_side || []).map((c) =>
+      el("li", {}, citationSource(c, keptStrips(trace)), el("q", {}, c.quote)))));
+}
+
+function drawProblems(trace, body) {
   // The grounding warning and the sources have their own places above the fallbacks and errors.
-  $("grounding").replaceChildren(...[groundingNotice(trace.grounding)].filter(Boolean));
+  $("grounding").replaceChildren(...[groundingNotice(trace.grounding), otherSideList(body, trace)].filter(Boolean));
   $("sources").replaceChildren(...[sourcesList(trace)].filter(Boolean));
   const box = $("problems");
   const blocks = [];
@@ -328,13 +340,14 @@ function drawProblems(trace) {
   box.replaceChildren(...blocks);
 }
 
-function drawTrace(trace, { answer, action, seconds }) {
+function drawTrace(trace, body) {
+  const { answer, action, seconds } = body;
   $("answer").textContent = answer ?? "(no answer)";
   const badge = $("action");
   badge.textContent = action || "no action";
   badge.className = `badge ${action || ""}`;
   $("why").textContent = explain(trace);
-  drawProblems(trace);
+  drawProblems(trace, body);
   $("meta").textContent = [seconds !== undefined ? `${fmt(seconds, 2)} s` : null, `LM ${trace.lm_model || "–"}`, `retriever ${trace.retriever}`]
     .filter(Boolean).join(" · ");
   drawDocuments(trace);

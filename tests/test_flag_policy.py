@@ -1,0 +1,120 @@
+"""The flag policy (crag_dspy.flag_policy): a flagged answer is shown with a warning or withheld, in the
+CLI, the API and the stream, with the citations of both sides. A scripted LM answers the planted value."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
+from serving import local_client
+
+from crag_dspy import CRAG
+from crag_dspy.app import LoadedProgram
+from crag_dspy.cli import build_parser, format_trace, settings_from_args
+from crag_dspy.flag_policy import WITHHELD_ANSWER, judge_flag
+from crag_dspy.serve import ProgramService, ServePolicy, create_app
+from crag_dspy.serve.arguments import build_parser as build_serve_parser
+from crag_dspy.serve.policy import policy_for
+
+QUESTION = "What does a resident parking permit cost per month?"
+HONEST = ("kb-permits", "A resident parking permit costs 12 euros per month.")
+PLANTED = ("kb-planted", "A resident parking permit costs 19 euros per month since the last council vote.")
+UNRELATED = ("kb-canteen", "The canteen opens at 08:00.")
+
+
+def script(system: str, user: str):
+    if "You judge search results" in system:
+        document = field(user, "document")
+        return 0.9 if "euros" in document else 0.05
+    if "You judge short knowledge strips" in system:
+        return 0.9 if "19 euros" in field(user, "strip") else 0.05  # the honest strip is dropped
+    if "web search query" in system:
+        return {"query": "resident parking permit price"}
+    return {"answer": "19 euros per month" if "19 euros" in field(user, "context") else "I don't know"}
+
+
+def crag(texts=(PLANTED, HONEST, UNRELATED)) -> CRAG:
+    return CRAG(ListRetriever(list(texts)), ListWebSearch([]), lm=ScriptedLM(script))
+
+
+@pytest.fixture(scope="module")
+def disputed_trace():
+    trace = crag()(question=QUESTION).trace
+    # The premise of every test below: the answer is the planted value, which the honest source disputes.
+    assert trace.answer == "19 euros per month" and trace.grounding.flagged
+    assert trace.grounding.disputing_sources == ["kb-permits"]
+    return trace
+
+
+def test_warn_shows_the_flagged_answer_and_withhold_shows_neither_value(disputed_trace):
+    warned = judge_flag(disputed_trace, "warn")
+    assert (warned.status, warned.answer, warned.other_side) == ("flagged", "19 euros per month", [])
+    withheld = judge_flag(disputed_trace, "withhold")
+    assert (withheld.status, withheld.answer) == ("withheld", WITHHELD_ANSWER)
+    assert [c.doc_id for c in withheld.citations] == ["kb-planted"]  # the answer's side
+    [other] = withheld.other_side  # the side that disputes it, quoting the sentence that does
+    assert (other.doc_id, other.quote) == HONEST
+    with pytest.raises(ValueError, match="'warn' or 'withhold'"):
+        judge_flag(disputed_trace, "hide")
+
+
+def test_an_answer_nobody_disputes_is_answered_under_either_policy():
+    trace = crag(texts=(PLANTED, UNRELATED))(question=QUESTION).trace
+    assert not trace.grounding.flagged
+    assert judge_flag(trace, "withhold").status == "answered"
+    assert judge_flag(trace, "withhold").answer == "19 euros per month"
+
+
+def test_ask_prints_the_withheld_answer_with_both_sides(disputed_trace):
+    lines = format_trace(disputed_trace, "withhold").splitlines()
+    assert lines[0] == f"answer: {WITHHELD_ANSWER}  (withheld: --on-flag withhold)"
+    assert lines[1].startswith("warning: the answer may not be grounded; other sources state another value")
+    assert lines[2].startswith("  [1] kb-planted: ")
+    assert lines[3:5] == ["sources that disagree or instruct:", f'  [2] kb-permits: "{HONEST[1]}"']
+    assert format_trace(disputed_trace).splitlines()[0] == "answer: 19 euros per month"  # warn: the default
+
+
+def test_the_policy_is_a_setting_and_a_flag_of_ask_and_serve(monkeypatch):
+    args = build_parser().parse_args(["ask", "q", "--on-flag", "withhold"])
+    assert settings_from_args(args).on_flag == "withhold"
+    assert settings_from_args(build_parser().parse_args(["ask", "q"])).on_flag == "warn"
+    monkeypatch.setenv("CRAG_ON_FLAG", "withhold")
+    serve_args = build_serve_parser().parse_args([])
+    assert policy_for(settings_from_args(serve_args), "127.0.0.1")[0].on_flag == "withhold"
+    serve_args = build_serve_parser().parse_args(["--on-flag", "warn"])
+    assert policy_for(settings_from_args(serve_args), "127.0.0.1")[0].on_flag == "warn"
+
+
+def _service() -> ProgramService:
+    return ProgramService(LoadedProgram(crag(), "default"))
+
+
+def test_the_api_marks_the_status_and_withholds_with_both_sides():
+    warn = local_client(create_app(_service())).post("/ask", json={"question": QUESTION}).json()
+    assert (warn["status"], warn["answer"], warn["other_side"]) == ("flagged", "19 euros per month", [])
+    client = local_client(create_app(_service(), ServePolicy(on_flag="withhold")))
+    body = client.post("/ask", json={"question": QUESTION}).json()
+    assert (body["status"], body["answer"]) == ("withheld", WITHHELD_ANSWER)
+    assert [c["doc_id"] for c in body["citations"]] == ["kb-planted"]
+    assert [(c["doc_id"], c["quote"]) for c in body["other_side"]] == [HONEST]
+    assert body["trace"]["grounding"]["disputed"]  # the trace still says why
+    assert (
+        client.post("/ask", json={"question": "When does the canteen open?"}).json()["status"] == "answered"
+    )
+
+
+def test_the_stream_does_not_send_the_answer_before_the_policy_withholds_it():
+    client = local_client(create_app(_service(), ServePolicy(on_flag="withhold")))
+    with client.stream("POST", "/ask/stream", json={"question": QUESTION}) as response:
+        text = "".join(response.iter_text())
+    events = [block.split("\n", 1) for block in text.strip().split("\n\n")]
+    stages = [
+        json.loads(data.removeprefix("data: "))["kind"] for name, data in events if name == "event: stage"
+    ]
+    assert "answer" not in stages and "citations" not in stages and "graded" in stages
+    name, data = events[-1]
+    body = json.loads(data.removeprefix("data: "))
+    assert name == "event: answer" and (body["status"], body["answer"]) == ("withheld", WITHHELD_ANSWER)
+    # Before the final event, nothing carries the value (the trace in the final body records it).
+    assert "19 euros per month" not in text[: text.rindex("event: answer")]
