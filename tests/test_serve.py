@@ -472,3 +472,12 @@ def test_serve_without_fastapi_says_what_to_install_in_one_line():
         == f"error: crag_dspy.serve needs FastAPI, uvicorn and limits (fastapi is missing): {hint}\n"
     )
     assert run.stdout.startswith("library: crag_dspy.serve needs FastAPI") and hint in run.stdout
+
+
+def test_warm_up_retrieves_once_so_the_first_request_waits_for_no_model_load():
+    service = make_service()
+    asked: list[tuple[str, int]] = []
+    retrieve = service.crag.retriever.retrieve
+    service.crag.retriever.retrieve = lambda query, k: asked.append((query, k)) or retrieve(query, k)
+    service.warm_up()
+    assert asked == [("warm-up", 1)]

@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         # Everything that can fail on bad input (program file, domain, LM settings, store) fails here,
         # before the server listens; with workers, a store that needs an ingest gets it here, once.
         domains = Domains([ProgramService(one) for one in load_programs(args)])
+        for name in domains.names:
+            domains.choose(name).warm_up()
     except user_error_types() as exc:
         print(error_line(exc), file=sys.stderr)  # e.g. a --chroma-host with user:password@
         return 2
@@ -108,9 +110,11 @@ def worker_app() -> FastAPI:
     policy, _ = policy_for(settings_from_args(args), args.host, insecure=args.insecure)  # parent warned
     # The parent opened the same program a moment ago: the store is complete, so nothing is ingested
     # or parsed here (and N workers never ingest the same domain at once).
-    programs = load_programs(args, progress=False)
+    services = [ProgramService(one) for one in load_programs(args, progress=False)]
+    for service in services:
+        service.warm_up()
     enable_access_log()
-    return create_app(Domains([ProgramService(one) for one in programs]), policy)
+    return create_app(Domains(services), policy)
 
 
 def _served(name: str, loaded: LoadedProgram) -> str:

@@ -53,6 +53,12 @@ class ProgramService:
         self.loaded = loaded
         self.crag = loaded.crag
 
+    def warm_up(self) -> None:
+        """Load what the first question would otherwise wait for, before the server listens: one
+        retrieval loads the query embedder and opens the store's collection (5 s on 2 CPU cores,
+        which a first request's first stage event would otherwise wait)."""
+        self.crag.retriever.retrieve("warm-up", 1)
+
     def ask(
         self,
         question: str,
