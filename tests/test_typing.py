@@ -1,6 +1,6 @@
 """The public API type-checks (issue 61): mypy on ``crag_dspy/__init__.py`` and on a user's code over its
 exports (tests/fixtures/public_api_usage.py), with the package's ``py.typed`` (test_packaging.py checks
-the wheel ships it). Skipped where mypy is not installed."""
+the wheel ships it). mypy is in the test extra, so CI runs it; skipped where it is not installed."""
 
 import subprocess
 import sys
