@@ -49,6 +49,7 @@ from crag_dspy.module import CRAG
 from crag_dspy.routing import DEFAULT_THRESHOLDS
 from crag_dspy.trace import usage_from_tracker
 
+from .cost import Cost
 from .datasets import interleave_balanced, round_robin, spread, strip_examples_from
 from .frontier import collapse, frontier_summary
 from .grade_source import GradeSourceChoice, JudgeScores, choose_grade_source, evaluator_on_strips
@@ -523,6 +524,8 @@ class CRAGOptimizer(Teleprompter):
             "plot": None if plot is None else str(plot),
             "lm_calls_during_trials": trial_calls,
             "precompute_lm_calls": precompute_calls,
+            # Plain RAG's and RAG + web always's answers on val: the frontier's two reference points.
+            "baseline_lm_calls": (work.owned().get("frontier baselines") or Cost()).usage.calls,
             "landscape": {"axis": axis, "grid": grid},
             "frontier": frontier,
             "collapse": collapse(frontier["at"]["actions"]),

@@ -380,7 +380,8 @@ def _threshold_lines(t: dict) -> list[str]:
         verdict = per_type.get("verdict") or f"shipped: {t['by_type']}"
         lines += [f"Per question type ({counts}): {verdict}.", ""]
     lines += [
-        f"Precomputing the {t['questions']} questions' routes took {t['precompute_lm_calls']} LM calls.",
+        f"Precomputing the {t['questions']} questions' routes took {t['precompute_lm_calls']} LM calls"
+        + (f", the baselines' answers {t['baseline_lm_calls']}." if "baseline_lm_calls" in t else "."),
         "",
         f"![accuracy over thresholds]({Path(t['plot']).name})",
         "",

@@ -130,8 +130,13 @@ def test_compile_writes_program_report_and_plot(compiled):
     assert source["shipped"] == "llm" and "too few labelled train pairs" in source["why"]
     assert program["grading"]["mode"] == "llm"
     assert "## grade source (shipped: llm)" in out.with_suffix(".report.md").read_text()
-    for suffix in (".report.md", ".report.json", ".landscape.png", ".optuna.log"):
+    for suffix in (".report.md", ".report.json", ".landscape.png", ".optuna.log", ".frontier.png"):
         assert out.with_suffix(suffix).is_file(), suffix
+    # What routing buys on val, with the baselines' answers counted: the frontier's own LM work.
+    frontier, md = report["thresholds"]["frontier"], out.with_suffix(".report.md").read_text()
+    assert frontier["at"]["accuracy"] == pytest.approx(report["thresholds"]["accuracy"])
+    assert report["thresholds"]["baseline_lm_calls"] > 0 and "the baselines' answers" in md
+    assert "## What routing buys" in md and "Objective: accuracy." in md
     assert {r["name"] for r in report["test"]} == {"CRAG (compiled)", "CRAG (uncompiled)", "plain RAG"}
     # Where the time went, stage by stage, adding up to the whole run.
     stages = report["stage_seconds"]
