@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from .redaction import redact
 from .routing import DEFAULT_THRESHOLDS
 
 __all__ = ["CRAGConfig", "JudgeView", "LMCalls", "describe_validation_error"]
@@ -164,7 +165,9 @@ def describe_validation_error(exc: ValidationError, whole: str | None = None) ->
     def got(value: Any) -> str:
         if isinstance(value, (dict, list)):
             return ""
-        text = repr(value)
+        # Redacted whole, then cut: a cut made first can leave a password without the "@host" that
+        # marks it as one ("http://user:secret..." is no URL with credentials any more).
+        text = redact(repr(value))
         return f" (got {text[:60]}{'...' if len(text) > 60 else ''})"
 
     def where(loc: tuple[Any, ...]) -> str:

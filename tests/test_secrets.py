@@ -290,3 +290,19 @@ def test_a_long_error_is_redacted_before_it_is_cut_to_one_trace_line(keys):
     ):
         line = describe_error(ConnectionError(text))
         assert secret[:8] not in line, line[-60:]
+
+
+def test_a_long_value_in_an_error_message_is_redacted_before_it_is_cut():
+    # A cut made first would leave "http://user:secretsecret..." without the "@host" that marks the
+    # part after the colon as a password.
+    from pydantic import BaseModel, Field, ValidationError
+
+    from crag_dspy.config import describe_validation_error
+
+    class Model(BaseModel):
+        url: str = Field(max_length=10)
+
+    with pytest.raises(ValidationError) as caught:
+        Model(url="http://user:" + "supersecretpassword" * 3 + "@host.example/v1")
+    message = describe_validation_error(caught.value)
+    assert "supersecret" not in message and "***" in message
