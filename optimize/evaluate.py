@@ -46,7 +46,7 @@ from crag_dspy.protocols import Passage
 from crag_dspy.redaction import configure_logging
 from crag_dspy.routing import Action
 from crag_dspy.settings import Settings
-from crag_dspy.stages import Grade, Retrieve, SearchWeb, state_key
+from crag_dspy.stages import Grade, Retrieve, SearchWeb, pieces_of, state_key
 from crag_dspy.stages.base import part_state
 from crag_dspy.stages.calls import judge_once
 from crag_dspy.store import ingest_domain
@@ -125,7 +125,7 @@ def _question_rows(
                 "variant": variant.name,
                 **answer_fields(q, outcome, web_urls),
                 "sources": list(outcome.sources),
-                "web_searches": sum(isinstance(key, tuple) and key[0] == SearchWeb.name for key in used),
+                "web_searches": pieces_of(used, SearchWeb),
                 **cost.as_dict(),
                 "seconds": round(cost.seconds, 4),
                 "errors": errors,

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from .threshold_search import ACTIONS, RouteTable, cell_midpoints, value_grid
+from .threshold_search import ACTIONS, RouteTable, cell_midpoints, truthfulness_scores, value_grid
 
 __all__ = [
     "COLLAPSE_SHARE",
@@ -83,14 +83,15 @@ class Baselines:
         return out
 
 
-def _scores(correct: np.ndarray, abstained: np.ndarray) -> np.ndarray:
-    return np.where(correct, 1.0, np.where(abstained, 0.0, -1.0))
+def _metric(correct: np.ndarray, abstained: np.ndarray, metric: str) -> np.ndarray:
+    """Per question (and action): 1/0 for accuracy, or the truthfulness score."""
+    return correct.astype(float) if metric == "accuracy" else truthfulness_scores(correct, abstained)
 
 
 def _point(correct: np.ndarray, abstained: np.ndarray, *, web: float) -> dict[str, float]:
     return {
         "accuracy": float(correct.mean()) if len(correct) else 0.0,
-        "truthfulness": float(_scores(correct, abstained).mean()) if len(correct) else 0.0,
+        "truthfulness": float(truthfulness_scores(correct, abstained).mean()) if len(correct) else 0.0,
         "web": web,
         "requests": 1.0,  # one answer from the top-k passages (and results)
     }
@@ -198,20 +199,11 @@ def routing_lift(
     """CRAG's ``metric`` (accuracy or truthfulness) at (lower, upper) minus what a router with no
     information reaches at the same web share: the line from plain RAG (no search) to RAG + web always
     (every question searched). Without web search configured the line is plain RAG itself."""
-    values = table.correct.astype(float) if metric == "accuracy" else table.scores
-    rag = (
-        baselines.rag_correct.astype(float)
-        if metric == "accuracy"
-        else _scores(baselines.rag_correct, baselines.rag_abstained)
-    )
+    crag = table.at(_metric(table.correct, table.abstained, metric), lower, upper)
+    rag = _metric(baselines.rag_correct, baselines.rag_abstained, metric)
     always = None
     if baselines.web_correct is not None and baselines.web_abstained is not None:
-        always = (
-            baselines.web_correct.astype(float)
-            if metric == "accuracy"
-            else _scores(baselines.web_correct, baselines.web_abstained)
-        )
-    crag = table.at(values, lower, upper)
+        always = _metric(baselines.web_correct, baselines.web_abstained, metric)
     web = np.minimum(table.at(table.web, lower, upper), 1.0)  # a share of questions searched
 
     def lift(index: np.ndarray) -> float:

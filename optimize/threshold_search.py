@@ -36,6 +36,7 @@ __all__ = [
     "choose_thresholds",
     "cross_validated_correct",
     "least_web",
+    "truthfulness_scores",
     "value_grid",
 ]
 
@@ -51,6 +52,12 @@ def _per_action(rows: Sequence[dict[str, float]] | None, n: int) -> np.ndarray:
     missing rows or actions count 0."""
     rows = rows or [{}] * n
     return np.array([[r.get(a.value, 0) for a in ACTIONS] for r in rows], dtype=float).reshape(-1, 3)
+
+
+def truthfulness_scores(correct: np.ndarray, abstained: np.ndarray) -> np.ndarray:
+    """Element-wise truthfulness (Meta's CRAG benchmark): right +1, "I don't know" 0, wrong -1 (the
+    array form of :func:`~optimize.metrics.truthfulness_score`)."""
+    return np.where(correct, 1.0, np.where(abstained, 0.0, -1.0))
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,7 @@ class RouteTable:
     def scores(self) -> np.ndarray:
         """Truthfulness per question and action (Meta's CRAG benchmark): right +1, "I don't know" 0,
         wrong -1."""
-        return np.where(self.correct, 1.0, np.where(self.abstained, 0.0, -1.0))
+        return truthfulness_scores(self.correct, self.abstained)
 
     def __len__(self) -> int:
         return len(self.best)

@@ -30,7 +30,7 @@ from crag_dspy.domain import QAPair
 from crag_dspy.faults import CRAGRunError, describe_error, raise_if_lm_down
 from crag_dspy.module import CRAG
 from crag_dspy.routing import DEFAULT_THRESHOLDS, Action, decide_action, question_type
-from crag_dspy.stages import SearchWeb
+from crag_dspy.stages import SearchWeb, pieces_of
 from crag_dspy.trace import StageUsage
 
 from .metrics import answer_matches, beats_beyond_noise, is_abstention, sign_test, wilson_interval
@@ -131,7 +131,7 @@ def precompute_routes(
                 cost = work.cost(used)
                 requests[action.value] = cost.requests
                 tokens[action.value] = cost.usage.prompt_tokens + cost.usage.completion_tokens
-                web[action.value] = sum(key[0] == SearchWeb.name for key in used if isinstance(key, tuple))
+                web[action.value] = pieces_of(used, SearchWeb)
             scores = [grade.score for grade in prediction.trace.documents]
         except CRAGRunError as exc:
             raise_if_lm_down()  # an LM that is down is no wrong answer: the run stops

@@ -11,7 +11,7 @@ in a callback, and the trace is part of every answer.
 """
 
 from .answer import UNKNOWN_ANSWER, Answer, Answered, abstain, answer_from, finish
-from .base import Computed, Program, Stage, config_value, state_key
+from .base import Computed, Program, Stage, config_value, pieces_of, state_key
 from .check import SearchWitnesses, check_answer
 from .condense import Condense, clean_standalone
 from .grade import Grade, GradePassage, PassageGraded
@@ -53,6 +53,7 @@ __all__ = [
     "internal_knowledge",
     "knowledge_for",
     "note_reserve_used",
+    "pieces_of",
     "retry_internal",
     "state_key",
     "web_knowledge",

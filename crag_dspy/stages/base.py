@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import reduce
@@ -31,7 +31,7 @@ from ..protocols import Retriever, WebSearch
 from ..run import QuestionRun
 from ..trace import CRAGTrace
 
-__all__ = ["Computed", "Program", "Stage", "config_value", "state_key"]
+__all__ = ["Computed", "Program", "Stage", "config_value", "pieces_of", "state_key"]
 
 T = TypeVar("T")
 TRACED_LISTS = ("errors", "fallbacks", "defused", "documents")
@@ -163,3 +163,9 @@ class Stage(dspy.Module, Generic[T]):
 
     def record(self, value: T, run: QuestionRun) -> None:
         """Write ``value`` into the run (its trace); most stages' values reach the trace through the route."""
+
+
+def pieces_of(keys: Iterable[Hashable], stage: type[Stage]) -> int:
+    """How many of the cache ``keys`` are pieces of ``stage`` (its class names its keys:
+    :meth:`Stage.key`), e.g. the web searches among the pieces a consumer of shared work used."""
+    return sum(isinstance(key, tuple) and len(key) > 1 and key[1] == stage.__name__ for key in keys)
