@@ -256,6 +256,7 @@ def summarize(rows: Sequence[dict[str, Any]], variants: Sequence[Variant]) -> li
                     key: sum(r[key] for r in mine)
                     for key in (
                         "requests",
+                        "tokens",
                         "calls",
                         "prompt_tokens",
                         "cached_prompt_tokens",

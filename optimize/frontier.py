@@ -3,7 +3,7 @@ pair of thresholds, the lift over a router that knows nothing, and the headroom 
 
 Every (lower, upper) routes each question to one of three actions whose answers the precompute holds
 (:func:`~optimize.thresholds.precompute_routes`), so accuracy, truthfulness, web searches and LM
-requests per question are known for the whole threshold plane (:func:`frontier_points`). The two
+requests and tokens per question are known for the whole threshold plane (:func:`frontier_points`). The two
 baselines are the ends of the cheapest line: plain RAG never searches, RAG + web always searches for
 every question, and a router with no information that searches for a random share ``s`` of the
 questions reaches ``(1 - s) * plain + s * always`` on average. CRAG's *routing lift* is its accuracy
@@ -40,20 +40,27 @@ RESAMPLES = 2000
 @dataclass(frozen=True)
 class Baselines:
     """The routers with no information, per question (same order as the route table): plain RAG's and,
-    when web search is configured, RAG + web always's answer right / "I don't know"."""
+    when web search is configured, RAG + web always's answer right / "I don't know", and the LM tokens
+    each answer costs (None when not measured)."""
 
     rag_correct: np.ndarray
     rag_abstained: np.ndarray
     web_correct: np.ndarray | None = None
     web_abstained: np.ndarray | None = None
+    rag_tokens: np.ndarray | None = None
+    web_tokens: np.ndarray | None = None
 
     @classmethod
     def build(
         cls,
         rag: Sequence[tuple[bool, bool]],
         web: Sequence[tuple[bool, bool]] | None = None,
+        *,
+        rag_tokens: Sequence[int] | None = None,
+        web_tokens: Sequence[int] | None = None,
     ) -> Baselines:
-        """From (right, abstained) per question for plain RAG and (optional) RAG + web always."""
+        """From (right, abstained) per question for plain RAG and (optional) RAG + web always, and
+        (optional) each answer's LM tokens."""
         rag_arr = np.array(rag, dtype=bool).reshape(-1, 2)
         web_arr = np.array(web, dtype=bool).reshape(-1, 2) if web is not None else None
         return cls(
@@ -61,6 +68,8 @@ class Baselines:
             rag_arr[:, 1],
             None if web_arr is None else web_arr[:, 0],
             None if web_arr is None else web_arr[:, 1],
+            None if rag_tokens is None else np.array(rag_tokens, dtype=float),
+            None if web_tokens is None or web_arr is None else np.array(web_tokens, dtype=float),
         )
 
     @property
@@ -68,18 +77,23 @@ class Baselines:
         return self.web_correct is not None
 
     def subset(self, index: np.ndarray) -> Baselines:
+        def part(values: np.ndarray | None) -> np.ndarray | None:
+            return None if values is None else values[index]
+
         return Baselines(
             self.rag_correct[index],
             self.rag_abstained[index],
-            None if self.web_correct is None else self.web_correct[index],
-            None if self.web_abstained is None else self.web_abstained[index],
+            part(self.web_correct),
+            part(self.web_abstained),
+            part(self.rag_tokens),
+            part(self.web_tokens),
         )
 
     def points(self) -> dict[str, dict[str, float]]:
         """Each baseline as a point of the frontier plots (RAG + web always searches once a question)."""
-        out = {"plain RAG": _point(self.rag_correct, self.rag_abstained, web=0.0)}
+        out = {"plain RAG": _point(self.rag_correct, self.rag_abstained, self.rag_tokens, web=0.0)}
         if self.web_correct is not None and self.web_abstained is not None:
-            out["RAG + web always"] = _point(self.web_correct, self.web_abstained, web=1.0)
+            out["RAG + web always"] = _point(self.web_correct, self.web_abstained, self.web_tokens, web=1.0)
         return out
 
 
@@ -88,13 +102,18 @@ def _metric(correct: np.ndarray, abstained: np.ndarray, metric: str) -> np.ndarr
     return correct.astype(float) if metric == "accuracy" else truthfulness_scores(correct, abstained)
 
 
-def _point(correct: np.ndarray, abstained: np.ndarray, *, web: float) -> dict[str, float]:
-    return {
+def _point(
+    correct: np.ndarray, abstained: np.ndarray, tokens: np.ndarray | None, *, web: float
+) -> dict[str, float]:
+    point = {
         "accuracy": float(correct.mean()) if len(correct) else 0.0,
         "truthfulness": float(truthfulness_scores(correct, abstained).mean()) if len(correct) else 0.0,
         "web": web,
         "requests": 1.0,  # one answer from the top-k passages (and results)
     }
+    if tokens is not None and len(tokens):
+        point["tokens"] = float(tokens.mean())
+    return point
 
 
 @dataclass(frozen=True)
@@ -109,6 +128,8 @@ class FrontierPoint:
     """Web searches per question the routes make."""
     requests: float
     """LM requests per question (cache hits included), grading and refinement too."""
+    tokens: float
+    """LM tokens (prompt and completion) per question those requests cost."""
     correct: float
     ambiguous: float
     incorrect: float
@@ -120,14 +141,15 @@ class FrontierPoint:
 
 def frontier_points(table: RouteTable) -> list[FrontierPoint]:
     """Every distinct outcome over the (lower, upper) plane: one point per pair of breakpoint cells
-    (:func:`~optimize.threshold_search.cell_midpoints`), duplicates (same accuracy, truthfulness, web
-    and requests) dropped, keeping the first pair in grid order."""
+    (:func:`~optimize.threshold_search.cell_midpoints`), duplicates (same accuracy, truthfulness, web,
+    requests and tokens) dropped, keeping the first pair in grid order."""
     points = cell_midpoints(table.breakpoints())
     grids = {
         "accuracy": value_grid(table, points, table.correct.astype(float)),
         "truthfulness": value_grid(table, points, table.scores),
         "web": value_grid(table, points, table.web),
         "requests": value_grid(table, points, table.requests),
+        "tokens": value_grid(table, points, table.tokens),
         **{
             action.value.lower(): value_grid(table, points, np.eye(3)[k][None, :].repeat(len(table), 0))
             for k, action in enumerate(ACTIONS)
@@ -138,7 +160,9 @@ def frontier_points(table: RouteTable) -> list[FrontierPoint]:
     for i, lower in enumerate(points):
         for j in range(i, len(points)):
             values = {name: float(grid[i, j]) for name, grid in grids.items()}
-            key = tuple(round(values[k], 9) for k in ("accuracy", "truthfulness", "web", "requests"))
+            key = tuple(
+                round(values[k], 9) for k in ("accuracy", "truthfulness", "web", "requests", "tokens")
+            )
             if key in seen:
                 continue
             seen.add(key)
@@ -245,7 +269,7 @@ def frontier_summary(
     resamples: int = RESAMPLES,
 ) -> dict:
     """Everything a report says about routing, as plain data: every distinct point of the threshold
-    plane, the accuracy and truthfulness frontiers against web searches and against LM requests per
+    plane, the accuracy and truthfulness frontiers against web searches, LM requests and LM tokens per
     question, the baselines, the point ``at`` (the
     program's thresholds; ``defaults`` too when they differ) with its routing lift on both metrics and
     the oracle headroom."""
@@ -261,6 +285,7 @@ def frontier_summary(
             "truthfulness": float(table.at(table.scores, lower, upper).mean()),
             "web": float(table.at(table.web, lower, upper).mean()),
             "requests": table.requests_at(lower, upper),
+            "tokens": float(table.at(table.tokens, lower, upper).mean()) if len(table) else 0.0,
             "actions": {a.value: int((actions == k).sum()) for k, a in enumerate(ACTIONS)},
             "lift": routing_lift(table, baselines, lower, upper, resamples=resamples).as_dict(),
             "truthfulness_lift": routing_lift(
@@ -278,6 +303,8 @@ def frontier_summary(
         "truthfulness_frontier": [p.as_dict() for p in pareto(points, "truthfulness", "web")],
         "accuracy_requests_frontier": [p.as_dict() for p in pareto(points, "accuracy", "requests")],
         "truthfulness_requests_frontier": [p.as_dict() for p in pareto(points, "truthfulness", "requests")],
+        "accuracy_tokens_frontier": [p.as_dict() for p in pareto(points, "accuracy", "tokens")],
+        "truthfulness_tokens_frontier": [p.as_dict() for p in pareto(points, "truthfulness", "tokens")],
         "baselines": baselines.points(),
         "at": described(at),
     }

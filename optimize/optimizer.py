@@ -46,7 +46,6 @@ from crag_dspy.judges.calibration import Calibration, fit_calibration
 from crag_dspy.judges.evaluator import RelevanceEvaluator
 from crag_dspy.judges.llm import BinaryJudge, Judgement
 from crag_dspy.module import CRAG
-from crag_dspy.routing import DEFAULT_THRESHOLDS
 from crag_dspy.trace import usage_from_tracker
 
 from .cost import Cost
@@ -64,6 +63,7 @@ from .thresholds import (
     QuestionRoutes,
     TuningResult,
     accuracy_landscape,
+    defaults_on_scale,
     precompute_routes,
     route_table,
     routes_fingerprint,
@@ -437,6 +437,7 @@ class CRAGOptimizer(Teleprompter):
         with dspy.track_usage() as trial_tracker:
             tuned = tune_thresholds(
                 routes,
+                default=defaults_on_scale(program.grader)[0],
                 seed=self.options.seed,
                 storage=self.options.out.with_suffix(".optuna.log") if self.options.out else None,
                 # Keyed by the routes: a study tuned on other grades or answers (changed data, prompts or
@@ -495,13 +496,14 @@ class CRAGOptimizer(Teleprompter):
                 "by_type": {k: list(v) for k, v in tuned.by_type.items()},
             }
         )
+        defaults, defaults_note = defaults_on_scale(program.grader)
         with work.consumer("frontier baselines"):
             # Plain RAG and RAG + web always on val: one answer each per question, the frontier's ends.
             baselines = baseline_outcomes(  # type: ignore[arg-type] - a ValQuestion has the QAPair fields
                 program, questions, work, num_threads=self.num_threads, progress=self.progress
             )
         frontier = frontier_summary(
-            route_table(routes), baselines, (tuned.lower, tuned.upper), defaults=DEFAULT_THRESHOLDS
+            route_table(routes), baselines, (tuned.lower, tuned.upper), defaults=defaults
         )
         axis, grid = accuracy_landscape(routes)
         plot = None
@@ -510,7 +512,7 @@ class CRAGOptimizer(Teleprompter):
                 axis,
                 grid,
                 (tuned.lower, tuned.upper),
-                DEFAULT_THRESHOLDS,
+                defaults,
                 self.options.out.with_suffix(".landscape.png"),
                 f"{self.name}: val accuracy over thresholds",
             )
@@ -529,6 +531,7 @@ class CRAGOptimizer(Teleprompter):
             "landscape": {"axis": axis, "grid": grid},
             "frontier": frontier,
             "collapse": collapse(frontier["at"]["actions"]),
+            "defaults_note": defaults_note,
         }
         return TunedThresholds(report, generation)
 

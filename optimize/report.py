@@ -311,6 +311,16 @@ def _signs(rows: list[dict], reference: list[dict]) -> str:
     return f"{test.wins} / {test.losses} / {test.ties}, p={test.p_value:.3f}"
 
 
+def _defaults(t: dict) -> str:
+    """The defaults a threshold stage compared against (on the grader's scale; reports from before that
+    compared against the constants)."""
+    lower, upper = (
+        t.get("default_lower", DEFAULT_THRESHOLDS[0]),
+        t.get("default_upper", DEFAULT_THRESHOLDS[1]),
+    )
+    return f"{lower:.3g}/{upper:.3g}"
+
+
 def _threshold_lines(t: dict) -> list[str]:
     """The threshold stage: the exact optimum with its interval, how much of the grid ties, what ships
     and the out-of-fold test that decided it."""
@@ -330,6 +340,7 @@ def _threshold_lines(t: dict) -> list[str]:
             f"{t.get('default_web_per_question', 0.0):.2f}). Why: {t['reason']}."
         ),
         "",
+        *([f"Defaults: {t['defaults_note']}.", ""] if t.get("defaults_note") else []),
         *([f"**Warning**: {t['collapse']}.", ""] if t.get("collapse") else []),
         "| thresholds | val accuracy [95% CI] | LM requests/q |",
         "|---|---|---|",
@@ -338,7 +349,7 @@ def _threshold_lines(t: dict) -> list[str]:
             f"{_pct(t['tuned_accuracy'])}{_interval(t['tuned_interval'])} | - |"
         ),
         (
-            f"| defaults {DEFAULT_THRESHOLDS[0]}/{DEFAULT_THRESHOLDS[1]} | {_pct(t['default_accuracy'])}{_interval(t['default_interval'])} | "
+            f"| defaults {_defaults(t)} | {_pct(t['default_accuracy'])}{_interval(t['default_interval'])} | "
             f"{t['default_requests_per_question']:.2f} |"
         ),
         (
@@ -546,9 +557,10 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
             "unanswerable question is right "
             "only when the answer abstains. Correction success: answerable questions whose first "
             "retrieval held no gold alias, answered right. Cost per variant is standalone (every piece "
-            "it used, shared or not): LM requests per question, of which served by DSPy's cache, tokens "
-            'and seconds of the requests really made; "new requests" are the LM requests the variant '
-            "added to the table, in row order."
+            "it used, shared or not): LM requests per question, of which served by DSPy's cache; LM "
+            "tokens per question of all those requests (counted from their text, so the same warm or "
+            'cold); prompt and completion tokens and seconds of the requests really made; "new '
+            'requests" are the LM requests the variant added to the table, in row order.'
         ),
         "",
     ]
@@ -558,7 +570,8 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
     split = any(row["unanswerable_abstained"]["of"] for row in report["variants"])
     header = ["variant", "accuracy", "abstained", "hallucinated", "truthfulness [95% CI]"]
     header += ["cited right"] if cites else []
-    header += ["correction success", "LM requests/q (cached)", "prompt tok/q", "completion tok/q"]
+    header += ["correction success", "LM requests/q (cached)", "LM tokens/q"]
+    header += ["prompt tok/q served", "completion tok/q served"]
     header += ["s/q p50", "s/q p95", "new requests", "errors"]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in report["variants"]:
@@ -573,7 +586,8 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
             _truthfulness_cell(row["truthfulness"]),
         ]
         cells += [_cited_cell(row.get("cited"))] if cites else []
-        cells += [_cell(row["correction"]), requests, f"{s['prompt_tokens'] / n:.0f}"]
+        tokens = f"{s['tokens'] / n:.0f}" if "tokens" in s else "-"  # reports from before tokens counted
+        cells += [_cell(row["correction"]), requests, tokens, f"{s['prompt_tokens'] / n:.0f}"]
         cells += [f"{s['completion_tokens'] / n:.0f}", _seconds(s["seconds_p50"]), _seconds(s["seconds_p95"])]
         cells += [str(row["marginal"]["requests"]), str(row["errors"])]
         lines.append("| " + " | ".join(cells) + " |")
@@ -642,13 +656,13 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
 
 
 def plot_frontier(summary: dict[str, Any], path: Path, title: str) -> Path:
-    """Accuracy and truthfulness against web searches and against LM requests per question over every
+    """Accuracy and truthfulness against web searches and against LM tokens per question over every
     pair of thresholds (:func:`optimize.frontier.frontier_summary`): the points, their frontier, the
     baselines, the uninformed line between them and the program's point. Without web search (no
-    point searches) only the LM-requests row is drawn."""
+    point searches) only the LM-tokens row is drawn."""
     plt = _pyplot()
     baselines = summary["baselines"]
-    costs = [("requests", "LM requests per question")]
+    costs = [("tokens", "LM tokens per question (prompt + completion)")]
     if "RAG + web always" in baselines or any(p["web"] for p in summary["points"]):
         costs.insert(0, ("web", "web searches per question"))
     fig, axes = plt.subplots(len(costs), 2, figsize=(10.5, 3.9 * len(costs)), dpi=110, squeeze=False)
@@ -663,7 +677,7 @@ def plot_frontier(summary: dict[str, Any], path: Path, title: str) -> Path:
                 color="#bbbbbb",
                 label="thresholds",
             )
-            key = f"{metric}_frontier" if cost == "web" else f"{metric}_requests_frontier"
+            key = f"{metric}_frontier" if cost == "web" else f"{metric}_{cost}_frontier"
             frontier = summary.get(key, [])
             ax.plot(
                 [p[cost] for p in frontier],
@@ -684,7 +698,8 @@ def plot_frontier(summary: dict[str, Any], path: Path, title: str) -> Path:
                     label="no-information router",
                 )
             for name, point in baselines.items():
-                ax.scatter([point[cost]], [point[metric]], marker="s", s=36, label=name)
+                if cost in point:  # a baseline's tokens are unknown when its answers were not measured
+                    ax.scatter([point[cost]], [point[metric]], marker="s", s=36, label=name)
             for key, marker, label in (("at", "*", "program"), ("defaults", "D", "default thresholds")):
                 if key in summary:
                     at = summary[key]
@@ -709,6 +724,11 @@ def plot_frontier(summary: dict[str, Any], path: Path, title: str) -> Path:
     return path
 
 
+def _tokens(point: dict[str, Any]) -> str:
+    """A point's LM tokens per question, or "-" when they were not measured (a report from before)."""
+    return f"{point['tokens']:.0f}" if point.get("tokens") is not None else "-"
+
+
 def frontier_lines(summary: dict[str, Any], plot: str | None) -> list[str]:
     """The markdown section of a report on routing: lift, oracle headroom and the frontier plot."""
 
@@ -731,19 +751,20 @@ def frontier_lines(summary: dict[str, Any], plot: str | None) -> list[str]:
             "bootstrap intervals over questions."
         ),
         "",
-        "| thresholds | accuracy | truthfulness | web searches/q | LM requests/q | CORRECT / AMBIGUOUS / INCORRECT | routing lift (accuracy) | routing lift (truthfulness) | oracle | headroom |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| thresholds | accuracy | truthfulness | web searches/q | LM requests/q | LM tokens/q | CORRECT / AMBIGUOUS / INCORRECT | routing lift (accuracy) | routing lift (truthfulness) | oracle | headroom |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, at in rows:
         mix = " / ".join(str(at["actions"][a]) for a in ("CORRECT", "AMBIGUOUS", "INCORRECT"))
         lines.append(
             f"| {name} ({at['lower']:.2f}, {at['upper']:.2f}) | {_pct(at['accuracy'])} | {at['truthfulness']:+.2f} "
-            f"| {at['web']:.2f} | {at['requests']:.1f} | {mix} | {est(at['lift'])} "
+            f"| {at['web']:.2f} | {at['requests']:.1f} | {_tokens(at)} | {mix} | {est(at['lift'])} "
             f"| {est(at['truthfulness_lift'], pct=False)} | {_pct(at['oracle']['value'])} | {est(at['headroom'])} |"
         )
     for name, b in summary["baselines"].items():
         lines.append(
-            f"| {name} | {_pct(b['accuracy'])} | {b['truthfulness']:+.2f} | {b['web']:.2f} | {b['requests']:.1f} | - | - | - | - | - |"
+            f"| {name} | {_pct(b['accuracy'])} | {b['truthfulness']:+.2f} | {b['web']:.2f} | {b['requests']:.1f} "
+            f"| {_tokens(b)} | - | - | - | - | - |"
         )
     front = summary["accuracy_frontier"]
     lines += [
@@ -753,6 +774,13 @@ def frontier_lines(summary: dict[str, Any], plot: str | None) -> list[str]:
         + ".",
         "",
     ]
+    if by_tokens := summary.get("accuracy_tokens_frontier"):
+        lines += [
+            "Against LM tokens per question (prompt + completion of every request, cached or not): "
+            + ", ".join(f"{p['tokens']:.0f} -> {_pct(p['accuracy'])}" for p in by_tokens)
+            + ".",
+            "",
+        ]
     if plot:
         lines += [f"![cost-quality frontier]({Path(plot).name})", ""]
     return lines

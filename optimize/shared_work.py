@@ -48,6 +48,7 @@ class _Frame:
     children: Cost = field(default_factory=Cost)
     deps: set[Hashable] = field(default_factory=set)
     requests: int = 0
+    tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,20 @@ class SharedWork:
         finally:
             self._scope.reset(token)
 
+    @contextmanager
+    def collecting(self) -> Iterator[set[Hashable]]:
+        """The keys used inside, as :meth:`consumer` collects them, without naming a new consumer: the
+        pieces computed inside still belong to the current one (whose keys get these too)."""
+        outer = self._scope.get().used
+        used: set[Hashable] = set()
+        token = self._scope.set(replace(self._scope.get(), used=used))
+        try:
+            yield used
+        finally:
+            self._scope.reset(token)
+            if outer is not None:
+                outer |= used
+
     def get(self, key: Hashable, compute: Callable[[], T]) -> T:
         """The piece ``key``, computed with ``compute()`` the first time only. A piece whose computation
         raised raises the same error again: a flaky backend must not give variants different inputs. In a
@@ -142,10 +157,11 @@ class SharedWork:
                 del self._pending[key]
             pending.set()
 
-    def _count_request(self) -> None:
+    def _count_request(self, requests: int, tokens: int) -> None:
         if frames := self._scope.get().frames:
             with self._lock:
-                frames[-1].requests += 1
+                frames[-1].requests += requests
+                frames[-1].tokens += tokens
 
     def _compute(self, key: Hashable, compute: Callable[[], Any], scope: _Scope) -> _Entry:
         frame = _Frame(key)
@@ -166,9 +182,11 @@ class SharedWork:
                     error = exc
         finally:
             self._scope.reset(token)
-        # Usage and time are inclusive (nested pieces' too) and made exclusive here; requests are
-        # counted by the innermost piece only, so they are exclusive already.
-        inclusive = Cost(usage_from_tracker(tracker), time.perf_counter() - started, frame.requests)
+        # Usage and time are inclusive (nested pieces' too) and made exclusive here; requests and their
+        # tokens are counted by the innermost piece only, so they are exclusive already.
+        inclusive = Cost(
+            usage_from_tracker(tracker), time.perf_counter() - started, frame.requests, frame.tokens
+        )
         with self._lock:
             if parent := scope.frames[-1] if scope.frames else None:
                 parent.children = parent.children.plus(Cost(inclusive.usage, inclusive.seconds))

@@ -52,6 +52,7 @@ __all__ = [
     "QuestionRoutes",
     "TuningResult",
     "accuracy_landscape",
+    "defaults_on_scale",
     "grid_cells",
     "precompute_routes",
     "route_accuracy",
@@ -68,7 +69,7 @@ log = logging.getLogger(__name__)
 class QuestionRoutes:
     """One question's grades and, for each action, its answer, whether that answer is right, and what
     the question costs at run time when routed there (grading included): LM requests, web searches
-    and the LM tokens the run served (cache hits count none)."""
+    and LM tokens (both counted for cache hits too, :class:`~optimize.cost.Cost`)."""
 
     question_id: str
     scores: list[float | None]
@@ -130,7 +131,7 @@ def precompute_routes(
                 answers[action.value] = prediction.answer
                 cost = work.cost(used)
                 requests[action.value] = cost.requests
-                tokens[action.value] = cost.usage.prompt_tokens + cost.usage.completion_tokens
+                tokens[action.value] = cost.tokens
                 web[action.value] = pieces_of(used, SearchWeb)
             scores = [grade.score for grade in prediction.trace.documents]
         except CRAGRunError as exc:
@@ -274,9 +275,40 @@ class TuningResult:
     web_per_question: float = 0.0
     """Web searches per val question the routes of what ships make (and the defaults')."""
     default_web_per_question: float = 0.0
+    default_lower: float = DEFAULT_THRESHOLDS[0]
+    default_upper: float = DEFAULT_THRESHOLDS[1]
+    """The defaults compared against, on the grader's scale (:func:`defaults_on_scale`)."""
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def defaults_on_scale(
+    grader: Any, default: tuple[float, float] = DEFAULT_THRESHOLDS
+) -> tuple[tuple[float, float], str]:
+    """The default thresholds on ``grader``'s scale of grades, and a sentence saying how.
+
+    The defaults were chosen on the LLM judge's own P(yes). A compiled calibration of that P(yes) alone
+    is monotone, so the defaults carried through it, ``(c(lower), c(upper))``, route every question as
+    the uncalibrated judge routes it with the defaults: a calibration by itself then moves no question
+    to another action (left as they were, grades squeezed between them by a calibration would send every
+    question AMBIGUOUS by accident). A routing that differs is the threshold search's, shipped only
+    beyond noise, collapse warning included. A calibration that weighs lexical evidence, a trained
+    evaluator or a fused grade has no such map: the defaults stay as they are, and the sentence says so.
+    """
+    calibration = getattr(grader, "calibration", None)
+    if calibration is None or calibration.is_identity:
+        return default, "the grader reports the LLM judge's own P(yes): the defaults as they are"
+    if calibration.uses_evidence:
+        return default, (
+            "the grader's calibration weighs lexical evidence, so no map carries the defaults to its "
+            "scale: the defaults as they are"
+        )
+    lower, upper = (round(calibration(t), 6) for t in default)
+    return (lower, upper), (
+        f"the defaults {default[0]}/{default[1]} on P(yes), carried through the grader's calibration to "
+        f"{lower:.3f}/{upper:.3f}: every question routed as by the uncalibrated judge"
+    )
 
 
 def _journal_study(path: Path, study_name: str) -> optuna.Study:
@@ -517,6 +549,8 @@ def tune_thresholds(
         default_objective_value=objective.value(table, *default),
         web_per_question=float(table.at(table.web, *shipped_bounds).mean()),
         default_web_per_question=float(table.at(table.web, *default).mean()),
+        default_lower=default[0],
+        default_upper=default[1],
     )
 
 

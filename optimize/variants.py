@@ -17,6 +17,7 @@ and the refinement and answers of the contexts that change.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -205,15 +206,22 @@ def baseline_outcomes(
 ) -> Baselines:
     """Plain RAG's and (when web search is configured) RAG + web always's answer to each question, right
     and "I don't know" (:func:`~optimize.metrics.answer_matches`), over ``cache``; ``num_threads``
-    questions at a time. A question either baseline fails on counts wrong for it, as in the table."""
+    questions at a time. A question either baseline fails on counts wrong for it, as in the table.
+    Over a :class:`~optimize.shared_work.SharedWork`, each answer's LM tokens too."""
 
-    def outcome(question: QAPair, web: bool) -> tuple[bool, bool]:
-        try:
-            answer = rag_answer(crag, question.question, cache, web=web)
-        except CRAGRunError:
-            raise_if_lm_down()
-            return False, False
-        return answer_matches(answer, question.answers), is_abstention(answer)
+    collecting = getattr(cache, "collecting", None)  # a SharedWork tells what each answer costs
+
+    def outcome(question: QAPair, web: bool) -> tuple[tuple[bool, bool], int | None]:
+        with collecting() if collecting else nullcontext() as used:
+            try:
+                answer = rag_answer(crag, question.question, cache, web=web)
+            except CRAGRunError:
+                raise_if_lm_down()
+                answer = None
+        tokens = cache.cost(used).tokens if used is not None else None  # type: ignore[attr-defined]
+        if answer is None:
+            return (False, False), tokens
+        return (answer_matches(answer, question.answers), is_abstention(answer)), tokens
 
     with_web = not web_is_off(crag.web_search)
     both = map_questions(
@@ -223,4 +231,11 @@ def baseline_outcomes(
         desc="baselines",
         progress=progress,
     )
-    return Baselines.build([rag for rag, _ in both], [web for _, web in both] if with_web else None)
+    rag_tokens = [rag[1] for rag, _ in both]
+    web_tokens = [web[1] for _, web in both] if with_web else None
+    return Baselines.build(
+        [rag[0] for rag, _ in both],
+        [web[0] for _, web in both] if with_web else None,
+        rag_tokens=None if None in rag_tokens else rag_tokens,  # type: ignore[arg-type]
+        web_tokens=None if web_tokens is None or None in web_tokens else web_tokens,  # type: ignore[arg-type]
+    )

@@ -137,6 +137,10 @@ def test_compile_writes_program_report_and_plot(compiled):
     assert frontier["at"]["accuracy"] == pytest.approx(report["thresholds"]["accuracy"])
     assert report["thresholds"]["baseline_lm_calls"] > 0 and "the baselines' answers" in md
     assert "## What routing buys" in md and "Objective: accuracy." in md
+    # The defaults compared against are on the shipped grader's scale, and the report says how.
+    thresholds = report["thresholds"]
+    assert f"Defaults: {thresholds['defaults_note']}." in md
+    assert frontier["defaults"]["lower"] == thresholds["default_lower"] if "defaults" in frontier else True
     assert {r["name"] for r in report["test"]} == {"CRAG (compiled)", "CRAG (uncompiled)", "plain RAG"}
     # Where the time went, stage by stage, adding up to the whole run.
     stages = report["stage_seconds"]

@@ -121,6 +121,17 @@ def test_the_frontier_is_the_table_rerouted_and_the_rows_say_what_each_question_
         assert point["actions"] == {a: s["taken"] for a, s in row["actions"].items()}, name
         assert point["oracle"]["value"] >= point["accuracy"]
         assert point["headroom"]["value"] == pytest.approx(point["oracle"]["value"] - point["accuracy"])
+        # Its LM tokens too: each question's route costs what the row's run of the same flow did.
+        assert point["tokens"] > 0 and point["tokens"] == pytest.approx(
+            row["standalone"]["tokens"] / row["n"]
+        )
+    for name in ("plain RAG", "RAG + web always"):
+        assert frontier["baselines"][name]["tokens"] == pytest.approx(
+            rows[name]["standalone"]["tokens"] / rows[name]["n"]
+        )
+    assert (
+        frontier["accuracy_tokens_frontier"] and "LM tokens/q" in (tmp / "out" / "tiny-test.md").read_text()
+    )
     assert frontier["baselines"]["plain RAG"]["accuracy"] == pytest.approx(rows["plain RAG"]["accuracy"])
     assert frontier["baselines"]["RAG + web always"]["accuracy"] == pytest.approx(
         rows["RAG + web always"]["accuracy"]
@@ -130,9 +141,7 @@ def test_the_frontier_is_the_table_rerouted_and_the_rows_say_what_each_question_
     assert (tmp / "out" / "tiny-test-frontier.png").is_file()
     assert "## What routing buys" in (tmp / "out" / "tiny-test.md").read_text()
     for row in report["rows"]:  # any table row can be recomputed from the file
-        assert {"action", "sources", "web_searches", "calls", "requests", "prompt_tokens", "score"} <= set(
-            row
-        )
+        assert {"action", "sources", "web_searches", "calls", "requests", "tokens", "score"} <= set(row)
         if row["variant"] == "RAG + web always":
             assert row["web_searches"] == 1 and row["sources"] == ["internal", "web"]
         if row["variant"] == "plain RAG":

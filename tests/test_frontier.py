@@ -5,7 +5,14 @@ import itertools
 import numpy as np
 import pytest
 
-from optimize.frontier import Baselines, frontier_points, oracle_headroom, pareto, routing_lift
+from optimize.frontier import (
+    Baselines,
+    frontier_points,
+    frontier_summary,
+    oracle_headroom,
+    pareto,
+    routing_lift,
+)
 from optimize.threshold_search import Objective, RouteTable, choose_thresholds
 
 A = ("CORRECT", "AMBIGUOUS", "INCORRECT")
@@ -105,3 +112,67 @@ def test_objective_forms_parse():
     assert Objective.parse("web<=0.6") == Objective("accuracy", 0.6)
     assert Objective.parse("web <= .5").web_budget == 0.5
     assert np.isclose(Objective.parse("web<=1").web_budget, 1.0)
+
+
+def test_tokens_are_a_cost_axis_of_the_frontier_with_the_baselines_points():
+    tokens = {"CORRECT": 300, "AMBIGUOUS": 900, "INCORRECT": 500}
+    t = RouteTable.build(
+        [[g] for g, _, _ in SPEC],
+        [{a: a in right for a in A} for _, right, _ in SPEC],
+        [REQUESTS] * len(SPEC),
+        abstained=[{a: a in idk for a in A} for _, _, idk in SPEC],
+        web=[WEB] * len(SPEC),
+        tokens=[tokens] * len(SPEC),
+    )
+    points = frontier_points(t)
+    for p in points:
+        assert p.tokens == pytest.approx(t.at(t.tokens, p.lower, p.upper).mean())
+    assert min(p.tokens for p in points) == 300 and max(p.tokens for p in points) == 900
+    front = pareto(points, "accuracy", "tokens")
+    assert all(a.tokens <= b.tokens and a.accuracy < b.accuracy for a, b in itertools.pairwise(front))
+    both = Baselines.build(
+        [(True, False)] * 4, [(True, False)] * 4, rag_tokens=[200, 200, 200, 400], web_tokens=[600] * 4
+    )
+    summary = frontier_summary(t, both, (0.3, 0.7))
+    assert summary["baselines"]["plain RAG"]["tokens"] == 250
+    assert summary["baselines"]["RAG + web always"]["tokens"] == 600
+    assert summary["at"]["tokens"] == pytest.approx((300 + 900 + 500 + 500) / 4)
+    assert summary["accuracy_tokens_frontier"] == [p.as_dict() for p in front]
+    # Baselines measured without their tokens have none (a report draws no point for them).
+    assert "tokens" not in Baselines.build([(True, False)] * 4).points()["plain RAG"]
+
+
+@pytest.mark.parametrize("slope,intercept", [(1.0, 0.0), (2.5, -1.2), (0.4, 0.8), (1.7, 2.0)])
+def test_defaults_carried_through_a_calibration_route_every_question_as_the_uncalibrated_judge(
+    slope, intercept
+):
+    from types import SimpleNamespace
+
+    from crag_dspy.judges.calibration import Calibration
+    from crag_dspy.routing import DEFAULT_THRESHOLDS, decide_action
+    from optimize.thresholds import defaults_on_scale
+
+    calibration = Calibration(slope, intercept)
+    (lower, upper), note = defaults_on_scale(SimpleNamespace(calibration=calibration))
+    if calibration.is_identity:
+        assert (lower, upper) == DEFAULT_THRESHOLDS and "own P(yes)" in note
+    else:
+        assert "carried" in note
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        raw = rng.uniform(0, 1, size=rng.integers(1, 6)).round(3).tolist()
+        calibrated = [calibration(p) for p in raw]
+        assert decide_action(calibrated, lower, upper) == decide_action(raw, *DEFAULT_THRESHOLDS)
+
+
+def test_defaults_stay_for_graders_with_no_map_to_p_yes():
+    from types import SimpleNamespace
+
+    from crag_dspy.judges.calibration import Calibration
+    from crag_dspy.routing import DEFAULT_THRESHOLDS
+    from optimize.thresholds import defaults_on_scale
+
+    evidence = SimpleNamespace(calibration=Calibration(1.5, 0.2, {"term_coverage": 1.0}))
+    assert defaults_on_scale(evidence) == (DEFAULT_THRESHOLDS, defaults_on_scale(evidence)[1])
+    assert "evidence" in defaults_on_scale(evidence)[1]
+    assert defaults_on_scale(object())[0] == DEFAULT_THRESHOLDS  # a trained evaluator: no calibration

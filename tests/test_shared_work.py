@@ -281,3 +281,50 @@ def test_a_stage_key_changes_with_the_state_of_what_it_uses():
     grade = Grade(crag, crag.new_run(Q)).key({"question": Q, "passages": []})
     crag.grader.calibration = crag.grader.calibration.__class__(1.0, -1.0, {})
     assert Grade(crag, crag.new_run(Q)).key({"question": Q, "passages": []}) != grade
+
+
+def test_tokens_are_counted_from_each_requests_text_and_the_same_when_the_cache_answers(monkeypatch):
+    """DSPy clears a cached response's usage; the tokens a piece costs must not depend on the cache."""
+    from dspy.clients.cache import Cache
+    from fake_servers import FakeOpenAI
+
+    from optimize.tokens import completion_tokens, prompt_tokens
+
+    # A memory-only cache of this test's own: the second identical request is a cache hit.
+    monkeypatch.setattr(
+        dspy, "cache", Cache(enable_disk_cache=False, enable_memory_cache=True, disk_cache_dir=None)
+    )
+    with FakeOpenAI(lambda system, user: {"answer": "Paris is the capital of France"}) as server:
+        lm = dspy.LM("openai/fake", api_base=server.api_base, api_key="x", cache=True, num_retries=0)
+        counted = []
+        for key in ("cold", "warm"):
+            work = SharedWork()
+            with work.consumer(key) as used:
+                work.get(key, lambda: ask(lm, "What is the capital of France?"))
+            counted.append(work.cost(used))
+    cold, warm = counted
+    assert lm.history[0]["usage"] and lm.history[-1]["usage"] == {}  # DSPy's cache answered the second
+    assert cold.usage.calls == 1 and warm.usage.calls == 0  # the served usage: none for the cache hit
+    assert cold.requests == warm.requests == 1
+    assert cold.tokens == warm.tokens > 0
+    # Exactly the request's messages and output, counted by LiteLLM's counter.
+    entry = lm.history[-1]
+    expected = prompt_tokens(lm.model, {"messages": entry["messages"]}) + completion_tokens(
+        lm.model, entry["outputs"]
+    )
+    assert cold.tokens == expected
+
+
+def test_tokens_are_charged_to_the_innermost_piece_like_requests():
+    lm = ScriptedLM(lambda s, u: {"answer": "x"})
+    work = SharedWork()
+
+    def outer():
+        work.get("inner", lambda: ask(lm, "a much longer inner question " * 20))
+        return ask(lm, "outer")
+
+    with work.consumer("c") as used:
+        work.get("outer", outer)
+    inner, outer_cost = work.cost(["inner"]), work.cost(["outer"])
+    assert inner.tokens > outer_cost.tokens > 0
+    assert work.cost(used).tokens == inner.tokens + outer_cost.tokens == work.total().tokens
