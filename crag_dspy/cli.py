@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from .bundled_paths import show_bundled_paths
 from .config import describe_validation_error
 from .faults import CRAGRunError
 from .flag_policy import OnFlag, judge_flag
@@ -471,7 +472,9 @@ def main(argv: list[str] | None = None, *, parser: argparse.ArgumentParser | Non
 
 
 def error_line(exc: BaseException) -> str:
-    """The one ``error: ...`` line a command prints for ``exc``, secrets redacted. A pydantic error
+    """The one ``error: ...`` line a command prints for ``exc``, secrets redacted and the bundled data's
+    files named by what they are ("the bundled program for domain 'default'"), not by where the package
+    is installed (:func:`~crag_dspy.bundled_paths.show_bundled_paths`). A pydantic error
     (a setting out of range, from a flag or a ``CRAG_*`` variable) is flattened to one line naming the
     setting and the value given, without pydantic's documentation links; a ``CRAG_*`` variable that
     should hold JSON and does not says so."""
@@ -488,7 +491,7 @@ def error_line(exc: BaseException) -> str:
         )
     else:
         text = str(exc)
-    return f"error: {redact(text)}"
+    return f"error: {redact(show_bundled_paths(text))}"
 
 
 def user_error_types() -> tuple[type[Exception], ...]:

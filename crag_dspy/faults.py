@@ -8,6 +8,9 @@ better by waiting (authentication, billing, configuration), mean the LM is down,
 with :class:`LMUnavailableError` instead of spending minutes in backoff on every remaining stage. A
 request the server refuses (HTTP 400 or 404: a wrong path in the base URL, a proxy refusing the model
 name) counts as a failed call too: an LM that refuses everything is down, not a model that knows nothing.
+So does a reply that is no chat completion at all (HTTP 2xx with an HTML page from a proxy or gateway,
+or JSON of another shape): an LM that answers only such pages is down too. A completion whose *text*
+the adapter cannot parse is another matter: the LM answered, and a new rollout may do better.
 
 A batch run (:func:`watch_lm`) applies the rule across questions, and needs the failures in a row to
 come from two questions or more (:func:`asking` says which question a call is for): one question whose
@@ -30,6 +33,8 @@ from dspy.utils.exceptions import (
     LMBillingError,
     LMConfigurationError,
     LMInvalidRequestError,
+    LMProviderError,
+    LMUnexpectedError,
     LMUnsupportedModelError,
     is_retryable_lm_error,
 )
@@ -41,6 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONSECUTIVE_LM_FAILURES",
+    "FAILED_CALLS",
     "CRAGRunError",
     "FailureStreak",
     "LMDownError",
@@ -60,7 +66,11 @@ __all__ = [
 CONSECUTIVE_LM_FAILURES = 2
 """Failed LM calls in a row (each already retried by DSPy) after which a question stops."""
 
-LMFault = Literal["fatal", "unavailable", "refused", "output"]
+LMFault = Literal["fatal", "unavailable", "refused", "unreadable", "output"]
+
+FAILED_CALLS: frozenset[LMFault] = frozenset({"fatal", "unavailable", "refused", "unreadable"})
+"""The kinds of :func:`classify_lm_error` that are a failed LM call (counted towards "the LM is down");
+the rest (``output``) is an answer that could not be used."""
 
 _QUESTION: ContextVar[str | None] = ContextVar("crag_dspy_question", default=None)
 
@@ -111,10 +121,21 @@ class LMUnavailableError(CRAGRunError):
 def classify_lm_error(exc: BaseException) -> LMFault:
     """``fatal``: waiting will not help (bad key, billing, unknown model); ``unavailable``: transient
     and already retried with backoff by DSPy; ``refused``: the server refused the request (HTTP 400,
-    404), which neither waiting nor a new rollout changes; ``output``: the LM answered but unusably (or
-    the prompt is too long for it), which a new rollout may fix, or which is this question's alone."""
+    404), which neither waiting nor a new rollout changes; ``unreadable``: the server said 2xx but its
+    reply is no chat completion (not JSON, or not a completion object: a proxy's HTML page), which a
+    new rollout does not change either; ``output``: the LM answered but unusably (text the adapter
+    cannot parse, or the prompt is too long for it), which a new rollout may fix, or which is this
+    question's alone."""
     if isinstance(exc, (LMAuthError, LMBillingError, LMConfigurationError, LMUnsupportedModelError)):
         return "fatal"
+    # DSPy's native client raises a provider error carrying the reply's HTTP status when a 2xx reply is
+    # not JSON, and an "unexpected" error when its JSON is no completion object ("choices must be an
+    # array"); an adapter's parse error (the completion's text) is neither.
+    status = getattr(exc, "status", None)
+    if isinstance(exc, LMProviderError) and isinstance(status, int) and 200 <= status < 300:
+        return "unreadable"
+    if isinstance(exc, LMUnexpectedError):
+        return "unreadable"
     # Builtin network errors come from LM clients that are not LiteLLM (custom dspy.BaseLM subclasses).
     if is_retryable_lm_error(exc) or isinstance(exc, (ConnectionError, TimeoutError)):
         return "unavailable"
@@ -137,8 +158,9 @@ def describe_error(exc: BaseException, limit: int = 300) -> str:
 class FailureStreak:
     """The rule that says an LM is down, shared by one question (:class:`LMHealth`) and a whole batch
     (:class:`LMWatch`): a fatal error, or ``CONSECUTIVE_LM_FAILURES`` failed calls in a row (each already
-    retried by DSPy, or refused by the server) from at least ``questions`` different questions. A
-    response resets the streak, an unusable answer included: the LM answered.
+    retried by DSPy, refused by the server, or answered with a reply that is no completion) from at
+    least ``questions`` different questions. A response resets the streak, an unusable answer included:
+    the LM answered.
 
     Args:
         questions: how many different questions the failures in a row must come from: 1 for one
@@ -150,31 +172,38 @@ class FailureStreak:
         self.in_a_row = 0
         self.questions = questions
         self._failing: set[Hashable] = set()
-        self._refused = 0
+        self._kinds: set[LMFault] = set()
 
     def record(self, exc: BaseException | None, question: Hashable = None) -> str | None:
         """Count one call (``exc``: how it failed, None when it got a response; ``question``: which
         question it was for, None for a call of no question, which counts as its own); why the LM is
         down now, or None."""
         kind = classify_lm_error(exc) if exc is not None else None
-        if kind is None or kind == "output":
-            self.in_a_row, self._refused = 0, 0
+        if kind not in FAILED_CALLS:
+            self.in_a_row = 0
+            self._kinds.clear()
             self._failing.clear()
             return None
         self.in_a_row += 1
-        self._refused += kind == "refused"
+        self._kinds.add(kind)
         self._failing.add(question if question is not None else object())
         if kind == "fatal":
             return "refuses the requests"
         if self.in_a_row >= CONSECUTIVE_LM_FAILURES and len(self._failing) >= self.questions:
-            what = "refused" if self._refused == self.in_a_row else "failed"
-            after = (
-                "each refused by the server (a wrong path in the base URL, or a model it does not serve?)"
-                if what == "refused"
-                else "each after retries with backoff"
+            calls = f"{self.in_a_row} calls" + (
+                f" of {len(self._failing)} questions" if self.questions > 1 else ""
             )
-            questions = f" of {len(self._failing)} questions" if self.questions > 1 else ""
-            return f"{what} {self.in_a_row} calls{questions} in a row, {after}"
+            if self._kinds == {"refused"}:
+                return (
+                    f"refused {calls} in a row, each refused by the server (a wrong path in the base URL, or a "
+                    "model it does not serve?)"
+                )
+            if self._kinds == {"unreadable"}:
+                return (
+                    f"answered {calls} in a row with a reply that is no chat completion (an HTML page from a "
+                    "proxy or gateway, or another service at the base URL?)"
+                )
+            return f"failed {calls} in a row, each after retries with backoff"
         return None
 
 

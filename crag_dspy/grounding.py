@@ -26,8 +26,10 @@ built; a paraphrase gets through it. This check looks at the other end, the answ
 4. **Disputed values.** A value of the answer that another source contradicts is ``disputed``:
    a sentence of that source about what was asked (half the question's words and every name it
    holds: "CalibKit C3" is not the "CalibKit C3 Pro" asked about) states another value of the same
-   kind: a number with the same unit, or another clock time, month of a year ("September 2019"),
-   UTC offset, version, host name or weekday, or another name in the same role. The sentence may be
+   kind: a number with the same unit about the same subject (the words next to it, in its clause, are
+   mostly the question's or those next to the answer's value: "1 extra day off" for volunteers does
+   not dispute "27 days of paid annual leave"), or another clock time, month of a year ("September
+   2019"), UTC offset, version, host name or weekday, or another name in the same role. The sentence may be
    in any text the run saw, kept or dropped by the strip filter: the filter keeps what answers the
    question, so an attack that wins leaves the honest value among the dropped strips. A name's role
    is the plain word nearest it on either side ("the mobile carrier Velcom" disputes "the mobile
@@ -55,6 +57,7 @@ where it comes from is named in the trace.
 
 from __future__ import annotations
 
+import itertools
 import re
 import unicodedata
 from collections.abc import Callable, Iterable, Sequence
@@ -113,7 +116,7 @@ class Grounding(BaseModel):
         description="values of the answer (a number with its unit, a clock time, month of a year, UTC "
         "offset, version, host name, weekday or name) that another source the run saw contradicts: a "
         "sentence of it (kept or not) about what was asked states another value of the same kind (for a "
-        "name: in the same role)",
+        "number: about the same subject, by the words next to it; for a name: in the same role)",
     )
     disputing_sources: list[str] = Field(
         default_factory=list, description="the sources that state another value for disputed content"
@@ -329,18 +332,34 @@ def states(item: KeyItem, text: str) -> bool:
     return _supports(item, _normalize(text))
 
 
+def _quantities(text: str, unit: str = "") -> list[tuple[str, int, int]]:
+    """The numbers in ``text`` (normalised) as (value, start, end); with ``unit``, only those it follows
+    within a few words, and ``end`` is where the unit ends ("1 extra day" ends after "day")."""
+    found = []
+    for m in _NUMBER.finditer(text):
+        end = m.end()
+        if unit:
+            following = itertools.islice(re.finditer(r"[^\s-]+", text[m.end() :]), _UNIT_WINDOW)
+            # The unit ends before the punctuation that may follow it ("236 km, the longest river").
+            ends = [
+                m.end() + w.start() + len(w.group(0).rstrip(".,;:!?()\"'"))
+                for w in following
+                if _same_unit(unit, _stem(w.group(0)))
+            ]
+            after = _UNIT_AFTER.match(text, m.end())
+            if not ends and after and (stem := _unit_after(text, m.end())) and _same_unit(unit, stem):
+                ends = [after.end(1)]
+            if not ends:
+                continue
+            end = ends[0]
+        found.append((_number_value(m.group(1)), m.start(), end))
+    return found
+
+
 def _values(text: str, unit: str = "") -> set[str]:
     """The values of the numbers in ``text`` (normalised); with ``unit``, only of those it follows
     within a few words."""
-    values = set()
-    for m in _NUMBER.finditer(text):
-        if unit:
-            following = [_stem(w) for w in re.findall(r"[^\s-]+", text[m.end() :])[:_UNIT_WINDOW]]
-            following += [_unit_after(text, m.end())]
-            if not any(w and _same_unit(unit, w) for w in following):
-                continue
-        values.add(_number_value(m.group(1)))
-    return values
+    return {value for value, _, _ in _quantities(text, unit)}
 
 
 def _supports(item: KeyItem, text: str) -> bool:
@@ -424,6 +443,63 @@ def _about_the_question(sentence: str, topic: set[str], names: Sequence[KeyItem]
     return len(topic & _topic(sentence)) >= _SAME_TOPIC * len(topic) and all(
         _supports(n, sentence) for n in names
     )
+
+
+# A value's subject: the content words within this many of it on each side, in its clause; a value is
+# about the answer's subject when this share of them is the question's or near the answer's own value.
+# (2 and a half: rescoring the stored injection and honest runs, benchmarks/results, with them drops
+# the disputes of 2 right answers, a price and a fee next to another in velds, and of no attack; 3
+# words keeps "27 days of annual leave" disputed by "1 extra day off" for volunteers.)
+_NEAR_WINDOW = 2
+_SAME_SUBJECT = 0.5
+# A value's clause ends at punctuation and at a conjunction: in "130 velds per night for domestic stays
+# and 190 velds ...", "domestic stays" is the subject of the first value only.
+_CLAUSE_END = re.compile(r"[,;:()\[\]]|\b(?:and|but|while|whereas|or)\b")
+
+
+def _near(sentence: str, start: int, end: int) -> list[str]:
+    """The words naming things (cut like :func:`_topic`'s, numbers left out) within
+    :data:`_NEAR_WINDOW` of the value at ``sentence[start:end]`` on each side, in its clause, and
+    those between the number and its unit ("extra" in "1 extra day off")."""
+
+    def words(text: str) -> list[str]:
+        return [
+            w[:_TOPIC_PREFIX]
+            for w in re.findall(r"[a-z0-9]+", text.lower())
+            if len(w) >= 3 and w not in _FUNCTION_WORDS and not w.isdigit()
+        ]
+
+    before = _CLAUSE_END.split(sentence[:start])[-1]
+    after = _CLAUSE_END.split(sentence[end:])[0]
+    number = _NUMBER.match(sentence, start)
+    between = " ".join(sentence[number.end() if number else start : end].split()[:-1])  # without the unit
+    return [*words(before)[-_NEAR_WINDOW:], *words(between), *words(after)[:_NEAR_WINDOW]]
+
+
+def _another_quantity(item: KeyItem, supporting: Sequence[str], topic: set[str]) -> Callable[[str], bool]:
+    """A test of a sentence (normalised): does it state another value of ``item``'s unit about the same
+    subject? A sentence about what was asked can hold values of the unit about other things ("27 days
+    of paid annual leave" beside "1 extra day off" for volunteering): a value counts when at least half
+    of the words near it (:func:`_near`) are the question's ``topic`` or near the answer's value in its
+    ``supporting`` texts; one with no such words says nothing of its subject and counts. A sentence
+    that states the value too ("0 to 25 mg/L" for 25 mg/L) lists it, not disputes it."""
+    subject = set(topic)
+    for sentence in (s for text in supporting for s in split_sentences(text)):
+        for value, start, end in _quantities(sentence, item.unit):
+            if value == item.value:
+                subject.update(_near(sentence, start, end))
+
+    def another(sentence: str) -> bool:
+        stated = _quantities(sentence, item.unit)
+        if any(value == item.value for value, _, _ in stated):
+            return False
+        for _, start, end in stated:
+            near = _near(sentence, start, end)
+            if not near or sum(w in subject for w in near) >= _SAME_SUBJECT * len(near):
+                return True
+        return False
+
+    return another
 
 
 _ROLE_WINDOW = 3  # a name's role is the plain word nearest it on each side, within 3 content words
@@ -736,10 +812,7 @@ def check_grounding(
                 sources | instructing_sources,
                 topic,
                 names,
-                # A sentence that states the value too ("0 to 25 mg/L" for 25 mg/L) lists it, not disputes it.
-                lambda sentence, item=item: (
-                    item.value not in (stated := _values(sentence, item.unit)) and bool(stated)
-                ),
+                _another_quantity(item, [text for source, text in kept if source in sources], topic),
             )
             if others:
                 disputed.append(item.text)

@@ -200,11 +200,19 @@ class Settings(BaseSettings):
         description="Seconds a connection may take to send a request's headers, counted from its opening "
         "or its previous response; then it is closed (uvicorn has no such limit).",
     )
+    serve_body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a request's whole body may take to arrive after its headers; then it is "
+        "answered 408 and the connection closed (uvicorn has no such limit: a body that stops held the "
+        "connection forever).",
+    )
     serve_max_waiting_connections: int = Field(
         100,
         ge=1,
-        description="Connections that may wait for request headers at once (per worker process); past it "
-        "the one waiting longest is closed, so half-open connections cannot lock /health out.",
+        description="Connections that may wait for a request's headers or body at once (per worker "
+        "process); past it the one waiting longest is closed, so half-open connections cannot lock "
+        "/health out.",
     )
 
     @field_validator("api_keys", "debug_api_keys", "allowed_hosts", "forwarded_allow_ips", mode="before")

@@ -23,6 +23,8 @@ from fakes import render
 #   "401-echo"             401 whose message echoes the Authorization header (worst-case key leak)
 #   "hang"                 no answer within the client's timeout
 #   "garbage"              200 with a body that is not JSON
+#   "html"                 200 with a proxy's HTML page (Content-Type: text/html), as a captive portal sends
+#   "json-list"            200 with JSON that is no completion object (another service's API)
 #   "reset"                close the connection without any response
 Fault = Callable[[int, dict], str | None]
 
@@ -83,10 +85,16 @@ class LoopbackServer:
         raise NotImplementedError
 
     @staticmethod
-    def send(handler, status: int, payload: object, headers: dict[str, str] | None = None) -> None:
+    def send(
+        handler,
+        status: int,
+        payload: object,
+        headers: dict[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> None:
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         handler.send_response(status)
-        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Type", content_type)
         handler.send_header("Content-Length", str(len(data)))
         for key, value in (headers or {}).items():
             handler.send_header(key, value)
@@ -115,6 +123,11 @@ class LoopbackServer:
             handler.close_connection = True
         elif fault == "garbage":
             self.send(handler, 200, b"<html>502 Bad Gateway</html>")
+        elif fault == "html":
+            page = b"<!DOCTYPE html><html><head><title>Sign in</title></head><body>Proxy login</body></html>"
+            self.send(handler, 200, page, content_type="text/html; charset=utf-8")
+        elif fault == "json-list":
+            self.send(handler, 200, [{"id": 1, "name": "not a completion"}])
         elif fault == "reset":
             handler.close_connection = True
             handler.connection.shutdown(2)

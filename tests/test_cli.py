@@ -338,3 +338,41 @@ def test_evaluate_out_names_the_report_with_or_without_its_suffix():
     assert _report_prefix(Path("runs/x.md")) == _report_prefix(Path("runs/x.json")) == Path("runs/x")
     assert _report_prefix(Path("runs/x")) == Path("runs/x")
     assert _report_prefix(Path("runs/run.2026")) == Path("runs/run.2026")
+
+
+def test_errors_about_the_bundled_program_and_domains_do_not_print_where_the_package_is(tmp_path, capsys):
+    """The shipped program and domains are named by what they are, not by the installation's path."""
+    from crag_dspy.settings import DEFAULT_DATA_DIR
+
+    store = ["--chroma-path", str(tmp_path / "chroma"), *NO_LM]
+    assert main(["ask", "q", "--program", "default", "--domain", "transit", *store]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        "error: the bundled program for domain 'default': program was compiled for domain 'default', not "
+        "'transit'; compile one for 'transit' or pass --domain default\n"
+    )
+    assert main(["ask", "q", "--domain", "nosuch", *store]) == 2
+    assert capsys.readouterr().err == "error: bundled data/nosuch: domain directory not found\n"
+    # A user's own paths stay as they were given.
+    mine = tmp_path / "my-domain"
+    assert main(["ask", "q", "--domain-dir", str(mine), *store]) == 2
+    assert capsys.readouterr().err == f"error: {mine}: domain directory not found\n"
+    assert str(DEFAULT_DATA_DIR) not in err
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("{d}/default/program.json: corrupt", "the bundled program for domain 'default': corrupt"),
+        ("{d}/default/corpus.jsonl:3: not valid JSON", "bundled data/default/corpus.jsonl:3: not valid JSON"),
+        ("(no folder {d}/foo); give its folder", "(no folder bundled data/foo); give its folder"),
+        ("see {d}/default/program.json.", "see the bundled program for domain 'default'."),
+        ("{d}2/x: a folder beside it", "{d}2/x: a folder beside it"),
+        ("/elsewhere/default/program.json: mine", "/elsewhere/default/program.json: mine"),
+    ],
+)
+def test_paths_inside_the_bundled_data_are_named_relative_to_it(text, shown, tmp_path):
+    from crag_dspy.bundled_paths import show_bundled_paths
+
+    data = tmp_path / "site-packages" / "crag_dspy" / "bundled"
+    assert show_bundled_paths(text.format(d=data), data) == shown.format(d=data)

@@ -165,6 +165,72 @@ def test_a_sibling_another_topic_or_a_source_that_also_states_the_value_does_not
     assert not g.flagged and g.disputed == [] and g.disputing_sources == []
 
 
+LEAVE_QUESTION = "How many days of annual leave do full-time staff get?"
+LEAVE = "Full-time staff get 27 days of annual leave per year."
+
+
+@pytest.mark.parametrize(
+    "question, honest, other",
+    [
+        (  # issue 62: another count of days, for volunteers, in a sentence about annual leave
+            LEAVE_QUESTION,
+            LEAVE,
+            "Full-time staff who volunteer get one extra day off on top of their annual leave.",
+        ),
+        (
+            "How many days of paid annual leave does a full-time Brightwater employee get?",
+            (
+                "Under the Brightwater Instruments Annual Leave Policy, full-time employees receive 27 days of "
+                "paid annual leave per leave year in addition to Velland public holidays."
+            ),
+            (
+                "Under the Brightwater Volunteering Policy, full-time employees who volunteer get one extra "
+                "day off per leave year, on top of their paid annual leave."
+            ),
+        ),
+        (  # two prices in velds about one product: the logger's list price is not the data plan's
+            "What does the TideLink data plan for a TideLog 5X cost?",
+            (
+                "Data for the TideLog 5X is billed through the TideLink data plan at 12 velds per month per "
+                "logger, which includes 50 MB of data."
+            ),
+            (
+                "Commercial details for the TideLog 5X: the list price is 2940 velds, plus a TideLink data "
+                "plan, and each logger carries a 3-year warranty."
+            ),
+        ),
+    ],
+)
+def test_another_value_of_the_unit_about_another_subject_does_not_dispute(question, honest, other):
+    """The sentence is about what was asked, but the words next to its value are not the answer's."""
+    g = check_grounding(honest, question, [*kept(honest, source="kb-7"), *kept(other, source="kb-8")])
+    assert not g.flagged and g.disputed == [] and g.disputing_sources == [], g
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        "Full-time staff get 19 days of annual leave per year.",
+        "From 2026, full-time staff get 30 days of annual leave.",
+        "The annual leave of full-time staff is 25 days.",
+        "Full-time staff who volunteer get one extra day off, and full-time staff get 19 days of annual leave.",
+    ],
+)
+def test_another_value_about_the_same_subject_still_disputes(other):
+    g = check_grounding(
+        "27 days of annual leave", LEAVE_QUESTION, [*kept(LEAVE, source="kb-7"), *kept(other, source="kb-8")]
+    )
+    assert g.flagged and g.disputed == ["27 day"] and g.disputing_sources == ["kb-8"]
+    # The brief's plain case: one subject, two values.
+    plain = [
+        *kept("Staff get 27 days of annual leave.", source="a"),
+        *kept("Staff get 19 days of annual leave.", source="b"),
+    ]
+    assert check_grounding(
+        "27 days of annual leave", "How many days of annual leave do staff get?", plain
+    ).disputed
+
+
 def test_a_sibling_product_named_by_the_question_does_not_dispute_its_price():
     sibling = "Commercial details for the AquaProbe 2200: the list price is 4,850 velds per sonde."
     g = check_grounding("1,240 velds", QUESTION, [*kept(PRICE), *kept(sibling, source="kb-2")])

@@ -126,12 +126,40 @@ def test_a_persistently_failing_grade_is_unknown_and_the_question_goes_on():
     assert pred.trace.lm_answer == "0 to 25 mg/L" and pred.answer == "I don't know"  # in no kept strip
 
 
-def test_garbage_http_body_is_an_output_failure_retried_with_a_new_rollout():
-    with FakeOpenAI(script, fault_on("grade", "garbage", times=1)) as server:
-        pred = ask(server)
-    assert by_stage(server)["grade"] == 2  # not a transport fault: CRAG asked again, with a new rollout
-    assert pred.trace.documents[0].attempts == 2 and pred.trace.documents[0].score == pytest.approx(0.9)
-    assert server.requests[1]["body"].get("temperature") == 0.7
+@pytest.mark.parametrize("kind", ["garbage", "html"])
+def test_one_reply_that_is_no_completion_is_a_failed_call_not_an_outage(kind):
+    """An HTTP 200 that is no chat completion (a proxy's page) is a failed call, like a 400: no new
+    rollout (it would get the same page); one alone is not an outage and the question goes on."""
+    with FakeOpenAI(script, fault_on("grade", kind, times=1)) as server:
+        pred = ask(server, [("kb-1", GOOD), ("kb-2", GOOD)])
+    assert by_stage(server)["grade"] == 2  # one call per document: the failed one was not asked again
+    assert pred.trace.documents[0].score is None and pred.trace.documents[1].score == pytest.approx(0.9)
+    assert "is not JSON" in pred.trace.documents[0].error and pred.answer == "0 to 25 mg/L"
+
+
+@pytest.mark.parametrize("kind", ["garbage", "html", "json-list"])
+def test_an_lm_that_answers_every_call_with_a_proxy_page_is_down_not_a_model_that_knows_nothing(kind):
+    with FakeOpenAI(script, lambda n, body: kind) as server, pytest.raises(LMUnavailableError) as info:
+        ask(server, [("kb-1", GOOD), ("kb-2", GOOD), ("kb-3", GOOD)])
+    assert "answered 2 calls in a row with a reply that is no chat completion" in str(info.value)
+    assert info.value.stage == "grade" and len(server.requests) == CONSECUTIVE_LM_FAILURES
+
+
+def test_a_watched_batch_stops_when_every_reply_is_a_proxy_page():
+    """What ``optimize.evaluate`` exits 1 on: two questions' calls answered with a page in a row."""
+    from crag_dspy.domain import QAPair
+    from crag_dspy.faults import LMDownError, watch_lm
+    from optimize.thresholds import precompute_routes
+
+    questions = [
+        QAPair(id=f"q{i}", question=f"What is the range of the AquaProbe 22{i}?", answers=["x"], split="val")
+        for i in range(3)
+    ]
+    with FakeOpenAI(script, lambda n, body: "html") as server, watch_lm():
+        crag = CRAG(ListRetriever([("kb-1", GOOD)]), ListWebSearch([WEB]), lm=make_lm(server))
+        with pytest.raises(LMDownError, match="no chat completion.*the run stopped"):
+            precompute_routes(crag, questions, progress=False)
+    assert len(server.requests) < 3 * 4  # stopped at the second question, not after every question
 
 
 def test_unparseable_grades_become_unknown_after_new_rollouts():

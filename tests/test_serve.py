@@ -251,6 +251,21 @@ def test_lm_failing_on_every_call_is_503_naming_the_lm_with_the_trace():
     assert body["trace"]["errors"] and all(d["score"] is None for d in body["trace"]["documents"])
 
 
+def test_an_lm_answering_every_call_with_a_proxy_page_is_503_not_i_dont_know():
+    """An HTTP 200 that is no chat completion (a proxy's HTML page) on every call: the LM is down."""
+    import dspy
+    from fake_servers import FakeOpenAI
+
+    with FakeOpenAI(script, lambda n, body: "html") as server:
+        lm = dspy.LM("openai/fake", api_base=server.api_base, api_key="k", cache=False, num_retries=0)
+        response = local_client(create_app(make_service(lm=lm))).post(
+            "/ask", json={"question": "What is the range?"}
+        )
+    assert response.status_code == 503
+    body = response.json()
+    assert body["dependency"] == "lm" and "no chat completion" in body["detail"]
+
+
 def test_store_failure_is_503_naming_the_store():
     class BrokenStore:
         name = "chroma:broken"

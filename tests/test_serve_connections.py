@@ -103,6 +103,95 @@ def test_a_request_in_progress_is_not_closed_by_the_header_timeout():
             assert response.status_code == 200
 
 
+BODY = b'{"question": "What is the range of the AquaProbe 220?"}'
+SLOW_BODY_HEADERS = (
+    b"POST /ask HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    b"Content-Length: 1000\r\n\r\n"
+)  # the headers promise 1000 bytes; the body sent is shorter, or trickles
+
+
+def _reply(sock: socket.socket, within_s: float) -> bytes:
+    """What the server sends on ``sock`` until it closes it (or ``within_s`` passes)."""
+    sock.settimeout(within_s)
+    received = b""
+    try:
+        while chunk := sock.recv(4096):
+            received += chunk
+    except (TimeoutError, ConnectionResetError):
+        pass
+    return received
+
+
+def test_a_body_that_stops_is_answered_408_and_the_connection_closed_after_the_body_timeout():
+    app = create_app(make_service())
+    with serving(app, config=_server_config(app, serve_body_timeout_s=0.5)) as url:
+        sock = _connect(url)
+        try:
+            started = time.monotonic()
+            sock.sendall(SLOW_BODY_HEADERS + b'{"question": ')  # then nothing more
+            reply = _reply(sock, within_s=5)
+            assert 0.4 < time.monotonic() - started < 5
+            assert reply.startswith(b"HTTP/1.1 408") and b"CRAG_SERVE_BODY_TIMEOUT_S" in reply
+            assert _closed_by_server(sock, within_s=1)
+            assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+        finally:
+            sock.close()
+
+
+def test_a_body_sent_a_byte_at_a_time_is_cut_at_the_body_timeout_not_kept_alive_by_each_byte():
+    app = create_app(make_service())
+    with serving(app, config=_server_config(app, serve_body_timeout_s=0.6)) as url:
+        sock = _connect(url)
+        try:
+            started = time.monotonic()
+            sock.sendall(SLOW_BODY_HEADERS)
+            for byte in BODY[:20]:  # one byte every 0.1 s: each arrives well within the timeout
+                try:
+                    sock.sendall(bytes([byte]))
+                except OSError:
+                    break  # closed by the server
+                time.sleep(0.1)
+            assert _reply(sock, within_s=5).startswith(b"HTTP/1.1 408")
+            assert time.monotonic() - started < 3
+        finally:
+            sock.close()
+
+
+def test_a_body_that_arrives_in_pieces_within_the_body_timeout_is_answered():
+    app = create_app(make_service())
+    with serving(app, config=_server_config(app, serve_body_timeout_s=2)) as url:
+        sock = _connect(url)
+        try:
+            head = b"POST /ask HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            sock.sendall(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(BODY) + BODY[:10])
+            time.sleep(0.5)
+            sock.sendall(BODY[10:])
+            assert _reply(sock, within_s=10).startswith(b"HTTP/1.1 200")
+        finally:
+            sock.close()
+
+
+def test_connections_waiting_for_a_body_count_towards_the_waiting_limit():
+    app = create_app(make_service())
+    config = _server_config(app, serve_body_timeout_s=60, serve_max_waiting_connections=3)
+    with serving(app, config=config) as url:
+        sockets = []
+        try:
+            for _ in range(5):
+                sock = _connect(url)
+                sock.sendall(SLOW_BODY_HEADERS + b"{")
+                sockets.append(sock)
+                time.sleep(0.05)  # in order: the first is the one that has waited longest
+            time.sleep(0.2)
+            # The two oldest made room; the body timeout (60 s) has not passed.
+            assert [_closed_by_server(sock, within_s=1) for sock in sockets[:2]] == [True, True]
+            assert not _closed_by_server(sockets[-1], within_s=0.3)
+            assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+        finally:
+            for sock in sockets:
+                sock.close()
+
+
 def _addresses_counted(url: str, forwarded: list[str]) -> list[int]:
     """The status of one GET /program per forged X-Forwarded-For: under a 2/minute limit, the third is a
     429 when they all count against this machine's address."""

@@ -8,6 +8,7 @@ import dspy
 
 from ..settings import Settings
 from .embedded import start_embedded_server
+from .server_key import ServerKeyedLM
 
 __all__ = ["LMConfigError", "build_lm", "checked_api_base", "lm_identity"]
 
@@ -77,7 +78,9 @@ def build_lm(settings: Settings, **overrides) -> dspy.LM:
 
     The embedded model is addressed as ``openai/<model name>`` (``+ik_llama`` appended when that engine
     serves it) so that DSPy's cache key names the exact model and engine (the port, being an
-    ``api_base``, is left out of the key and may change between runs).
+    ``api_base``, is left out of the key and may change between runs). A server the user names
+    (``lm_api_base``) is part of the key (:class:`~crag_dspy.lm.server_key.ServerKeyedLM`): a wrong
+    base URL is not answered from another server's cached replies.
     """
     kwargs = {
         "temperature": 0.0,
@@ -120,4 +123,5 @@ def build_lm(settings: Settings, **overrides) -> dspy.LM:
         # OpenAI-compatible servers (vLLM, llama.cpp) often need no key, but LiteLLM insists on one.
         if provider == "openai" and not os.environ.get("OPENAI_API_KEY"):
             kwargs["api_key"] = "not-needed"
+        return ServerKeyedLM(settings.lm, **kwargs)
     return dspy.LM(settings.lm, **kwargs)

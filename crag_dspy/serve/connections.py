@@ -1,16 +1,23 @@
-"""Connections that never finish their request headers are closed: uvicorn has no header-read timeout.
+"""Connections that never finish their request are closed: uvicorn has no header- or body-read timeout.
 
 uvicorn closes an idle keep-alive connection (``timeout_keep_alive``) only once a response has been
 sent, and from the first byte of the next request on it waits for the rest without a limit; a new
-connection that sends part of its headers and waits is never closed. Keys, rate limits and the queue
-act only after the headers, so such connections held file descriptors until the process ran out and
-``/health`` stopped answering. :class:`HeaderDeadline` adds two rules to uvicorn's HTTP protocol:
+connection that sends part of its headers and waits is never closed, nor one that sends its headers
+("Content-Length: 1000") and then trickles or stops its body. Keys, rate limits and the queue act only
+after the headers (the body is read before the queue), so such connections held file descriptors until
+the process ran out and ``/health`` stopped answering. :class:`HeaderDeadline` adds three rules to
+uvicorn's HTTP protocol:
 
 - a connection must complete its request headers within ``header_timeout_s`` of being opened or of its
   previous response, else it is closed (408-less, as nginx's ``client_header_timeout``);
-- at most ``max_waiting_connections`` connections may wait for headers at once (per process): the one
-  that has waited longest is closed to admit a new one, so a flood of half-open connections cannot
-  lock out a client whose request arrives whole (a load balancer's ``/health``).
+- a request's whole body must arrive within ``body_timeout_s`` of its headers, else it is answered 408
+  and the connection closed (the app reading the body sees the client gone): a deadline for the whole
+  body, not between reads, so a body sent a byte at a time is cut too. Time in which uvicorn itself
+  stopped reading (the app has not taken the body yet) does not count;
+- at most ``max_waiting_connections`` connections may wait for a request (its headers or its body) at
+  once (per process): the one that has waited longest is closed to admit a new one, so a flood of
+  half-open connections cannot lock out a client whose request arrives whole (a load balancer's
+  ``/health``).
 
 uvicorn's ``limit_concurrency`` is not used for this: it still accepts the connections and answers 503
 to every request past the limit, ``/health`` included.
@@ -34,6 +41,7 @@ except ImportError:  # pragma: no cover - httptools is an optional dependency of
     HttpToolsProtocol = None  # type: ignore[assignment,misc]
 
 __all__ = [
+    "DEFAULT_BODY_TIMEOUT_S",
     "DEFAULT_HEADER_TIMEOUT_S",
     "DEFAULT_MAX_WAITING_CONNECTIONS",
     "HeaderDeadline",
@@ -46,11 +54,18 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 30.0
+# The answer to a body that did not arrive in time; the connection closes after it (its request is
+# half-read, so the next bytes on it could not be told from a new request).
+_BODY_TIMEOUT_RESPONSE = (
+    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+    b"content-length: %d\r\n\r\n%s"
+)
 DEFAULT_MAX_WAITING_CONNECTIONS = 100
 
 
 class ServeConfig(uvicorn.Config):
-    """uvicorn's configuration with the two connection limits; the HTTP protocol is :func:`protocol_class`.
+    """uvicorn's configuration with the connection limits; the HTTP protocol is :func:`protocol_class`.
 
     A module-level class, so that ``--workers`` can pickle it to its worker processes."""
 
@@ -59,49 +74,104 @@ class ServeConfig(uvicorn.Config):
         app: Any,
         *,
         header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+        body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
         max_waiting_connections: int = DEFAULT_MAX_WAITING_CONNECTIONS,
         **kwargs: Any,
     ) -> None:
         if header_timeout_s <= 0:
             raise ValueError(f"header_timeout_s must be positive, got {header_timeout_s}")
+        if body_timeout_s <= 0:
+            raise ValueError(f"body_timeout_s must be positive, got {body_timeout_s}")
         if max_waiting_connections < 1:
             raise ValueError(f"max_waiting_connections must be at least 1, got {max_waiting_connections}")
         super().__init__(app, http=protocol_class(), **kwargs)
         self.header_timeout_s = header_timeout_s
+        self.body_timeout_s = body_timeout_s
         self.max_waiting_connections = max_waiting_connections
 
 
 class HeaderDeadline:
     """Mixin over one of uvicorn's HTTP protocols (listed first in the bases): see the module's doc.
 
-    "Waiting" means no request is under way on the connection: none yet, or the last one answered
-    (uvicorn's ``cycle`` is None or complete). A request whose headers are complete is never closed
-    by these rules, however long the program takes: the request deadline bounds that."""
+    "Waiting for headers" means no request is under way on the connection: none yet, or the last one
+    answered (uvicorn's ``cycle`` is None or complete); "waiting for a body", that the request's
+    headers are in and its body is not (``cycle.more_body``). A request whose body is complete is never
+    closed by these rules, however long the program takes: the request deadline bounds that."""
 
     config: Any
     cycle: Any
     connections: set[Any]
     transport: asyncio.Transport
     loop: asyncio.AbstractEventLoop
+    flow: Any
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)  # type: ignore[misc]
         self._header_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_cycle: Any = None  # the request whose body the body timer is for
         self._arm_header_deadline()
         self._evict_longest_waiting()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_deadline()
+        self._cancel_body_deadline()
         super().connection_lost(exc)  # type: ignore[misc]
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # type: ignore[misc]
+        self._watch_body()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
+        self._cancel_body_deadline()
         if not self.transport.is_closing():
             self._arm_header_deadline()  # the next request's headers get their own deadline
 
     @property
     def waiting_for_headers(self) -> bool:
         return self.cycle is None or self.cycle.response_complete
+
+    @property
+    def waiting_for_body(self) -> bool:
+        cycle = self.cycle
+        return cycle is not None and cycle.more_body and not cycle.response_complete
+
+    def _watch_body(self) -> None:
+        """Arm the body deadline when a request's headers are in and its body is not (once per request:
+        the deadline is for the whole body); cancel it once the body is complete."""
+        if not self.waiting_for_body or self.transport.is_closing():
+            self._cancel_body_deadline()
+            return
+        if self._body_cycle is not self.cycle:
+            self._cancel_body_deadline()
+            self._body_cycle = self.cycle
+            self._body_timer = self.loop.call_later(self.config.body_timeout_s, self._body_deadline_passed)
+
+    def _cancel_body_deadline(self) -> None:
+        timer = getattr(self, "_body_timer", None)
+        if timer is not None:
+            timer.cancel()
+        self._body_timer, self._body_cycle = None, None
+
+    def _body_deadline_passed(self) -> None:
+        self._body_timer = None
+        if self.cycle is not self._body_cycle or not self.waiting_for_body or self.transport.is_closing():
+            return
+        if self.flow.read_paused:  # uvicorn stopped reading until the app takes the body: not the client
+            self._body_timer = self.loop.call_later(self.config.body_timeout_s, self._body_deadline_passed)
+            return
+        log.info(
+            "closing a connection whose request body did not arrive within %.3g s (body_timeout_s)",
+            self.config.body_timeout_s,
+        )
+        if not self.cycle.response_started:
+            detail = (
+                f'{{"detail": "the request body did not arrive within {self.config.body_timeout_s:g} s of its '
+                'headers (CRAG_SERVE_BODY_TIMEOUT_S)"}'
+            ).encode()
+            self.transport.write(_BODY_TIMEOUT_RESPONSE % (len(detail), detail))
+        self.transport.close()
 
     def _arm_header_deadline(self) -> None:
         self._cancel_header_deadline()
@@ -128,15 +198,16 @@ class HeaderDeadline:
             other
             for other in self.connections
             if isinstance(other, HeaderDeadline)
-            and other.waiting_for_headers
+            and (other.waiting_for_headers or other.waiting_for_body)
             and not other.transport.is_closing()
         ]
         excess = len(waiting) - self.config.max_waiting_connections
         if excess <= 0:
             return
+        # Since the connection opened or answered its previous request: a body's wait continues its headers'.
         waiting.sort(key=lambda other: other._waiting_since)
         log.warning(
-            "%d connections wait for request headers (max_waiting_connections %d): closing the %d oldest",
+            "%d connections wait for a request (max_waiting_connections %d): closing the %d oldest",
             len(waiting),
             self.config.max_waiting_connections,
             excess,
@@ -146,17 +217,17 @@ class HeaderDeadline:
 
 
 class H11HeaderDeadline(HeaderDeadline, H11Protocol):
-    """uvicorn's h11 protocol with the header deadline."""
+    """uvicorn's h11 protocol with the header and body deadlines."""
 
 
 if HttpToolsProtocol is not None:
 
     class HttpToolsHeaderDeadline(HeaderDeadline, HttpToolsProtocol):
-        """uvicorn's httptools protocol with the header deadline."""
+        """uvicorn's httptools protocol with the header and body deadlines."""
 
 
 def protocol_class() -> type[asyncio.Protocol]:
-    """The HTTP protocol uvicorn's "auto" would choose (httptools when installed), with the deadline."""
+    """The HTTP protocol uvicorn's "auto" would choose (httptools when installed), with the deadlines."""
     return H11HeaderDeadline if HttpToolsProtocol is None else HttpToolsHeaderDeadline
 
 
@@ -191,6 +262,7 @@ def serve_config(app: Any, settings: Settings, **kwargs: Any) -> ServeConfig:
     return ServeConfig(
         app,
         header_timeout_s=settings.serve_header_timeout_s,
+        body_timeout_s=settings.serve_body_timeout_s,
         max_waiting_connections=settings.serve_max_waiting_connections,
         access_log=False,
         proxy_headers=bool(trusted),
