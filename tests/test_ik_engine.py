@@ -105,6 +105,34 @@ def test_generation_stops_at_the_end_of_turn_or_a_stop_string(engine):
     assert short.finish_reason == "length" and short.completion_tokens == 1
 
 
+def test_the_server_streams_the_engines_tokens_as_litellm_reads_them(engine):
+    """Through the embedded server and LiteLLM with stream=True: several pieces, which join to the text
+    the same request gets unstreamed, with a stop string held back and cut as it is there."""
+    import litellm
+
+    from crag_dspy.lm.openai_server import OpenAIServer
+
+    server = OpenAIServer(engine, "m", api_key="k" * 20)
+    request = {
+        "model": "openai/m",
+        "api_base": f"http://127.0.0.1:{server.port}/v1",
+        "api_key": "k" * 20,
+        "messages": [{"role": "user", "content": "List the colours red, green, blue, one per line."}],
+        "max_tokens": 12,
+        "temperature": 0,
+        "stop": ["Blue"],
+        "num_retries": 0,
+    }
+    try:
+        whole = litellm.completion(**request).choices[0].message.content
+        pieces = [c.choices[0].delta.content for c in litellm.completion(**request, stream=True)]
+    finally:
+        server.close()
+    text = [p for p in pieces if p]
+    assert len(text) >= 3, f"one piece per token or so, got {text}"
+    assert "".join(text) == whole and "Green" in whole and "Blue" not in whole
+
+
 def test_sampling_is_seeded(engine):
     messages = [{"role": "user", "content": "Write one word about the sea."}]
     a = engine.chat(messages, max_tokens=6, temperature=0.9, seed=3)

@@ -51,6 +51,7 @@ class Cancelled(EngineError):
 
 
 Cancel = Callable[[], bool] | None
+OnText = Callable[[str], None] | None
 
 
 def _check(cancelled: Cancel, where: str) -> None:
@@ -219,6 +220,7 @@ class IkEngine:
         stop: Sequence[str] = (),
         seed: int | None = None,
         cancelled: Cancel = None,
+        on_text: OnText = None,
     ) -> Completion:
         return self.complete(
             self.tokenize(render_chatml(messages)),
@@ -228,6 +230,7 @@ class IkEngine:
             stop=stop,
             seed=seed,
             cancelled=cancelled,
+            on_text=on_text,
         )
 
     def complete(
@@ -240,11 +243,15 @@ class IkEngine:
         stop: Sequence[str] = (),
         seed: int | None = None,
         cancelled: Cancel = None,
+        on_text: OnText = None,
     ) -> Completion:
         """Continue ``prompt`` by up to ``max_tokens`` tokens; greedy at temperature 0.
 
         ``cancelled`` is asked before the work starts, between prompt batches and between generated
         tokens: when it says True, :class:`Cancelled` is raised and the model is free for the next request.
+        ``on_text`` gets the completion's text as it is generated, in pieces that join to
+        ``Completion.text``: text that may be the start of a stop string is held back until the next
+        token shows it is not. An exception it raises ends the request (e.g. its client left).
         """
         if max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
@@ -265,7 +272,16 @@ class IkEngine:
                     plan = self.cache.plan(prompt, reserve=max_tokens)
                     logits = self._evaluate(prompt, plan, cancelled)
                 return self._generate(
-                    prompt, plan, logits, max_tokens, temperature, top_logprobs, stop, seed, cancelled
+                    prompt,
+                    plan,
+                    logits,
+                    max_tokens,
+                    temperature,
+                    top_logprobs,
+                    stop,
+                    seed,
+                    cancelled,
+                    on_text,
                 )
             except BaseException:
                 self._forget(plan.slot)  # what the sequence holds is no longer known
@@ -319,12 +335,14 @@ class IkEngine:
         stop: Sequence[str],
         seed: int | None,
         cancelled: Cancel = None,
+        on_text: OnText = None,
     ) -> Completion:
         rng = np.random.default_rng(seed)
         held = list(prompt)
         generated: list[int] = []
         entries: list[TokenLogprob] = []
         text, finish = "", "length"
+        sent = 0  # characters of ``text`` handed to on_text
         while True:
             logp = logits - logits.max()
             logp -= math.log(np.exp(logp).sum())
@@ -342,9 +360,16 @@ class IkEngine:
                 break
             if len(generated) >= max_tokens:
                 break
+            if on_text is not None:
+                ready = len(text) - _stop_prefix(text, stop)
+                if ready > sent:
+                    on_text(text[sent:ready])
+                    sent = ready
             _check(cancelled, f"after {len(generated)} generated tokens")
             logits = self._decode([token], len(held), plan.slot)
             held.append(token)
+        if on_text is not None and len(text) > sent:
+            on_text(text[sent:])  # what was held back for a stop string that never came
         self.cache.commit(plan, held)
         return Completion(
             text=text,
@@ -384,6 +409,18 @@ def _sample(logp: np.ndarray, temperature: float, rng: np.random.Generator) -> i
     scaled = logp[top] / temperature
     weights = np.exp(scaled - scaled.max())
     return int(rng.choice(top, p=weights / weights.sum()))
+
+
+def _stop_prefix(text: str, stop: Sequence[str]) -> int:
+    """How many characters at the end of ``text`` begin one of the ``stop`` strings: a streamed
+    completion holds them back, since the next token may complete the stop string and cut them off."""
+    longest = 0
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), longest, -1):
+            if text.endswith(s[:n]):
+                longest = n
+                break
+    return longest
 
 
 def _stop_at(text: str, stop: Sequence[str]) -> int | None:
