@@ -317,8 +317,11 @@ def create_app(
             200: {
                 "content": {"text/event-stream": {}},
                 "description": "`event: stage` per stage event (retrieved, graded, action, web_query, "
-                "strips_kept, answer, citations; JSON: kind, data, seconds), then `event: answer` with the "
-                "body `POST /ask` returns, or `event: error` with `status` (503, 504) and its error body",
+                "strips_kept, answer, citations; JSON: kind, data, seconds); `event: token` per piece of the "
+                "answer's draft as the LM writes it (JSON: text; when the LM streams, never with on_flag "
+                "'withhold'; the `answer` event's answer is final: it may add a unit or be \"I don't "
+                'know"); then `event: answer` with the body `POST /ask` returns, or `event: error` with '
+                "`status` (503, 504) and its error body",
             },
             401: {"model": ErrorResponse, "description": "no API key, or not a valid one"},
             403: {"model": ErrorResponse, "description": "?debug=1 without a debug key"},
@@ -348,16 +351,24 @@ def create_app(
         http.state.domain = service.loaded.domain
         history = [turn.model_dump() for turn in request.history]
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[StageEvent] = asyncio.Queue()
+        # (event name, data) in the order the run's thread sent them; the stream below sends them.
+        events: asyncio.Queue[tuple[str, dict]] = asyncio.Queue()
         started: list[CRAGTrace] = []
         cancel = threading.Event()
+
+        def send(name: str, data: dict) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, (name, data))  # from the run's thread
 
         def on_event(event: StageEvent) -> None:
             if policy.on_flag == "withhold" and event.kind in _WITHHELD_EVENTS:
                 return  # the answer may yet be withheld: it reaches the client in the final event only
-            # The run's thread hands the event to this request's loop; the stream below sends it.
-            loop.call_soon_threadsafe(events.put_nowait, event)
+            send("stage", event.model_dump(mode="json"))
 
+        def on_token(text: str) -> None:
+            send("token", {"text": text})
+
+        # A withheld answer must not reach the client as tokens either.
+        tokens = on_token if policy.on_flag != "withhold" else None
         try:
             # Admitted (or refused with a 503) before the stream begins, with the keys, limits and
             # deadline of POST /ask.
@@ -368,6 +379,7 @@ def create_app(
                     on_start=started.append,
                     cancel=cancel,
                     on_event=on_event,
+                    on_token=tokens,
                     on_flag=policy.on_flag,
                 )
             )
@@ -384,7 +396,7 @@ def create_app(
                     next_event = asyncio.ensure_future(events.get())
                     await asyncio.wait({next_event, answer}, return_when=asyncio.FIRST_COMPLETED)
                     if next_event.done():
-                        yield _sse("stage", next_event.result().model_dump(mode="json"))
+                        yield _sse(*next_event.result())
                     else:
                         next_event.cancel()
                 try:
