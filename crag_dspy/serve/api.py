@@ -48,6 +48,7 @@ from .schemas import (
     Health,
     ProgramInfo,
     ValidationErrorResponse,
+    ask_request_model,
 )
 from .service import DependencyError, ProgramService
 
@@ -134,6 +135,19 @@ def _failure(
     raise TypeError(f"not a failure of a question: {type(exc).__name__}") from exc
 
 
+def _too_much_history(request: AskRequest, service: ProgramService) -> JSONResponse | None:
+    """The 422 of a request whose history has more turns than its domain's program takes (the schema
+    bounds it by the most any domain served takes), in the shape of every invalid request; else None."""
+    most, given = service.crag.config.max_history_turns, len(request.history)
+    if given <= most:
+        return None
+    message = f"List should have at most {most} items for domain {service.loaded.domain!r}, not {given}"
+    log.info("422: history: %s", message)
+    error = {"type": "too_long", "loc": ["body", "history"], "msg": message}
+    body = ValidationErrorResponse(detail=f"invalid request: history: {message}", errors=[error])
+    return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
+
+
 def _unknown_domain(exc: UnknownDomain, where: str) -> JSONResponse:
     """The 422 of a request that named a domain not served, in the shape of every invalid request."""
     log.info("422: %s", exc)
@@ -155,6 +169,13 @@ def create_app(
     """
     policy = policy or ServePolicy()
     domains = Domains.of(service)
+    # The request model states the history limit; with several domains, the largest (each checks its own).
+    Ask = ask_request_model(max(domains.choose(n).crag.config.max_history_turns for n in domains.names))
+
+    def ask_request(request: Ask) -> AskRequest:  # type: ignore[valid-type]  # a model made at run time
+        """The request body, validated by the model that states this server's history limit."""
+        return request
+
     queue = ModelQueue(policy.workers, policy.queue)
     limiter = RateLimiter(policy.rate_limit) if policy.rate_limit else None
 
@@ -270,7 +291,7 @@ def create_app(
         },
     )
     async def ask(
-        request: AskRequest,
+        request: Annotated[AskRequest, Depends(ask_request)],
         http: Request,
         caller: Annotated[Caller, Depends(authenticate)],
         debug: Annotated[
@@ -284,6 +305,8 @@ def create_app(
             service = domains.choose(request.domain)
         except UnknownDomain as exc:
             return _unknown_domain(exc, "body")
+        if (refused := _too_much_history(request, service)) is not None:
+            return refused
         http.state.domain = service.loaded.domain
         history = [turn.model_dump() for turn in request.history]
         started: list[CRAGTrace] = []
@@ -334,7 +357,7 @@ def create_app(
         },
     )
     async def ask_stream(
-        request: AskRequest,
+        request: Annotated[AskRequest, Depends(ask_request)],
         http: Request,
         caller: Annotated[Caller, Depends(authenticate)],
         debug: Annotated[
@@ -348,6 +371,8 @@ def create_app(
             service = domains.choose(request.domain)
         except UnknownDomain as exc:
             return _unknown_domain(exc, "body")
+        if (refused := _too_much_history(request, service)) is not None:
+            return refused
         http.state.domain = service.loaded.domain
         history = [turn.model_dump() for turn in request.history]
         loop = asyncio.get_running_loop()
