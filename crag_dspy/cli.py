@@ -187,6 +187,14 @@ def build_parser(delegated: Mapping[str, str] | None = None) -> argparse.Argumen
     add_lm_arguments(ask)
     add_program_arguments(ask)
     add_flag_policy_argument(ask)
+    ask.add_argument(
+        "--history",
+        type=Path,
+        metavar="FILE",
+        help='the conversation so far, to ask a follow-up: a JSON list of {"question": ..., "answer": ...} '
+        "turns, oldest first, or one turn a line (JSON Lines); at most CRAG_CONFIG__MAX_HISTORY_TURNS "
+        "(default 8). The follow-up is rewritten into a standalone question first",
+    )
     ask.add_argument("--json", action="store_true", help="print the full trace as JSON")
     ask.add_argument(
         "-q",
@@ -391,14 +399,25 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace) -> int:
+    from .conversation import HistoryError, as_history, read_history
     from .validation import normalize_question
 
     settings = settings_from_args(args)
-    # Checked before any model or store is opened: a bad question costs nothing.
+    # Checked before any model or store is opened: a bad question or history costs nothing. The app's
+    # history limit is the one a loaded program runs with (the app keeps its own).
     normalize_question(args.question, max_chars=settings.max_question_chars)
+    history = None
+    if args.history is not None:
+        turns = read_history(args.history)
+        try:
+            history = as_history(turns, max_turns=settings.config.max_history_turns)
+        except HistoryError as exc:
+            raise HistoryError(f"{args.history}: {exc}") from None
     crag = program_from_args(args).crag
     try:
-        prediction = crag(question=args.question, on_event=None if args.quiet else print_stage)
+        prediction = crag(
+            question=args.question, history=history, on_event=None if args.quiet else print_stage
+        )
     except CRAGRunError as exc:
         if args.json:  # what happened up to the failure, for whoever debugs it
             print(json.dumps(exc.trace.model_dump(mode="json"), indent=2, ensure_ascii=False))

@@ -9,7 +9,9 @@ and is bounded, so that a long conversation cannot crowd the question out of the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -23,6 +25,7 @@ __all__ = [
     "Turn",
     "as_history",
     "history_text",
+    "read_history",
 ]
 
 MAX_ANSWER_CHARS = 4000
@@ -109,3 +112,39 @@ def history_text(turns: Sequence[Turn]) -> tuple[str, int]:
             lines.append(f"{label}{number}: {clean}")
             removed += n
     return "\n".join(lines), removed
+
+
+def read_history(path: Path) -> list[Any]:
+    """The turns in the file at ``path`` (``ask --history``), unchecked (:func:`as_history` checks
+    them): a JSON list of ``{"question": ..., "answer": ...}``, or JSON Lines with one such object a
+    line. A file that is neither is a :class:`HistoryError` naming the file and the line."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise HistoryError(f"{path}: history file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HistoryError(f"{path}: cannot read the history file ({exc})") from None
+    try:
+        whole = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        whole = None  # JSON Lines, or broken: read line by line to say which line
+    if isinstance(whole, list):
+        return whole
+    turns = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            turn = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise HistoryError(
+                f"{path}:{number}: not JSON ({exc}); a history file is a JSON list of turns "
+                '[{"question": ..., "answer": ...}] or one such object a line (JSON Lines)'
+            ) from None
+        if not isinstance(turn, dict):
+            raise HistoryError(
+                f"{path}:{number}: a {type(turn).__name__}, not a turn: each line of JSON Lines is one "
+                '{"question": ..., "answer": ...}'
+            )
+        turns.append(turn)
+    return turns
