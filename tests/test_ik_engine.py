@@ -133,6 +133,27 @@ def test_the_server_streams_the_engines_tokens_as_litellm_reads_them(engine):
     assert "".join(text) == whole and "Green" in whole and "Blue" not in whole
 
 
+def test_a_character_split_across_tokens_is_decoded_whole(engine):
+    """Qwen's byte-level vocabulary has no token for some characters (rare CJK, some emoji; it has
+    tokens for "ë", "ã", "東"): their UTF-8 bytes come in two tokens, each of which is no text on its
+    own, and the completion's decoder (tests/test_ik_engine_text.py) makes the characters of them."""
+    from crag_dspy.lm.ik_engine import Utf8Pieces
+
+    text = "鱻 🦜"
+    parts = [engine.token_bytes(t) for t in engine.tokenize(text)]
+    assert [p for p in parts if not _decodes(p)], "a token for every character: the test tests nothing"
+    pieces = Utf8Pieces()
+    assert "".join(pieces.feed(p) for p in parts) + pieces.flush() == text
+
+
+def _decodes(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def test_sampling_is_seeded(engine):
     messages = [{"role": "user", "content": "Write one word about the sea."}]
     a = engine.chat(messages, max_tokens=6, temperature=0.9, seed=3)
