@@ -11,6 +11,8 @@ import contextvars
 import functools
 import json
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,12 +28,14 @@ from .lm import EMBEDDED_MODELS, ENGINE_CHOICES, WeightsError
 from .redaction import configure_logging, redact
 
 __all__ = [
+    "AskProgress",
     "add_lm_arguments",
     "add_program_arguments",
     "add_storage_arguments",
     "build_parser",
     "command_prog",
     "error_line",
+    "final_answer_line",
     "format_trace",
     "interruptible",
     "main",
@@ -188,12 +192,21 @@ def build_parser(delegated: Mapping[str, str] | None = None) -> argparse.Argumen
     add_lm_arguments(ask)
     add_program_arguments(ask)
     add_flag_policy_argument(ask)
+    ask.add_argument(
+        "--history",
+        type=Path,
+        metavar="FILE",
+        help='the conversation so far, to ask a follow-up: a JSON list of {"question": ..., "answer": ...} '
+        "turns, oldest first, or one turn a line (JSON Lines); at most CRAG_CONFIG__MAX_HISTORY_TURNS "
+        "(default 8). The follow-up is rewritten into a standalone question first",
+    )
     ask.add_argument("--json", action="store_true", help="print the full trace as JSON")
     ask.add_argument(
         "-q",
         "--quiet",
         action="store_true",
-        help="do not print the stages on stderr as they happen (stdout holds the answer either way)",
+        help="do not print the stages on stderr as they happen, nor (when stderr is a terminal) the answer's "
+        "draft as the LM writes it; stdout holds the answer either way",
     )
 
     engine = sub.add_parser(
@@ -392,18 +405,48 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 def _ask(args: argparse.Namespace) -> int:
+    from .conversation import HistoryError, as_history, read_history
     from .validation import normalize_question
 
     settings = settings_from_args(args)
-    # Checked before any model or store is opened: a bad question costs nothing.
+    # Checked before any model or store is opened: a bad question or history costs nothing. The app's
+    # history limit is the one a loaded program runs with (the app keeps its own).
     normalize_question(args.question, max_chars=settings.max_question_chars)
+    history = None
+    if args.history is not None:
+        turns = read_history(args.history)
+        try:
+            history = as_history(turns, max_turns=settings.config.max_history_turns)
+        except HistoryError as exc:
+            raise HistoryError(f"{args.history}: {exc}") from None
     crag = program_from_args(args).crag
+    progress = None if args.quiet else AskProgress()
+    # The draft streams to a person at a terminal: a script's run is as it always was (no streamed LM
+    # call), and an answer that may be withheld never shows as a draft (as POST /ask/stream).
+    draft = progress is not None and sys.stderr.isatty() and settings.on_flag != "withhold"
+    cancel = threading.Event()
+    inputs: dict[str, Any] = {
+        "question": args.question,
+        "history": history,
+        "on_event": None if progress is None else progress.on_event,
+        "cancel": cancel,
+    }
     try:
-        prediction = crag(question=args.question, on_event=None if args.quiet else print_stage)
-    except CRAGRunError as exc:
-        if args.json:  # what happened up to the failure, for whoever debugs it
+        if draft and progress is not None:
+            from .events import run_with_tokens
+
+            prediction = run_with_tokens(crag, progress.on_token, **inputs)
+        else:
+            prediction = crag(**inputs)
+    except BaseException as exc:
+        cancel.set()  # a streamed run goes on in its own thread: it stops at its next stage
+        if progress is not None:
+            progress.failed()
+        if args.json and isinstance(exc, CRAGRunError):  # what happened up to the failure, for debugging
             print(json.dumps(exc.trace.model_dump(mode="json"), indent=2, ensure_ascii=False))
         raise
+    if progress is not None:
+        progress.finish(prediction.trace, settings.on_flag)
     if args.json:
         print(json.dumps(prediction.trace.model_dump(mode="json"), indent=2, ensure_ascii=False))
     else:
@@ -419,6 +462,88 @@ def stage_line(event) -> str:
 def print_stage(event) -> None:
     # stderr, flushed: the stages show as they happen, and stdout stays the answer for pipes and scripts.
     print(stage_line(event), file=sys.stderr, flush=True)
+
+
+def _words(text: str) -> str:
+    return " ".join(text.split())
+
+
+def final_answer_line(event, trace, on_flag: OnFlag, draft: str | None) -> str:
+    """The ``answer`` stage as ``ask`` prints it once the run is over: the answer the user gets under the
+    flag policy, marked when it is not the ``draft`` streamed above it (None: none was)."""
+    verdict = judge_flag(trace, on_flag)
+    if verdict.status == "withheld":
+        line = f"answer withheld (--on-flag withhold): {verdict.answer}"
+        return line + ("; the draft above is not the answer" if draft else "")
+    line = event.message  # "answer: ...", redacted
+    if draft is not None and _words(draft) != _words(trace.answer or ""):
+        why = _why_changed(trace) if trace.lm_answer else "the final answer differs from the LM's reply"
+        line += f"  (draft replaced: {why})"
+    if verdict.status == "flagged":
+        line += "  (flagged: see the warning under the answer)"
+    return line
+
+
+class AskProgress:
+    """What ``ask`` prints on stderr while its question runs: each stage as it happens, the answer's
+    draft as the LM writes it (when :func:`run_with_tokens` streams it), then the answer and citations
+    stages once the run is over, the answer as the user gets it and marked when it is not the draft.
+
+    Stage events come from the run's thread and tokens from the caller's: a lock keeps lines whole."""
+
+    _LAST = ("answer", "citations")  # emitted as the run ends; printed by :meth:`finish`
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._started = time.perf_counter()
+        self._draft: list[str] = []
+        self._writing = False  # a draft line is open
+        self._last: list = []
+
+    def on_event(self, event) -> None:
+        if event.kind in self._LAST:
+            self._last.append(event)
+            return
+        with self._lock:
+            self._end_draft()
+            print_stage(event)
+
+    def on_token(self, text: str) -> None:
+        with self._lock:
+            if not self._writing:
+                sys.stderr.write(f"[{time.perf_counter() - self._started:6.1f} s] draft: ")
+                self._writing = True
+            self._draft.append(text)
+            sys.stderr.write(text)
+            sys.stderr.flush()
+
+    def _end_draft(self) -> None:
+        if self._writing:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self._writing = False
+
+    @property
+    def draft(self) -> str | None:
+        """The draft streamed so far; None when no token came."""
+        return "".join(self._draft) if self._draft else None
+
+    def finish(self, trace, on_flag: OnFlag) -> None:
+        with self._lock:
+            self._end_draft()
+            for event in self._last:
+                if event.kind == "answer":
+                    line = final_answer_line(event, trace, on_flag, self.draft)
+                    print(f"[{event.seconds:6.1f} s] {line}", file=sys.stderr, flush=True)
+                else:
+                    print_stage(event)
+
+    def failed(self) -> None:
+        """The run ended without an answer: a draft shown is none."""
+        with self._lock:
+            if self._draft:
+                self._end_draft()
+                print("no answer: the run did not finish; the draft above is not one", file=sys.stderr)
 
 
 def _engine(args: argparse.Namespace) -> int:

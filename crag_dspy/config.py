@@ -27,9 +27,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from .redaction import redact
 from .routing import DEFAULT_THRESHOLDS
 
-__all__ = ["CRAGConfig", "JudgeView", "LMCalls", "describe_validation_error"]
+__all__ = ["MOST_HISTORY_TURNS", "CRAGConfig", "JudgeView", "LMCalls", "describe_validation_error"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
+
+MOST_HISTORY_TURNS = 32
+"""The highest ``max_history_turns``: the API's schema bounds a request's history by it before the
+domain's own limit is checked, and 32 turns of the longest questions and answers fill a prompt."""
 
 
 class JudgeView(BaseModel):
@@ -132,6 +136,15 @@ class CRAGConfig(BaseModel):
         "for at most this many rounds before the web (0: off).",
     )
     lm_calls: LMCalls = Field(default_factory=LMCalls)
+    max_history_turns: int = Field(
+        8,
+        ge=0,
+        le=MOST_HISTORY_TURNS,
+        description="Most earlier turns a question may carry (``history=``, the API's ``history``): a "
+        "follow-up refers to the last one or two, and each turn costs prompt tokens on every condensing "
+        "call. More is refused, never cut; 0 takes no history. Like ``lm_calls``, the app's value beats "
+        "a loaded program's.",
+    )
 
     @model_validator(mode="after")
     def _thresholds_ordered(self) -> CRAGConfig:

@@ -9,7 +9,9 @@ and is bounded, so that a long conversation cannot crowd the question out of the
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -19,22 +21,20 @@ from .validation import DEFAULT_MAX_QUESTION_CHARS
 
 __all__ = [
     "MAX_ANSWER_CHARS",
-    "MAX_TURNS",
     "HistoryError",
     "Turn",
     "as_history",
     "history_text",
+    "read_history",
 ]
 
-MAX_TURNS = 8
-"""Most earlier turns a question may carry: a follow-up refers to the last one or two, and each turn
-costs prompt tokens on every condensing call."""
 MAX_ANSWER_CHARS = 4000
 """Longest answer of an earlier turn (a question's limit is the question's own, 2,000 characters)."""
 
 
 class HistoryError(ValueError):
-    """The history is not a list of at most :data:`MAX_TURNS` turns of a question and an answer."""
+    """The history is not a list of turns of a question and an answer, or has more turns than the
+    program takes (``CRAGConfig.max_history_turns``)."""
 
 
 class Turn(BaseModel):
@@ -77,19 +77,27 @@ def _turn(item: Any, index: int) -> Turn:
     return Turn(question=question.strip(), answer=answer.strip())
 
 
-def as_history(history: Sequence[Turn | Mapping[str, str] | tuple[str, str]] | None) -> list[Turn]:
+def as_history(
+    history: Sequence[Turn | Mapping[str, str] | tuple[str, str]] | None, *, max_turns: int
+) -> list[Turn]:
     """``history`` as checked :class:`Turn` objects, oldest first ([] for None); a :class:`HistoryError`
-    names the first bad turn and what is wrong with it. Never truncated: pass the last turns yourself."""
+    names the first bad turn and what is wrong with it, or says there are more than ``max_turns``
+    (``CRAGConfig.max_history_turns``). Never truncated: pass the last turns yourself."""
     if history is None:
         return []
     if isinstance(history, str | bytes | Mapping) or not isinstance(history, Sequence):
         raise HistoryError(
             f"history must be a list of turns (each {{'question': ..., 'answer': ...}}), got {type(history).__name__}"
         )
-    if len(history) > MAX_TURNS:
+    if len(history) > max_turns:
+        if max_turns == 0:
+            raise HistoryError(
+                f"history has {len(history)} turns, and this program takes none (max_history_turns is 0): "
+                "ask a standalone question, or raise CRAG_CONFIG__MAX_HISTORY_TURNS"
+            )
         raise HistoryError(
-            f"history has {len(history)} turns; at most {MAX_TURNS}: pass the last {MAX_TURNS} (a follow-up "
-            "refers to the latest ones)"
+            f"history has {len(history)} turns; at most {max_turns} (max_history_turns): pass the last "
+            f"{max_turns} (a follow-up refers to the latest ones)"
         )
     return [_turn(item, i) for i, item in enumerate(history)]
 
@@ -104,3 +112,39 @@ def history_text(turns: Sequence[Turn]) -> tuple[str, int]:
             lines.append(f"{label}{number}: {clean}")
             removed += n
     return "\n".join(lines), removed
+
+
+def read_history(path: Path) -> list[Any]:
+    """The turns in the file at ``path`` (``ask --history``), unchecked (:func:`as_history` checks
+    them): a JSON list of ``{"question": ..., "answer": ...}``, or JSON Lines with one such object a
+    line. A file that is neither is a :class:`HistoryError` naming the file and the line."""
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise HistoryError(f"{path}: history file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise HistoryError(f"{path}: cannot read the history file ({exc})") from None
+    try:
+        whole = json.loads(text)
+    except (json.JSONDecodeError, RecursionError):
+        whole = None  # JSON Lines, or broken: read line by line to say which line
+    if isinstance(whole, list):
+        return whole
+    turns = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            turn = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise HistoryError(
+                f"{path}:{number}: not JSON ({exc}); a history file is a JSON list of turns "
+                '[{"question": ..., "answer": ...}] or one such object a line (JSON Lines)'
+            ) from None
+        if not isinstance(turn, dict):
+            raise HistoryError(
+                f"{path}:{number}: a {type(turn).__name__}, not a turn: each line of JSON Lines is one "
+                '{"question": ..., "answer": ...}'
+            )
+        turns.append(turn)
+    return turns

@@ -8,7 +8,8 @@ answer and its citations. They reach a caller two ways, both fed by the same emi
   CLI prints them, the server's ``POST /ask/stream`` sends them as server-sent events);
 - ``dspy.streamify(crag, ...)``: each event is a :class:`StageStatus` (DSPy's ``StatusMessage``, its
   ``message`` formatted by a :class:`StageMessages` provider when one is given), next to the answer's
-  tokens when an :func:`answer_listener` is on the answer field.
+  tokens when an :func:`answer_listener` is on the answer field. :func:`run_with_tokens` drives that
+  from plain code: the events to ``on_event``, the answer's tokens to a callback.
 
 Events carry counts, titles, ids, scores, the web query, the answer and its citations: never passage
 or web page contents, and every string passes :func:`~crag_dspy.redaction.redact`.
@@ -40,6 +41,7 @@ __all__ = [
     "StageStatus",
     "answer_listener",
     "describe",
+    "run_with_tokens",
     "send_to_dspy_stream",
 ]
 
@@ -47,6 +49,7 @@ EventKind = Literal[
     "standalone", "retrieved", "graded", "action", "web_query", "strips_kept", "answer", "citations"
 ]
 EventCallback = Callable[["StageEvent"], None]
+TokenCallback = Callable[[str], None]
 
 
 class StageEvent(BaseModel):
@@ -196,3 +199,25 @@ def answer_listener(crag: Any) -> StreamListener:
     LiteLLM does; an LM that cannot stream gives the final prediction only). ``allow_reuse``: the
     answerer may be asked again after an unusable reply."""
     return _BareAnswerListener("answer", predict=crag.answerer, predict_name="answerer", allow_reuse=True)
+
+
+def run_with_tokens(crag: Any, on_token: TokenCallback, **inputs: Any) -> dspy.Prediction:
+    """``crag(**inputs)``, handing the answerer's tokens to ``on_token`` as the LM writes them.
+
+    It runs inside ``dspy.streamify`` with an :func:`answer_listener` (a synchronous stream, so it
+    suits a worker thread such as a server's); pass ``on_event`` in ``inputs`` for the stages. The LM is
+    then called with ``stream=True`` for the answer only: a hosted model or the embedded server send
+    tokens, an LM that cannot stream (or an answer from DSPy's cache) sends none and the prediction
+    comes all the same. The tokens are the LM's draft, the prediction's answer is final (see
+    :func:`answer_listener`). The run's exceptions are raised as ``crag(**inputs)`` raises them."""
+    stream = dspy.streamify(crag, stream_listeners=[answer_listener(crag)], async_streaming=False)
+    prediction = None
+    for item in stream(**inputs):
+        if isinstance(item, StreamResponse):
+            if item.chunk:
+                on_token(item.chunk)
+        elif isinstance(item, dspy.Prediction):
+            prediction = item
+    if prediction is None:  # streamify always ends with the prediction unless the run raised
+        raise RuntimeError("the streamed run ended without a prediction")
+    return prediction

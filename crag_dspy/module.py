@@ -182,7 +182,7 @@ class CRAG(SavedAsProgram, dspy.Module):
         configured, INCORRECT answers "I don't know" without refining the passages the grader rejected.
 
         ``history`` holds the conversation's earlier turns, oldest first (``{"question": ..., "answer":
-        ...}`` or (question, answer) pairs, at most :data:`~crag_dspy.conversation.MAX_TURNS`): with any,
+        ...}`` or (question, answer) pairs, at most ``config.max_history_turns``): with any,
         the follow-up is first rewritten into a standalone question (the ``condense`` stage, one LM
         call; ``trace.standalone_question``) that every later stage reads; without, no call is made.
         ``action`` forces the route (no decision, no retry rounds; passages graded only when refinement
@@ -195,7 +195,8 @@ class CRAG(SavedAsProgram, dspy.Module):
         ``dspy.streamify`` they also stream as status messages)."""
         # Any length: the length limit is the app's (CLI, server), which knows its users and budget.
         question = normalize_question(question, max_chars=None)
-        turns = as_history(history)  # a bad history is refused before any work, as a bad question is
+        # A bad history is refused before any work, as a bad question is.
+        turns = as_history(history, max_turns=self.config.max_history_turns)
         run = self.new_run(question, cache=cache, cancel=cancel, on_event=on_event)
         run.trace.history_turns = len(turns)
         if on_start is not None:

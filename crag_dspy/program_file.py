@@ -419,14 +419,21 @@ def _digest(value: str | None) -> str:
     return value[:12] if value else "absent"
 
 
-def program_crag_config(document: dict[str, Any], lm_calls: Any = None) -> CRAGConfig:
-    """The :class:`~crag_dspy.config.CRAGConfig` a validated program stores, with the app's
-    ``lm_calls`` (how the app's LM is called) instead of the compile's when given."""
+APP_CONFIG_FIELDS = ("lm_calls", "max_history_turns")
+"""The config fields that describe the app, not the compiled program: how the app's LM is called and
+how much history its requests may carry. An app keeps its own when it loads a program."""
+
+
+def program_crag_config(document: dict[str, Any], app: CRAGConfig | None = None) -> CRAGConfig:
+    """The :class:`~crag_dspy.config.CRAGConfig` a validated program stores, with ``app``'s
+    :data:`APP_CONFIG_FIELDS` instead of the compile's when ``app`` is given."""
     try:
         config = CRAGConfig.model_validate(document["config"])
     except ValidationError as exc:
         raise ProgramError(f"program config is invalid: {describe_validation_error(exc, 'file')}") from None
-    return config if lm_calls is None else config.replace(lm_calls=lm_calls)
+    if app is None:
+        return config
+    return config.replace(**{name: getattr(app, name) for name in APP_CONFIG_FIELDS})
 
 
 def apply_program(
@@ -434,15 +441,15 @@ def apply_program(
     document: dict[str, Any],
     program_dir: Path | str | None = None,
     *,
-    keep_lm_calls: bool = True,
+    keep_app_config: bool = True,
 ) -> dspy.Module:
     """Apply a validated program's config and state to ``crag`` (raises ProgramError, leaves it untouched).
 
-    With ``keep_lm_calls`` (the app's case) ``crag`` keeps its own ``lm_calls``: they describe the app's
-    LM. ``program_dir`` is the folder of the program file: a program with a trained evaluator finds its
+    With ``keep_app_config`` (the app's case) ``crag`` keeps its own ``lm_calls`` and
+    ``max_history_turns`` (:data:`APP_CONFIG_FIELDS`): they describe the app. ``program_dir`` is the folder of the program file: a program with a trained evaluator finds its
     weights there, and they are verified against the program's sha256s before anything is applied.
     """
-    config = program_crag_config(document, crag.config.lm_calls if keep_lm_calls else None)
+    config = program_crag_config(document, crag.config if keep_app_config else None)
     state = {name: value for name, value in document.items() if name != "metadata"}
     evaluator = _load_evaluator(state.get("grading"), program_dir)
     # A predictor added after the program was compiled (ADDED_PREDICTORS) loads as the module builds it.
@@ -471,10 +478,11 @@ def apply_program(
 
 def load_into(crag: dspy.Module, path: Path | str) -> dspy.Module:
     """What ``crag.load(path)`` does: read and validate the program file at ``path`` and apply all of it,
-    its ``lm_calls`` included, to ``crag``; a trained evaluator is loaded from beside the file."""
+    its ``lm_calls`` and ``max_history_turns`` included, to ``crag``; a trained evaluator is loaded from
+    beside the file."""
     path = Path(path)
     parameters = [name for name, _ in crag.named_parameters()]
-    return apply_program(crag, read_program(path, parameters=parameters), path.parent, keep_lm_calls=False)
+    return apply_program(crag, read_program(path, parameters=parameters), path.parent, keep_app_config=False)
 
 
 def _load_evaluator(grading: Any, program_dir: Path | str | None) -> RelevanceEvaluator | None:

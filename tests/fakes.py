@@ -65,6 +65,42 @@ class ScriptedLM(dspy.BaseLM):
         return _response(text, logprobs, len(system.split()) + len(user.split()), self.model)
 
 
+class ScriptEngine:
+    """A :class:`~crag_dspy.lm.openai_server.ChatEngine` answering with ``script(system, user)`` as
+    :class:`ScriptedLM` does (a one-field dict as the bare value, as TextAdapter replies), so that a real
+    ``dspy.LM`` reaches it through :class:`~crag_dspy.lm.openai_server.OpenAIServer` and LiteLLM. A
+    streamed request gets its text a word at a time through ``on_text``, waiting on ``gate`` (when given)
+    before the last word; ``streamed`` records the system prompt of each streamed request."""
+
+    def __init__(self, script: Callable[[str, str], object], gate: threading.Event | None = None):
+        self.script, self.gate = script, gate
+        self.streamed: list[str] = []
+
+    def chat(self, messages, *, max_tokens, top_logprobs=None, on_text=None, **_):
+        from crag_dspy.lm.ik_engine import Completion, TokenLogprob
+
+        system = next((m["content"] for m in messages if m["role"] == "system"), "")
+        result = self.script(system, messages[-1]["content"])
+        if isinstance(result, Exception):
+            raise result
+        if isinstance(result, dict) and len(result) == 1:
+            result = next(iter(result.values()))
+        text, logprobs = render(result, top_logprobs is not None)
+        entries = None
+        if logprobs is not None:
+            (first,) = logprobs["content"]
+            top = tuple((t["token"], t["logprob"]) for t in first["top_logprobs"])
+            entries = (TokenLogprob(first["token"], first["logprob"], top),)
+        if on_text is not None:
+            self.streamed.append(system)
+            words = text.split(" ")
+            for i, word in enumerate(words):
+                if i == len(words) - 1 and i and self.gate is not None and not self.gate.wait(10):
+                    raise TimeoutError("nobody read the answer's first words")
+                on_text(word if i == len(words) - 1 else word + " ")
+        return Completion(text, "stop", len(str(messages).split()), 0, max(1, len(text.split())), entries)
+
+
 def render(result: object, want_logprobs: bool) -> tuple[str, dict | None]:
     """A script's result as completion text (+ logprobs): a float is P(yes) of a yes/no answer, a dict
     the ChatAdapter fields, anything else the raw text."""

@@ -76,6 +76,8 @@ def harbour_lm() -> ScriptedLM:
             return 0.91 if ("27 days" in strip or "14 June" in strip) else 0.12
         if "web search query" in system:
             return {"query": "Harbour Festival 2025 date"}
+        if "Rewrite the follow-up question" in system:  # a page's next question carries its history
+            return {"standalone_question": question}
         if "Answer the question using only the context" in system:
             context = field(user, "context")
             if "27 days" in context:

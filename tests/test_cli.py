@@ -376,3 +376,59 @@ def test_paths_inside_the_bundled_data_are_named_relative_to_it(text, shown, tmp
 
     data = tmp_path / "site-packages" / "crag_dspy" / "bundled"
     assert show_bundled_paths(text.format(d=data), data) == shown.format(d=data)
+
+
+def _ask_over_the_ferry(monkeypatch, lm):
+    from types import SimpleNamespace
+
+    from fakes import ListRetriever
+    from test_dummy_lm import BAKERY, FERRY
+
+    from crag_dspy import CRAG, cli
+    from crag_dspy.web import NoWebSearch
+
+    crag = CRAG(ListRetriever([("ferry", FERRY), ("bakery", BAKERY)]), NoWebSearch(), lm=lm)
+    monkeypatch.setattr(cli, "program_from_args", lambda args: SimpleNamespace(crag=crag))
+
+
+@pytest.mark.parametrize("form", ["json", "jsonl"])
+def test_ask_takes_the_conversation_from_a_history_file(form, tmp_path, monkeypatch, capsys):
+    from test_conversation import FOLLOW_UP, HISTORY, condensing_lm
+    from test_dummy_lm import QUESTION
+
+    lm = condensing_lm()
+    _ask_over_the_ferry(monkeypatch, lm)
+    path = tmp_path / f"history.{form}"
+    text = json.dumps(HISTORY) if form == "json" else "".join(json.dumps(t) + "\n\n" for t in HISTORY)
+    path.write_text(text, encoding="utf-8")
+    assert main(["ask", FOLLOW_UP, "--history", str(path), *NO_LM]) == 0
+    out, err = capsys.readouterr()
+    assert "23:40 from pier four" in out.splitlines()[0]
+    assert f"standalone question: {QUESTION}" in err  # the follow-up was rewritten, then answered
+    assert "Q1: Is there a night ferry to Velm Island?" in lm.history[0]["messages"][-1]["content"]
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "history.json: history file not found"),
+        ('{"question": "a", "answer": "b"}\nnot json\n', "history.json:2: not JSON"),
+        ('[{"question": "a"}]', "history.json: history[0] lacks 'answer'"),
+        ('"a question"', "history.json:1: a str, not a turn"),
+        (json.dumps([{"question": "a", "answer": "b"}] * 9), "history has 9 turns; at most 8"),
+    ],
+)
+def test_a_bad_history_file_is_one_clear_line_before_any_model(
+    content, message, tmp_path, monkeypatch, capsys
+):
+    from crag_dspy import cli
+
+    opened: list[bool] = []
+    monkeypatch.setattr(cli, "program_from_args", lambda args: opened.append(True))
+    path = tmp_path / "history.json"
+    if content is not None:
+        path.write_text(content, encoding="utf-8")
+    assert main(["ask", "and the night ferry?", "--history", str(path), *NO_LM]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
+    assert opened == []  # refused before any program, store or model is opened

@@ -105,6 +105,55 @@ def test_generation_stops_at_the_end_of_turn_or_a_stop_string(engine):
     assert short.finish_reason == "length" and short.completion_tokens == 1
 
 
+def test_the_server_streams_the_engines_tokens_as_litellm_reads_them(engine):
+    """Through the embedded server and LiteLLM with stream=True: several pieces, which join to the text
+    the same request gets unstreamed, with a stop string held back and cut as it is there."""
+    import litellm
+
+    from crag_dspy.lm.openai_server import OpenAIServer
+
+    server = OpenAIServer(engine, "m", api_key="k" * 20)
+    request = {
+        "model": "openai/m",
+        "api_base": f"http://127.0.0.1:{server.port}/v1",
+        "api_key": "k" * 20,
+        "messages": [{"role": "user", "content": "List the colours red, green, blue, one per line."}],
+        "max_tokens": 12,
+        "temperature": 0,
+        "stop": ["Blue"],
+        "num_retries": 0,
+    }
+    try:
+        whole = litellm.completion(**request).choices[0].message.content
+        pieces = [c.choices[0].delta.content for c in litellm.completion(**request, stream=True)]
+    finally:
+        server.close()
+    text = [p for p in pieces if p]
+    assert len(text) >= 3, f"one piece per token or so, got {text}"
+    assert "".join(text) == whole and "Green" in whole and "Blue" not in whole
+
+
+def test_a_character_split_across_tokens_is_decoded_whole(engine):
+    """Qwen's byte-level vocabulary has no token for some characters (rare CJK, some emoji; it has
+    tokens for "ë", "ã", "東"): their UTF-8 bytes come in two tokens, each of which is no text on its
+    own, and the completion's decoder (tests/test_ik_engine_text.py) makes the characters of them."""
+    from crag_dspy.lm.ik_engine import Utf8Pieces
+
+    text = "鱻 🦜"
+    parts = [engine.token_bytes(t) for t in engine.tokenize(text)]
+    assert [p for p in parts if not _decodes(p)], "a token for every character: the test tests nothing"
+    pieces = Utf8Pieces()
+    assert "".join(pieces.feed(p) for p in parts) + pieces.flush() == text
+
+
+def _decodes(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def test_sampling_is_seeded(engine):
     messages = [{"role": "user", "content": "Write one word about the sea."}]
     a = engine.chat(messages, max_tokens=6, temperature=0.9, seed=3)

@@ -47,6 +47,11 @@ class FakeLlama:
     def llama_token_is_eog(self, _model, _token):
         return False
 
+    def llama_token_to_piece(self, _model, token, buf, size, _lstrip, _special):
+        data = f"<{token}>".encode()
+        ctypes.memmove(buf, data, len(data))
+        return len(data)
+
 
 def fake_engine(n_ctx: int = 4096) -> tuple[IkEngine, FakeLlama]:
     engine = object.__new__(IkEngine)  # no model: the request loop over the fake binding
@@ -55,7 +60,7 @@ def fake_engine(n_ctx: int = 4096) -> tuple[IkEngine, FakeLlama]:
     engine._seq_rm = lambda *args: True
     engine.n_ctx, engine.n_vocab = n_ctx, VOCAB
     engine.cache = PromptCache(2, n_ctx)
-    engine._pieces = {t: f"<{t}>" for t in range(VOCAB)}
+    engine._bytes = {}
     return engine, fake
 
 

@@ -27,7 +27,16 @@ class ScriptedEngine:
         self.lock = threading.Lock()
 
     def chat(
-        self, messages, *, max_tokens, temperature=0.0, top_logprobs=None, stop=(), seed=None, cancelled=None
+        self,
+        messages,
+        *,
+        max_tokens,
+        temperature=0.0,
+        top_logprobs=None,
+        stop=(),
+        seed=None,
+        cancelled=None,
+        on_text=None,  # ignored: the server then streams the whole text as one piece
     ):
         with self.lock:
             self.calls.append(
@@ -106,7 +115,6 @@ def test_request_parameters():
 @pytest.mark.parametrize(
     "body, message",
     [
-        ({"messages": [{"role": "user", "content": "x"}], "stream": True}, "streaming is not supported"),
         ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "only n=1"),
         ({}, "'messages' must be a non-empty list"),
         ({"messages": []}, "'messages' must be a non-empty list"),
@@ -462,3 +470,227 @@ def test_a_model_that_failed_to_load_is_loaded_again_by_the_next_start(monkeypat
         assert start() is second  # a working server is shared, as before
     finally:
         second.close()
+
+
+# --- streamed completions ------------------------------------------------------------------------------
+class WordEngine:
+    """Writes ``text`` one word at a time through ``on_text`` (as the ik_llama engine hands its tokens
+    on), waiting on ``gate`` (when set) before the last word; ``streams=False`` ignores ``on_text``, as an
+    engine that cannot generate incrementally may."""
+
+    def __init__(self, text="The range is 0 to 25 mg/L.", streams=True, gate=None, raise_after=None):
+        self.text, self.streams, self.gate, self.raise_after = text, streams, gate, raise_after
+        self.outcomes: list[str] = []
+
+    def chat(self, messages, *, max_tokens, cancelled=None, on_text=None, top_logprobs=None, **_):
+        words = self.text.split(" ")
+        pieces = [w + " " for w in words[:-1]] + [words[-1]]
+        try:
+            for i, piece in enumerate(pieces):
+                if i == len(pieces) - 1 and self.gate is not None and not self.gate.wait(10):
+                    raise AssertionError("the client never read the first pieces")
+                if self.raise_after is not None and i == self.raise_after:
+                    raise RuntimeError("llama_decode failed (-3)")
+                if cancelled is not None and cancelled():
+                    raise Cancelled(f"request withdrawn by its client after {i} generated tokens")
+                if on_text is not None and self.streams:
+                    on_text(piece)
+                time.sleep(0.01)
+        except Cancelled:
+            self.outcomes.append("cancelled")
+            raise
+        self.outcomes.append("done")
+        entry = TokenLogprob("The", -0.1, (("The", -0.1),))
+        return Completion(self.text, "stop", 42, 30, len(pieces), (entry,) if top_logprobs else None)
+
+
+@pytest.fixture
+def word_server():
+    servers = []
+
+    def start(engine):
+        server = OpenAIServer(engine, "test-model", api_key=KEY)
+        servers.append(server)
+        return f"http://127.0.0.1:{server.port}"
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+STREAM_BODY = {"messages": [{"role": "user", "content": "range?"}], "stream": True}
+
+
+def sse_payloads(raw: str) -> list:
+    """The ``data:`` payloads of a server-sent event stream, JSON-decoded except ``[DONE]``."""
+    payloads = []
+    for block in raw.split("\n\n"):
+        if block.startswith("data: "):
+            data = block.removeprefix("data: ")
+            payloads.append(data if data == "[DONE]" else json.loads(data))
+    return payloads
+
+
+def stream_post(base: str, body: dict) -> tuple[int, str, str]:
+    request = urllib.request.Request(
+        base + "/v1/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return response.status, response.headers["Content-Type"], response.read().decode()
+
+
+def test_stream_options_are_read_and_checked():
+    from crag_dspy.lm.openai_server import StreamRequest, parse_stream
+
+    assert parse_stream({"messages": []}) is None and parse_stream({"stream": False}) is None
+    assert parse_stream({"stream": True}) == StreamRequest(include_usage=False)
+    assert parse_stream({"stream": True, "stream_options": {"include_usage": True}}).include_usage
+    with pytest.raises(BadRequest, match="'stream_options' must be an object"):
+        parse_stream({"stream": True, "stream_options": "usage"})
+
+
+def test_a_streamed_completion_is_openai_chunks_then_done(word_server):
+    base = word_server(WordEngine())
+    body = {**STREAM_BODY, "stream_options": {"include_usage": True}, "logprobs": True}
+    status, kind, raw = stream_post(base, body)
+    assert status == 200 and kind == "text/event-stream"
+    *chunks, done = sse_payloads(raw)
+    assert done == "[DONE]"
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({(c["id"], c["created"], c["model"]) for c in chunks}) == 1
+    assert chunks[0]["id"].startswith("chatcmpl-") and chunks[0]["model"] == "test-model"
+    first, *content, finish, usage = chunks
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    pieces = [c["choices"][0]["delta"]["content"] for c in content]
+    assert pieces == ["The ", "range ", "is ", "0 ", "to ", "25 ", "mg/L."]  # one event per piece
+    assert all(c["choices"][0]["finish_reason"] is None and c["choices"][0]["index"] == 0 for c in content)
+    assert finish["choices"][0] == {
+        "index": 0,
+        "delta": {},
+        "finish_reason": "stop",
+        "logprobs": {
+            "content": [
+                {
+                    "token": "The",
+                    "logprob": -0.1,
+                    "bytes": [84, 104, 101],
+                    "top_logprobs": [{"token": "The", "logprob": -0.1, "bytes": [84, 104, 101]}],
+                }
+            ]
+        },
+    }
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 7
+    assert usage["usage"]["prompt_tokens_details"] == {"cached_tokens": 30}
+
+
+def test_the_openai_client_and_litellm_read_the_stream(word_server):
+    import litellm
+    import openai
+
+    base = word_server(WordEngine())
+    client = openai.OpenAI(base_url=base + "/v1", api_key=KEY, max_retries=0)
+    chunks = list(
+        client.chat.completions.create(
+            model="test-model",
+            messages=STREAM_BODY["messages"],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "The range is 0 to 25 mg/L."
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage.total_tokens == 49
+
+    streamed = litellm.completion(
+        model="openai/test-model",
+        api_base=base + "/v1",
+        api_key=KEY,
+        messages=STREAM_BODY["messages"],
+        stream=True,
+        num_retries=0,
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == "The range is 0 to 25 mg/L."
+    # The connection is reused for the next request (a chunked body ends where it says).
+    status, _, raw = stream_post(base, STREAM_BODY)
+    assert status == 200 and sse_payloads(raw)[-1] == "[DONE]"
+
+
+def test_pieces_reach_the_client_while_the_engine_generates(word_server):
+    import http.client
+
+    gate = threading.Event()
+    base = word_server(WordEngine(gate=gate))
+    port = int(base.rsplit(":", 1)[1])
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.request(
+        "POST",
+        "/v1/chat/completions",
+        body=json.dumps(STREAM_BODY),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {KEY}"},
+    )
+    response = connection.getresponse()
+    seen = ""
+    while "mg/L" not in seen:
+        line = response.readline().decode()
+        if not line or "[DONE]" in line:
+            break  # the stream ended without the last word
+        if line.startswith("data: {") and "content" in line:
+            seen += json.loads(line.removeprefix("data: "))["choices"][0]["delta"].get("content") or ""
+            if seen == "The range is 0 to 25 ":
+                gate.set()  # the engine writes the last word only once these were read
+    connection.close()
+    assert gate.is_set() and seen == "The range is 0 to 25 mg/L."
+
+
+def test_an_engine_that_cannot_stream_sends_its_text_as_one_piece(word_server):
+    base = word_server(WordEngine(streams=False))
+    status, _, raw = stream_post(base, STREAM_BODY)
+    contents = [p["choices"][0]["delta"].get("content") for p in sse_payloads(raw)[:-1] if p["choices"]]
+    assert status == 200 and contents == ["", "The range is 0 to 25 mg/L.", None]
+
+
+def test_an_error_before_any_text_is_an_http_error_and_after_it_an_error_event(served, word_server):
+    engine, base = served
+    engine.raise_next = ContextOverflow("prompt of 9000 tokens exceeds the context of 8192 tokens")
+    status, body = post(base, "/v1/chat/completions", json.dumps(STREAM_BODY).encode())
+    assert status == 400 and "exceeds the context" in body["error"]["message"]
+
+    failing = word_server(WordEngine(raise_after=2))
+    status, kind, raw = stream_post(failing, STREAM_BODY)
+    payloads = sse_payloads(raw)
+    assert status == 200 and kind == "text/event-stream"
+    assert payloads[-2] == {
+        "error": {"message": "RuntimeError: llama_decode failed (-3)", "type": "server_error", "code": 500}
+    }
+    assert payloads[-1] == "[DONE]"
+
+
+def test_a_streamed_request_whose_client_left_stops_generating():
+    engine = WordEngine(" ".join(["word"] * 400))  # ~4 s
+    server = OpenAIServer(engine, "slow", api_key=KEY)
+    try:
+        sock = raw_post(server.port, json.dumps(STREAM_BODY).encode())
+        received = b""
+        while b"data: " not in received:  # it is streaming (headers and events may come apart)
+            more = sock.recv(4096)
+            assert more, f"the server closed the connection after {received!r}"
+            received += more
+        sock.close()
+        deadline = time.monotonic() + 3
+        while not engine.outcomes and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        server.close()
+    assert engine.outcomes == ["cancelled"]
+
+
+def test_held_back_text_is_what_may_begin_a_stop_string():
+    from crag_dspy.lm.ik_engine import _stop_prefix
+
+    assert _stop_prefix("The answer [[ ##", ["[[ ## completed ## ]]"]) == 5
+    assert _stop_prefix("The answer\n", ["\n\n", "Q:"]) == 1
+    assert _stop_prefix("The answer", ["\n\n"]) == 0
+    assert _stop_prefix("ab", []) == 0

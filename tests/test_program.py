@@ -216,13 +216,16 @@ def test_the_config_travels_with_the_program_as_is(tmp_path):
     assert (loaded.thresholds.lower, loaded.thresholds.upper) == (0.2, 0.6)
 
 
-def test_the_app_keeps_its_own_lm_calls(tmp_path):
+def test_the_app_keeps_its_own_lm_calls_and_history_limit(tmp_path):
     crag = compiled_crag()
+    crag.config = crag.config.replace(max_history_turns=5)
     doc = json.loads(save_program(crag, tmp_path / "p.json", {"domain": "default"}).read_text())
-    app = CRAG(ListRetriever([]), ListWebSearch(), CRAGConfig(lm_calls={"retries": 0, "use_logprobs": False}))
-    loaded = apply_program(app, doc)
+    app_config = CRAGConfig(lm_calls={"retries": 0, "use_logprobs": False}, max_history_turns=2)
+    loaded = apply_program(CRAG(ListRetriever([]), ListWebSearch(), app_config), doc)
     assert loaded.config.lm_calls.retries == 0 and loaded.grader.use_logprobs is False
+    assert loaded.config.max_history_turns == 2  # the app's requests, not the compile's
     assert loaded.config.k == 4  # everything else is the program's
+    assert CRAG(ListRetriever([]), ListWebSearch()).load(tmp_path / "p.json").config.max_history_turns == 5
 
 
 @pytest.mark.parametrize(

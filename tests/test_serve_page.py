@@ -11,17 +11,20 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import dspy
 import pytest
-from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
+from fakes import ListRetriever, ListWebSearch, ScriptedLM, ScriptEngine, field
 from serving import FESTIVAL_Q, LEAVE_Q, harbour_lm, serving, write_domain
 
 from crag_dspy import CRAG
 from crag_dspy.app import LoadedProgram, open_program
 from crag_dspy.config import CRAGConfig
+from crag_dspy.lm.openai_server import OpenAIServer
 from crag_dspy.protocols import Passage, WebResult
 from crag_dspy.serve import ProgramService, ServePolicy, create_app
 from crag_dspy.settings import Settings
@@ -265,6 +268,8 @@ def _cited_program() -> LoadedProgram:
             return 0.9 if ("90 days" in strip or ("range" in question and "0 to 25" in strip)) else 0.05
         if "web search query" in system:
             return {"query": "WQ-17 recalibration"}
+        if "Rewrite the follow-up question" in system:  # a page's next question carries its history
+            return {"standalone_question": question}
         return {"answer": "0 to 25 mg/L" if "0 to 25" in field(user, "context") else "every 90 days"}
 
     retriever = ListRetriever([])
@@ -324,3 +329,78 @@ def test_the_page_lists_the_answers_sources_under_it(chromium, tmp_path):
         )
         assert hrefs == ["https://ihsc.example/wq17", "#kept-strip-2"]
     assert problems == []
+
+
+def test_the_page_writes_the_answer_as_it_streams_and_keeps_the_conversation(chromium, tmp_path):
+    """The answer's tokens reach the page before the answer is done (the LM writes its last word only
+    once the page shows the first ones), through a real dspy.LM and LiteLLM on the embedded model's
+    server over a scripted engine; each answered question is a turn the next one carries as history."""
+    from playwright.sync_api import expect
+
+    honest = harbour_lm().script
+    condensed: list[str] = []
+
+    def script(system: str, user: str):
+        if "Rewrite the follow-up question" in system:
+            condensed.append(field(user, "history"))
+            return {"standalone_question": FESTIVAL_Q}
+        return honest(system, user)
+
+    gate = threading.Event()
+    engine = ScriptEngine(script, gate)
+    server = OpenAIServer(engine, "harbour", api_key=None)
+    lm = dspy.LM(
+        "openai/harbour",
+        api_base=f"http://127.0.0.1:{server.port}/v1",
+        api_key="unused",
+        temperature=0.0,
+        max_tokens=256,
+        num_retries=0,
+        cache=False,
+    )
+    problems: list[str] = []
+    try:
+        app = create_app(ProgramService(_harbour(tmp_path, lm=lm)))
+        with _page_of(app, chromium, tmp_path, problems) as page:
+            page.wait_for_selector("#program b")
+            assert page.is_hidden("#conversation")
+            page.fill("#question", LEAVE_Q)
+            with page.expect_request("**/ask/stream") as first:
+                page.click("#submit")
+            assert "history" not in first.value.post_data_json
+            # The draft, word by word, while the LM has not written the last word yet.
+            draft = page.locator("#turns .turn.pending .turn-a")
+            expect(draft).to_have_text("27 days of annual leave per", timeout=30_000)
+            assert page.inner_text("#turns .turn.pending .turn-q") == LEAVE_Q
+            gate.set()
+            expect(page.locator("#status")).to_have_text(re.compile(r"^Answered"), timeout=30_000)
+            assert page.locator("#turns .turn-q").all_inner_texts() == [LEAVE_Q]
+            assert page.locator("#turns .turn-a").all_inner_texts() == ["27 days of annual leave per year"]
+            assert page.inner_text("#question-label") == "Your follow-up question"
+            assert "follow-up of the last 1 turn." in page.inner_text("#history-hint")
+
+            # The follow-up carries the first turn and is answered as the standalone question.
+            page.fill("#question", "And when is the festival?")
+            with page.expect_request("**/ask/stream") as second:
+                page.click("#submit")
+            assert second.value.post_data_json["history"] == [
+                {"question": LEAVE_Q, "answer": "27 days of annual leave per year"}
+            ]
+            expect(page.locator("#status")).to_have_text(re.compile(r"^Answered"), timeout=30_000)
+            assert page.inner_text("#answer") == "14 June 2025" and len(condensed) == 1
+            assert page.locator("#turns .turn").count() == 2
+
+            # A new conversation: no turns shown, none sent.
+            page.click("#new-conversation")
+            assert page.is_hidden("#conversation") and page.inner_text("#question-label") == "Your question"
+            page.fill("#question", LEAVE_Q)
+            with page.expect_request("**/ask/stream") as third:
+                page.click("#submit")
+            assert "history" not in third.value.post_data_json
+            expect(page.locator("#status")).to_have_text(re.compile(r"^Answered"), timeout=30_000)
+            assert page.locator("#turns .turn").count() == 1
+    finally:
+        gate.set()
+        server.close()
+    assert problems == []
+    assert len(engine.streamed) == 3  # the answers only: no judge, no condensing call streams

@@ -1,15 +1,21 @@
-"""``POST /ask/stream``: the stages as server-sent events while the question runs, then the answer or
-the error ``POST /ask`` would give, with the same keys, limits, queue and deadline. Scripted LM."""
+"""``POST /ask/stream``: the stages as server-sent events while the question runs, the answer's tokens as
+the LM writes them, then the answer or the error ``POST /ask`` would give, with the same keys, limits,
+queue and deadline. Scripted LM; the tokens come through a real ``dspy.LM`` and LiteLLM from the embedded
+server over a scripted engine."""
 
 from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from fakes import ScriptedLM
+import dspy
+from fakes import ScriptedLM, ScriptEngine
 from serving import local_client
 from test_serve import make_service, script
 
+from crag_dspy.lm.openai_server import OpenAIServer
 from crag_dspy.serve import create_app
 from crag_dspy.serve.policy import ServePolicy
 
@@ -122,3 +128,70 @@ def test_a_full_queue_is_a_503_before_any_stream_and_keys_are_required_as_for_as
     assert (
         keyed.post("/ask/stream", json={"question": " "}, headers={"X-API-Key": "k" * 32}).status_code == 422
     )
+
+
+@contextmanager
+def streaming_lm(gate: threading.Event | None = None) -> Iterator[tuple[dspy.LM, ScriptEngine]]:
+    """A real ``dspy.LM`` (LiteLLM) on the embedded model's OpenAI-compatible server, over an engine
+    answering with test_serve's script and streaming its text a word at a time."""
+    engine = ScriptEngine(script, gate)
+    server = OpenAIServer(engine, "scripted", api_key=None)
+    lm = dspy.LM(
+        "openai/scripted",
+        api_base=f"http://127.0.0.1:{server.port}/v1",
+        api_key="unused",
+        temperature=0.0,
+        max_tokens=256,
+        num_retries=0,
+        cache=False,
+    )
+    try:
+        yield lm, engine
+    finally:
+        server.close()
+
+
+def test_the_answers_tokens_stream_as_the_lm_writes_them():
+    gate = threading.Event()
+    with streaming_lm(gate) as (lm, engine):
+        client = local_client(create_app(make_service(lm=lm)))
+        lines, tokens = [], ""
+        with client.stream("POST", "/ask/stream", json={"question": QUESTION}) as response:
+            for line in response.iter_lines():
+                lines.append(line)
+                if line.startswith("data: ") and lines[-2:-1] == ["event: token"]:
+                    tokens += json.loads(line.removeprefix("data: "))["text"]
+                    if tokens == "0 to 25 ":
+                        gate.set()  # the last word is written only once the client has the first ones
+    events = events_of(lines)
+    names = [name if name != "stage" else data["kind"] for name, data in events]
+    assert names == [
+        "retrieved",
+        "graded",
+        "action",
+        "strips_kept",
+        "token",
+        "token",
+        "token",
+        "token",
+        "answer",  # the stage event: the final answer, once the answer stage is done
+        "citations",
+        "answer",
+    ]
+    assert [data["text"] for name, data in events if name == "token"] == ["0 ", "to ", "25 ", "mg/L"]
+    assert gate.is_set() and events[-1][1]["answer"] == "0 to 25 mg/L"
+    assert len(engine.streamed) == 1 and "You judge" not in engine.streamed[0]  # the answer only
+
+
+def test_a_withheld_answer_never_streams_its_tokens():
+    with streaming_lm() as (lm, engine):
+        client = local_client(create_app(make_service(lm=lm), ServePolicy(on_flag="withhold")))
+        events = events_of(client.post("/ask/stream", json={"question": QUESTION}).text.splitlines())
+    assert [name for name, _ in events].count("token") == 0 and engine.streamed == []
+    assert events[-1][0] == "answer"
+
+
+def test_an_lm_that_cannot_stream_gives_the_stages_and_the_answer_without_tokens():
+    client = local_client(create_app(make_service()))  # ScriptedLM answers whole
+    events = events_of(client.post("/ask/stream", json={"question": QUESTION}).text.splitlines())
+    assert "token" not in [name for name, _ in events] and events[-1][1]["answer"] == "0 to 25 mg/L"

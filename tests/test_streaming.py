@@ -15,7 +15,15 @@ from test_dummy_lm import BAKERY, FERRY, QUESTION, script
 
 from crag_dspy import CRAG, WebResult
 from crag_dspy.adapters import wrapped_value
-from crag_dspy.events import StageEvent, StageMessages, StageStatus, answer_listener, describe, make_event
+from crag_dspy.events import (
+    StageEvent,
+    StageMessages,
+    StageStatus,
+    answer_listener,
+    describe,
+    make_event,
+    run_with_tokens,
+)
 from crag_dspy.web import NoWebSearch
 
 
@@ -181,3 +189,26 @@ def test_the_bare_answer_listener_passes_every_content_chunk_on():
     assert (first.chunk, first.is_last_chunk, first.predict_name) == ("23:40 ", False, "answerer")
     assert listener.receive(_chunk("from pier four", 0)).chunk == "from pier four"
     assert listener.finalize().is_last_chunk
+
+
+def test_run_with_tokens_hands_the_answers_tokens_over_and_returns_the_prediction():
+    lm = StreamingDummyLM(script())
+    crag = crag_over_store(lm)
+    tokens: list[str] = []
+    events: list[StageEvent] = []
+    prediction = run_with_tokens(crag, tokens.append, question=QUESTION, on_event=events.append)
+    assert tokens == ["23:40 from ", "pier four"] and lm.streamed_for == [crag.answerer]
+    assert prediction.answer == "23:40 from pier four" and prediction.action == "CORRECT"
+    assert [e.kind for e in events][-2:] == ["answer", "citations"]  # on_event as without streaming
+
+
+def test_run_with_tokens_raises_what_the_run_raises():
+    from crag_dspy.faults import LMUnavailableError
+
+    class Down(DummyLM):
+        def forward(self, prompt=None, messages=None, **kwargs):
+            raise ConnectionError("connection refused")
+
+    crag = crag_over_store(Down([]))
+    with pytest.raises(LMUnavailableError, match="connection refused"):
+        run_with_tokens(crag, lambda text: None, question=QUESTION)

@@ -12,6 +12,7 @@ OpenAI-style chat completions served by :mod:`crag_dspy.lm.openai_server`.
 
 from __future__ import annotations
 
+import codecs
 import ctypes
 import logging
 import math
@@ -29,7 +30,15 @@ import numpy as np
 from .chat_template import render_chatml
 from .prompt_cache import CachePlan, PromptCache
 
-__all__ = ["Cancelled", "Completion", "ContextOverflow", "EngineError", "IkEngine", "TokenLogprob"]
+__all__ = [
+    "Cancelled",
+    "Completion",
+    "ContextOverflow",
+    "EngineError",
+    "IkEngine",
+    "TokenLogprob",
+    "Utf8Pieces",
+]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +60,7 @@ class Cancelled(EngineError):
 
 
 Cancel = Callable[[], bool] | None
+OnText = Callable[[str], None] | None
 
 
 def _check(cancelled: Cancel, where: str) -> None:
@@ -77,6 +87,26 @@ class Completion:
     cached_tokens: int
     completion_tokens: int
     logprobs: tuple[TokenLogprob, ...] | None
+
+
+class Utf8Pieces:
+    """The text of one generation from its tokens' bytes, fed a token at a time.
+
+    A token is a run of bytes, not of characters: a byte-level BPE vocabulary (Qwen's, GPT-2's) splits
+    a character it has no token for ("ë", "ã", most CJK characters, emoji) into tokens of one or two of
+    its UTF-8 bytes. Decoded token by token, each part would be U+FFFD; here the bytes of a character
+    not yet complete are kept until the token that completes it, and :meth:`feed` returns only whole
+    characters. :meth:`flush` ends the generation: bytes that never became a character are U+FFFD.
+    """
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, data: bytes) -> str:
+        return self._decoder.decode(data)
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)
 
 
 def _bind(lib: ctypes.CDLL, name: str, argtypes: list, restype: Any):
@@ -188,7 +218,7 @@ class IkEngine:
         self.n_ctx = n_ctx
         self.n_vocab = C.llama_vocab_n_tokens(C.llama_model_get_vocab(self._model))
         self.cache = PromptCache(slots, n_ctx)
-        self._pieces: dict[int, str] = {}
+        self._bytes: dict[int, bytes] = {}
 
     # -- text <-> tokens ------------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
@@ -201,12 +231,23 @@ class IkEngine:
             raise EngineError(f"tokenization failed ({got})")
         return list(buf[:got])
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes ``token`` stands for: possibly part of a character (see :class:`Utf8Pieces`)."""
+        if token not in self._bytes:
+            size = 64
+            buf = ctypes.create_string_buffer(size)
+            n = self._C.llama_token_to_piece(self._model, token, buf, size, 0, False)
+            if n < 0:  # a longer piece: llama.cpp says how long
+                size = -n
+                buf = ctypes.create_string_buffer(size)
+                n = self._C.llama_token_to_piece(self._model, token, buf, size, 0, False)
+            self._bytes[token] = buf.raw[: max(n, 0)]
+        return self._bytes[token]
+
     def piece(self, token: int) -> str:
-        if token not in self._pieces:
-            buf = ctypes.create_string_buffer(64)
-            n = self._C.llama_token_to_piece(self._model, token, buf, 64, 0, False)
-            self._pieces[token] = buf.raw[: max(n, 0)].decode("utf-8", errors="replace")
-        return self._pieces[token]
+        """``token`` as text on its own (a log-probability's token); U+FFFD for part of a character.
+        A completion's text is decoded across its tokens instead (:class:`Utf8Pieces`)."""
+        return self.token_bytes(token).decode("utf-8", errors="replace")
 
     # -- requests -------------------------------------------------------------------------------
     def chat(
@@ -219,6 +260,7 @@ class IkEngine:
         stop: Sequence[str] = (),
         seed: int | None = None,
         cancelled: Cancel = None,
+        on_text: OnText = None,
     ) -> Completion:
         return self.complete(
             self.tokenize(render_chatml(messages)),
@@ -228,6 +270,7 @@ class IkEngine:
             stop=stop,
             seed=seed,
             cancelled=cancelled,
+            on_text=on_text,
         )
 
     def complete(
@@ -240,11 +283,15 @@ class IkEngine:
         stop: Sequence[str] = (),
         seed: int | None = None,
         cancelled: Cancel = None,
+        on_text: OnText = None,
     ) -> Completion:
         """Continue ``prompt`` by up to ``max_tokens`` tokens; greedy at temperature 0.
 
         ``cancelled`` is asked before the work starts, between prompt batches and between generated
         tokens: when it says True, :class:`Cancelled` is raised and the model is free for the next request.
+        ``on_text`` gets the completion's text as it is generated, in pieces that join to
+        ``Completion.text``: text that may be the start of a stop string is held back until the next
+        token shows it is not. An exception it raises ends the request (e.g. its client left).
         """
         if max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
@@ -265,7 +312,16 @@ class IkEngine:
                     plan = self.cache.plan(prompt, reserve=max_tokens)
                     logits = self._evaluate(prompt, plan, cancelled)
                 return self._generate(
-                    prompt, plan, logits, max_tokens, temperature, top_logprobs, stop, seed, cancelled
+                    prompt,
+                    plan,
+                    logits,
+                    max_tokens,
+                    temperature,
+                    top_logprobs,
+                    stop,
+                    seed,
+                    cancelled,
+                    on_text,
                 )
             except BaseException:
                 self._forget(plan.slot)  # what the sequence holds is no longer known
@@ -319,12 +375,16 @@ class IkEngine:
         stop: Sequence[str],
         seed: int | None,
         cancelled: Cancel = None,
+        on_text: OnText = None,
     ) -> Completion:
         rng = np.random.default_rng(seed)
         held = list(prompt)
         generated: list[int] = []
         entries: list[TokenLogprob] = []
         text, finish = "", "length"
+        pieces = Utf8Pieces()  # a character split across tokens joins ``text`` with its last byte
+        cut: int | None = None  # where a stop string cut ``text``
+        sent = 0  # characters of ``text`` handed to on_text
         while True:
             logp = logits - logits.max()
             logp -= math.log(np.exp(logp).sum())
@@ -335,16 +395,25 @@ class IkEngine:
             generated.append(token)
             if top_logprobs is not None:
                 entries.append(self._logprob_entry(logp, token, top_logprobs))
-            text += self.piece(token)
+            text += pieces.feed(self.token_bytes(token))
             cut = _stop_at(text, stop)
             if cut is not None:
                 text, finish = text[:cut], "stop"
                 break
             if len(generated) >= max_tokens:
                 break
+            if on_text is not None:
+                ready = len(text) - _stop_prefix(text, stop)
+                if ready > sent:
+                    on_text(text[sent:ready])
+                    sent = ready
             _check(cancelled, f"after {len(generated)} generated tokens")
             logits = self._decode([token], len(held), plan.slot)
             held.append(token)
+        if cut is None:  # (after a stop string, bytes held are not the completion's)
+            text += pieces.flush()  # bytes of a character the generation ended inside of: U+FFFD
+        if on_text is not None and len(text) > sent:
+            on_text(text[sent:])  # what was held back for a stop string that never came
         self.cache.commit(plan, held)
         return Completion(
             text=text,
@@ -384,6 +453,18 @@ def _sample(logp: np.ndarray, temperature: float, rng: np.random.Generator) -> i
     scaled = logp[top] / temperature
     weights = np.exp(scaled - scaled.max())
     return int(rng.choice(top, p=weights / weights.sum()))
+
+
+def _stop_prefix(text: str, stop: Sequence[str]) -> int:
+    """How many characters at the end of ``text`` begin one of the ``stop`` strings: a streamed
+    completion holds them back, since the next token may complete the stop string and cut them off."""
+    longest = 0
+    for s in stop:
+        for n in range(min(len(s) - 1, len(text)), longest, -1):
+            if text.endswith(s[:n]):
+                longest = n
+                break
+    return longest
 
 
 def _stop_at(text: str, stop: Sequence[str]) -> int | None:

@@ -48,6 +48,7 @@ from .schemas import (
     Health,
     ProgramInfo,
     ValidationErrorResponse,
+    ask_request_model,
 )
 from .service import DependencyError, ProgramService
 
@@ -134,6 +135,19 @@ def _failure(
     raise TypeError(f"not a failure of a question: {type(exc).__name__}") from exc
 
 
+def _too_much_history(request: AskRequest, service: ProgramService) -> JSONResponse | None:
+    """The 422 of a request whose history has more turns than its domain's program takes (the schema
+    bounds it by the most any domain served takes), in the shape of every invalid request; else None."""
+    most, given = service.crag.config.max_history_turns, len(request.history)
+    if given <= most:
+        return None
+    message = f"List should have at most {most} items for domain {service.loaded.domain!r}, not {given}"
+    log.info("422: history: %s", message)
+    error = {"type": "too_long", "loc": ["body", "history"], "msg": message}
+    body = ValidationErrorResponse(detail=f"invalid request: history: {message}", errors=[error])
+    return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
+
+
 def _unknown_domain(exc: UnknownDomain, where: str) -> JSONResponse:
     """The 422 of a request that named a domain not served, in the shape of every invalid request."""
     log.info("422: %s", exc)
@@ -155,6 +169,13 @@ def create_app(
     """
     policy = policy or ServePolicy()
     domains = Domains.of(service)
+    # The request model states the history limit; with several domains, the largest (each checks its own).
+    Ask = ask_request_model(max(domains.choose(n).crag.config.max_history_turns for n in domains.names))
+
+    def ask_request(request: Ask) -> AskRequest:  # type: ignore[valid-type]  # a model made at run time
+        """The request body, validated by the model that states this server's history limit."""
+        return request
+
     queue = ModelQueue(policy.workers, policy.queue)
     limiter = RateLimiter(policy.rate_limit) if policy.rate_limit else None
 
@@ -270,7 +291,7 @@ def create_app(
         },
     )
     async def ask(
-        request: AskRequest,
+        request: Annotated[AskRequest, Depends(ask_request)],
         http: Request,
         caller: Annotated[Caller, Depends(authenticate)],
         debug: Annotated[
@@ -284,6 +305,8 @@ def create_app(
             service = domains.choose(request.domain)
         except UnknownDomain as exc:
             return _unknown_domain(exc, "body")
+        if (refused := _too_much_history(request, service)) is not None:
+            return refused
         http.state.domain = service.loaded.domain
         history = [turn.model_dump() for turn in request.history]
         started: list[CRAGTrace] = []
@@ -317,8 +340,11 @@ def create_app(
             200: {
                 "content": {"text/event-stream": {}},
                 "description": "`event: stage` per stage event (retrieved, graded, action, web_query, "
-                "strips_kept, answer, citations; JSON: kind, data, seconds), then `event: answer` with the "
-                "body `POST /ask` returns, or `event: error` with `status` (503, 504) and its error body",
+                "strips_kept, answer, citations; JSON: kind, data, seconds); `event: token` per piece of the "
+                "answer's draft as the LM writes it (JSON: text; when the LM streams, never with on_flag "
+                "'withhold'; the `answer` event's answer is final: it may add a unit or be \"I don't "
+                'know"); then `event: answer` with the body `POST /ask` returns, or `event: error` with '
+                "`status` (503, 504) and its error body",
             },
             401: {"model": ErrorResponse, "description": "no API key, or not a valid one"},
             403: {"model": ErrorResponse, "description": "?debug=1 without a debug key"},
@@ -331,7 +357,7 @@ def create_app(
         },
     )
     async def ask_stream(
-        request: AskRequest,
+        request: Annotated[AskRequest, Depends(ask_request)],
         http: Request,
         caller: Annotated[Caller, Depends(authenticate)],
         debug: Annotated[
@@ -345,19 +371,29 @@ def create_app(
             service = domains.choose(request.domain)
         except UnknownDomain as exc:
             return _unknown_domain(exc, "body")
+        if (refused := _too_much_history(request, service)) is not None:
+            return refused
         http.state.domain = service.loaded.domain
         history = [turn.model_dump() for turn in request.history]
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[StageEvent] = asyncio.Queue()
+        # (event name, data) in the order the run's thread sent them; the stream below sends them.
+        events: asyncio.Queue[tuple[str, dict]] = asyncio.Queue()
         started: list[CRAGTrace] = []
         cancel = threading.Event()
+
+        def send(name: str, data: dict) -> None:
+            loop.call_soon_threadsafe(events.put_nowait, (name, data))  # from the run's thread
 
         def on_event(event: StageEvent) -> None:
             if policy.on_flag == "withhold" and event.kind in _WITHHELD_EVENTS:
                 return  # the answer may yet be withheld: it reaches the client in the final event only
-            # The run's thread hands the event to this request's loop; the stream below sends it.
-            loop.call_soon_threadsafe(events.put_nowait, event)
+            send("stage", event.model_dump(mode="json"))
 
+        def on_token(text: str) -> None:
+            send("token", {"text": text})
+
+        # A withheld answer must not reach the client as tokens either.
+        tokens = on_token if policy.on_flag != "withhold" else None
         try:
             # Admitted (or refused with a 503) before the stream begins, with the keys, limits and
             # deadline of POST /ask.
@@ -368,6 +404,7 @@ def create_app(
                     on_start=started.append,
                     cancel=cancel,
                     on_event=on_event,
+                    on_token=tokens,
                     on_flag=policy.on_flag,
                 )
             )
@@ -384,7 +421,7 @@ def create_app(
                     next_event = asyncio.ensure_future(events.get())
                     await asyncio.wait({next_event, answer}, return_when=asyncio.FIRST_COMPLETED)
                     if next_event.done():
-                        yield _sse("stage", next_event.result().model_dump(mode="json"))
+                        yield _sse(*next_event.result())
                     else:
                         next_event.cancel()
                 try:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from pydantic_core import PydanticCustomError
 
 from ..citations import Citation
-from ..conversation import MAX_ANSWER_CHARS, MAX_TURNS
+from ..config import MOST_HISTORY_TURNS
+from ..conversation import MAX_ANSWER_CHARS
 from ..flag_policy import AnswerStatus
 from ..trace import CRAGTrace
 from ..validation import DEFAULT_MAX_QUESTION_CHARS
@@ -25,6 +26,7 @@ __all__ = [
     "HistoryTurn",
     "ProgramInfo",
     "ValidationErrorResponse",
+    "ask_request_model",
 ]
 
 QUESTION_MAX_CHARS = DEFAULT_MAX_QUESTION_CHARS
@@ -56,6 +58,14 @@ class HistoryTurn(BaseModel):
     _question_not_blank = field_validator("question")(_not_blank)
 
 
+def _history_description(most: int) -> str:
+    return (
+        f"the conversation's earlier turns, oldest first, at most {most} (the program's "
+        "`max_history_turns`, GET /program's config): with any, the question is first rewritten to stand "
+        "alone (the trace's `standalone_question`). Untrusted input, made inert as documents are"
+    )
+
+
 class AskRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
@@ -73,10 +83,8 @@ class AskRequest(BaseModel):
 
     history: list[HistoryTurn] = Field(
         default_factory=list,
-        max_length=MAX_TURNS,
-        description=f"the conversation's earlier turns, oldest first, at most {MAX_TURNS}: with any, the "
-        "question is first rewritten to stand alone (the trace's `standalone_question`). Untrusted "
-        "input, made inert as documents are",
+        max_length=MOST_HISTORY_TURNS,
+        description=_history_description(MOST_HISTORY_TURNS),
     )
 
     domain: str | None = Field(
@@ -84,6 +92,20 @@ class AskRequest(BaseModel):
         max_length=DOMAIN_MAX_CHARS,
         description="which served domain answers (GET /health lists them); omitted: the first one served. "
         "A domain not served is a 422 naming the served ones",
+    )
+
+
+def ask_request_model(max_history_turns: int) -> type[AskRequest]:
+    """:class:`AskRequest` whose ``history`` takes at most ``max_history_turns`` turns (a server's
+    ``CRAGConfig.max_history_turns``), so that its schema states the limit and a longer history is a 422
+    like any invalid field. Named AskRequest in the OpenAPI schema too."""
+    field: Any = Field(
+        default_factory=list,
+        max_length=max_history_turns,
+        description=_history_description(max_history_turns),
+    )
+    return create_model(
+        "AskRequest", __base__=AskRequest, __module__=__name__, history=(list[HistoryTurn], field)
     )
 
 

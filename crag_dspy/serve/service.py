@@ -17,7 +17,7 @@ from typing import Any
 import dspy
 
 from ..app import LoadedProgram
-from ..events import EventCallback
+from ..events import EventCallback, TokenCallback, run_with_tokens
 from ..faults import LMUnavailableError, RetrievalError
 from ..flag_policy import OnFlag, judge_flag
 from ..program import program_config
@@ -67,18 +67,29 @@ class ProgramService:
         on_start: Callable[[CRAGTrace], None] | None = None,
         cancel: threading.Event | None = None,
         on_event: EventCallback | None = None,
+        on_token: TokenCallback | None = None,
         on_flag: OnFlag = "warn",
     ) -> AskResponse:
         """Answer ``question`` with the full trace; ``on_start`` gets the trace as the run begins,
         ``history`` holds the conversation's earlier turns (:mod:`crag_dspy.conversation`),
         setting ``cancel`` stops the run as its next stage starts (a deadline passed), ``on_event``
-        gets each stage event (:mod:`crag_dspy.events`) in the run's thread, and ``on_flag`` says what a
-        flagged answer becomes (:mod:`crag_dspy.flag_policy`; the trace keeps what CRAG answered)."""
+        gets each stage event (:mod:`crag_dspy.events`) in the run's thread, ``on_token`` each piece
+        of the answer's draft as the LM writes it (when the LM streams:
+        :func:`~crag_dspy.events.run_with_tokens`), and ``on_flag`` says what a flagged answer becomes
+        (:mod:`crag_dspy.flag_policy`; the trace keeps what CRAG answered)."""
         started = time.perf_counter()
+        inputs: dict[str, Any] = {
+            "question": question,
+            "history": history,
+            "on_start": on_start,
+            "cancel": cancel,
+            "on_event": on_event,
+        }
         try:
-            prediction = self.crag(
-                question=question, history=history, on_start=on_start, cancel=cancel, on_event=on_event
-            )
+            if on_token is None:
+                prediction = self.crag(**inputs)
+            else:
+                prediction = run_with_tokens(self.crag, on_token, **inputs)
         except RetrievalError as exc:
             raise DependencyError("store", str(exc), exc.trace) from exc
         except LMUnavailableError as exc:

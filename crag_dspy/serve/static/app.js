@@ -1,4 +1,5 @@
-// The page over the crag-dspy API: POST /ask, then draw the trace. Data is only ever set as text.
+// The page over the crag-dspy API: POST /ask/stream with the conversation so far, the answer written as
+// it streams, then the trace. Data is only ever set as text.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -81,6 +82,10 @@ async function loadProgram() {
       $("domain-row").hidden = false;
     }
     if (domains.length > 1) $("domain").value = p.domain;
+    // The program's max_history_turns (CRAGConfig): the API refuses more earlier turns than that.
+    const most = (p.config || {}).max_history_turns;
+    maxTurns = Number.isInteger(most) ? most : DEFAULT_MAX_TURNS;
+    drawConversation();
     const scores = p.scores || {};
     const test = scores.test ? Object.entries(scores.test).map(([k, v]) => `${k} ${fmt(100 * v, 1)}%`).join(", ") : null;
     const parts = [
@@ -102,6 +107,50 @@ async function loadProgram() {
     box.textContent = `Could not load /program (${error.message}).`;
   }
 }
+
+// --- the conversation --------------------------------------------------------------------------------
+// Each answered question is a turn; the next question goes with the last turns as `history`, so the
+// server rewrites a follow-up ("and the night ferry?") into a standalone question. The turns live in
+// this page only: "New conversation" (or another domain) starts afresh.
+const DEFAULT_MAX_TURNS = 8;
+let maxTurns = DEFAULT_MAX_TURNS;
+let turns = []; // [{question, answer}], oldest first: answered questions only
+
+const historyToSend = () => (maxTurns > 0 ? turns.slice(-maxTurns) : []);
+
+function turnItem(question, answer, pending) {
+  return el("li", { class: pending ? "turn pending" : "turn", "aria-busy": pending ? "true" : undefined },
+    el("p", { class: "turn-q" }, question),
+    el("p", { class: "turn-a" }, answer));
+}
+
+function drawConversation(pending) {
+  const shown = turns.length > 0 || pending;
+  $("conversation").hidden = !shown;
+  $("question-label").textContent = turns.length ? "Your follow-up question" : "Your question";
+  if (!shown) return;
+  const items = turns.map((t) => turnItem(t.question, t.answer, false));
+  if (pending) items.push(pending);
+  $("turns").replaceChildren(...items);
+  const sent = historyToSend().length;
+  $("history-hint").textContent = !turns.length
+    ? ""
+    : maxTurns === 0
+      ? "This program takes no history: each question is asked on its own."
+      : `The next question is asked as a follow-up of the last ${sent} turn${sent === 1 ? "" : "s"}` +
+        (turns.length > sent ? ` (the program takes at most ${maxTurns}).` : ".");
+}
+
+function newConversation() {
+  turns = [];
+  drawConversation();
+}
+
+$("new-conversation").addEventListener("click", () => {
+  newConversation();
+  $("status").textContent = "New conversation: the next question is asked on its own.";
+  $("question").focus();
+});
 
 // --- one answer -------------------------------------------------------------------------------------
 function explain(trace) {
@@ -359,9 +408,9 @@ function drawTrace(trace, body) {
   $("result").hidden = false;
 }
 
-// Reads POST /ask/stream's server-sent events: each `stage` goes to onStage as it arrives; resolves
-// with the last event (`answer` or `error`) and its data.
-async function readStream(response, onStage) {
+// Reads POST /ask/stream's server-sent events: each `stage` goes to onStage and each `token` (a piece of
+// the answer's draft) to onToken as it arrives; resolves with the last event (`answer` or `error`).
+async function readStream(response, onStage, onToken) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "", last = { event: "error", data: { status: 502, detail: "the stream ended without an answer" } };
   for (;;) {
@@ -377,6 +426,7 @@ async function readStream(response, onStage) {
       if (!event || data === undefined) continue;
       const parsed = JSON.parse(data);
       if (event === "stage") onStage(parsed);
+      else if (event === "token") onToken(parsed.text);
       else last = { event, data: parsed };
     }
   }
@@ -391,21 +441,34 @@ async function ask(question) {
   const tick = () => { status.textContent = `Asking… ${((performance.now() - started) / 1000).toFixed(0)} s (${stageLine})`; };
   tick();
   const timer = setInterval(tick, 1000);
+  // The question shows as the conversation's next turn, its answer written as the LM writes it.
+  const pending = turnItem(question, "", true);
+  const draft = pending.querySelector(".turn-a");
+  const history = historyToSend();
+  drawConversation(pending);
   try {
     // The stream tells each stage as it happens; a refusal (401, 422, 429, a full queue) is plain JSON.
+    const request = { question, ...(history.length ? { history } : {}) };
+    if (!$("domain-row").hidden) request.domain = $("domain").value;
     const response = await fetch("/ask/stream", {
       method: "POST",
       headers: { "Content-Type": "application/json", Accept: "text/event-stream", ...keyHeaders() },
-      body: JSON.stringify($("domain-row").hidden ? { question } : { question, domain: $("domain").value }),
+      body: JSON.stringify(request),
     });
     let body, httpStatus = response.status;
     if (response.ok && (response.headers.get("Content-Type") || "").startsWith("text/event-stream")) {
       const ended = await readStream(response, (stage) => {
         stageLine = stage.message;
         tick();
+      }, (text) => {
+        stageLine = "writing the answer";
+        draft.textContent += text; // the draft: the final answer replaces it
       });
       body = ended.data;
       if (ended.event === "answer") {
+        turns.push({ question, answer: body.answer });
+        drawConversation();
+        $("question").value = ""; // ready for the follow-up
         drawTrace(body.trace, body);
         status.textContent = `Answered in ${fmt(body.seconds, body.seconds < 10 ? 2 : 1)} s: ${body.action}${body.degraded ? " (degraded: see fallbacks and errors)" : ""}.`;
         return;
@@ -414,6 +477,7 @@ async function ask(question) {
     } else {
       body = await response.json().catch(() => ({ detail: `HTTP ${response.status} with a non-JSON body` }));
     }
+    drawConversation(); // the question got no answer: it is no turn of the conversation
     if (httpStatus === 401) askForKey();
     const who = body.dependency ? ` (failed dependency: ${body.dependency})` : "";
     failure.replaceChildren(el("h3", {}, `HTTP ${httpStatus}${who}`), el("p", {}, body.detail || "request failed"));
@@ -422,6 +486,7 @@ async function ask(question) {
     else $("result").hidden = true;
     status.textContent = "The request failed.";
   } catch (error) {
+    drawConversation();
     failure.replaceChildren(el("h3", {}, "The service did not answer"), el("p", {}, String(error)));
     failure.hidden = false;
     status.textContent = "The request failed.";
@@ -447,5 +512,8 @@ $("question").addEventListener("keydown", (event) => {
     $("ask").requestSubmit();
   }
 });
-$("domain").addEventListener("change", () => loadProgram());
+$("domain").addEventListener("change", () => {
+  newConversation(); // another domain's program would read the turns as its own conversation
+  loadProgram();
+});
 loadProgram();
