@@ -26,6 +26,7 @@ from .flag_policy import OnFlag, judge_flag
 from .grounding import warning_line
 from .lm import EMBEDDED_MODELS, ENGINE_CHOICES, WeightsError
 from .redaction import configure_logging, redact
+from .terminal import json_for_terminal, terminal_safe
 
 __all__ = [
     "AskProgress",
@@ -278,6 +279,7 @@ def _why_changed(trace) -> str:
 
 
 def _quoted(text: str, most: int = 100) -> str:
+    text = _words(text)  # one line: a line break in a document must not start a line of its own here
     return f'"{text[:most]}{"..." if len(text) > most else ""}"'
 
 
@@ -315,7 +317,7 @@ def format_trace(trace, on_flag: OnFlag = "warn") -> str:
     for d in trace.documents:
         score = "error" if d.score is None else f"{d.score:.2f}"
         where = f"  (retry round {found_in[d.id]})" if d.id in found_in else ""
-        lines.append(f"  #{d.rank} {score:>5}  {d.title[:70]}  [{d.doc_id}]{where}")
+        lines.append(f"  #{d.rank} {score:>5}  {_words(d.title)[:70]}  [{d.doc_id}]{where}")
     if rounds:
         lines.append(f"internal retries (at most {trace.internal_retries} rounds):")
     for r in rounds:
@@ -333,7 +335,8 @@ def format_trace(trace, on_flag: OnFlag = "warn") -> str:
         )
     lines.append(f"strips: {len(kept)} kept, {dropped} dropped")
     for s in kept:
-        lines.append(f"  [{s.source}] {s.text[:100]}{'...' if len(s.text) > 100 else ''}")
+        text = _words(s.text)
+        lines.append(f"  [{s.source}] {text[:100]}{'...' if len(text) > 100 else ''}")
     for f in trace.fallbacks:
         lines.append(f"fallback: {f}")
     for e in trace.errors:
@@ -394,13 +397,15 @@ def _ingest(args: argparse.Namespace) -> int:
     reports = ingest_domain(open_client(settings), domain, Embedder(settings.embedding_model))
     for r in reports:
         print(
-            f"{r.collection}: {r.documents} documents, {r.chunks} chunks "
-            f"({r.added} added, {r.unchanged} unchanged, {r.removed} removed)"
+            terminal_safe(
+                f"{r.collection}: {r.documents} documents, {r.chunks} chunks "
+                f"({r.added} added, {r.unchanged} unchanged, {r.removed} removed)"
+            )
         )
     if domain.skipped:  # last, where it is seen: the ingest went on without these files
         print(f"skipped {len(domain.skipped)} unreadable file(s):")
         for message in domain.skipped:
-            print(f"  {message}")
+            print(f"  {terminal_safe(message, newlines=False)}")  # file names are untrusted
     return 0
 
 
@@ -443,14 +448,16 @@ def _ask(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.failed()
         if args.json and isinstance(exc, CRAGRunError):  # what happened up to the failure, for debugging
-            print(json.dumps(exc.trace.model_dump(mode="json"), indent=2, ensure_ascii=False))
+            print(json_for_terminal(exc.trace.model_dump(mode="json")))
         raise
     if progress is not None:
         progress.finish(prediction.trace, settings.on_flag)
     if args.json:
-        print(json.dumps(prediction.trace.model_dump(mode="json"), indent=2, ensure_ascii=False))
+        print(json_for_terminal(prediction.trace.model_dump(mode="json")))
     else:
-        print(format_trace(prediction.trace, settings.on_flag))
+        # Documents, titles, file names, web results and the LM's answer are untrusted: an escape sequence
+        # in a citation must not erase the warning above it (crag_dspy/terminal.py).
+        print(terminal_safe(format_trace(prediction.trace, settings.on_flag)))
     return 0
 
 
@@ -461,7 +468,7 @@ def stage_line(event) -> str:
 
 def print_stage(event) -> None:
     # stderr, flushed: the stages show as they happen, and stdout stays the answer for pipes and scripts.
-    print(stage_line(event), file=sys.stderr, flush=True)
+    print(terminal_safe(stage_line(event)), file=sys.stderr, flush=True)
 
 
 def _words(text: str) -> str:
@@ -514,7 +521,7 @@ class AskProgress:
                 sys.stderr.write(f"[{time.perf_counter() - self._started:6.1f} s] draft: ")
                 self._writing = True
             self._draft.append(text)
-            sys.stderr.write(text)
+            sys.stderr.write(terminal_safe(text))  # the LM's tokens: untrusted, as its answer
             sys.stderr.flush()
 
     def _end_draft(self) -> None:
@@ -534,7 +541,7 @@ class AskProgress:
             for event in self._last:
                 if event.kind == "answer":
                     line = final_answer_line(event, trace, on_flag, self.draft)
-                    print(f"[{event.seconds:6.1f} s] {line}", file=sys.stderr, flush=True)
+                    print(terminal_safe(f"[{event.seconds:6.1f} s] {line}"), file=sys.stderr, flush=True)
                 else:
                     print_stage(event)
 
@@ -616,7 +623,7 @@ def error_line(exc: BaseException) -> str:
         )
     else:
         text = str(exc)
-    return f"error: {redact(show_bundled_paths(text))}"
+    return f"error: {terminal_safe(redact(show_bundled_paths(text)))}"  # messages name files
 
 
 def user_error_types() -> tuple[type[Exception], ...]:

@@ -26,7 +26,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .config import CRAGConfig, describe_validation_error
-from .loaders import SUFFIXES, load_folder
+from .loaders import SUFFIXES, load_folder, shown_path, utf8_name
 from .records import CorpusDoc, DomainDataError, Record
 
 __all__ = [
@@ -246,7 +246,7 @@ class Domain:
         """``corpus.jsonl``, else the ``corpus/`` folder, else None (no corpus in the folder)."""
         if self.root is None:
             return None
-        file, folder = Path(self.root) / "corpus.jsonl", Path(self.root) / "corpus"
+        file, folder = _inside(self.root, "corpus.jsonl"), _inside(self.root, "corpus")
         return file if file.is_file() else folder if folder.is_dir() else None
 
     @property
@@ -285,7 +285,13 @@ class Domain:
             return None
         if path.is_file():
             return SourceFiles("corpus.jsonl", root, (path,))
-        files = tuple(sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES))
+        files = tuple(
+            sorted(
+                p
+                for p in path.rglob("*")
+                if p.is_file() and p.suffix.lower() in SUFFIXES and utf8_name(p)  # as load_folder reads
+            )
+        )
         return SourceFiles("corpus/", root, files)
 
     def _unread(self, name: str) -> bool:
@@ -323,11 +329,32 @@ class Domain:
 
 
 def _optional(path: Path, model: type[R]) -> list[R]:
+    path = _inside(path.parent, path.name)
     return load_jsonl(path, model) if path.is_file() else []
 
 
+DOMAIN_FILES = ("domain.toml", "corpus.jsonl", "corpus", "web.jsonl", "qa.jsonl", "relevance.jsonl")
+"""The files and folder a domain is read from: none may be a link that leads out of the domain folder."""
+
+
+def _inside(root: Path | str, name: str) -> Path:
+    """``root / name``, refused when it is a symbolic link that leads out of the domain folder: domain
+    folders come from uploads and archives, and a ``corpus -> /`` link would make the whole file system
+    the corpus (its files answered, quoted and cited), as a link inside ``corpus/`` would a file."""
+    path = Path(root) / name
+    if path.is_symlink():
+        target = path.resolve()
+        if not target.is_relative_to(Path(root).resolve()):
+            what = "folder" if target.is_dir() else "file"
+            raise DomainDataError(
+                f"{path}: a link to a {what} outside the domain folder ({target}): not read; copy the "
+                f"{what} into the domain folder instead of linking to it"
+            )
+    return path
+
+
 def _read_corpus(root: Path) -> tuple[list[CorpusDoc], list[str]]:
-    corpus_path, corpus_dir = root / "corpus.jsonl", root / "corpus"
+    corpus_path, corpus_dir = _inside(root, "corpus.jsonl"), _inside(root, "corpus")
     skipped: list[str] = []
     if corpus_path.is_file():
         corpus = load_jsonl(corpus_path, CorpusDoc)
@@ -363,6 +390,14 @@ def load_domain(root: Path | str, *, lazy: bool = False) -> Domain:
     root = Path(root)
     if not root.is_dir():
         raise DomainDataError(f"{root}: domain directory not found")
+    for name in DOMAIN_FILES:  # checked before anything is read, lazily or not
+        _inside(root, name)
+    if (root / "corpus.jsonl").is_file() and (root / "corpus").is_dir():
+        log.warning(
+            "%s: both corpus.jsonl and corpus/ are present: corpus.jsonl is read and corpus/ is not; "
+            "remove or rename the one you do not mean",
+            shown_path(root),
+        )
     toml_path = root / "domain.toml"
     if toml_path.is_file():
         try:

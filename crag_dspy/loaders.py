@@ -14,7 +14,9 @@ which stops the load (every file of that format would fail the same way).
 from __future__ import annotations
 
 import logging
+import os
 import re
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,8 @@ __all__ = [
     "UnreadableDocumentError",
     "load_document",
     "load_folder",
+    "shown_path",
+    "utf8_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -202,7 +206,9 @@ def load_folder(folder: Path) -> LoadedFolder:
 
     An unreadable file, an empty one, or one of a type no reader reads (a slide deck, a spreadsheet) is
     logged, skipped and listed in :attr:`LoadedFolder.skipped`, so that a document the user put there is
-    never missing without a word. So is a symbolic link that leads out of ``folder`` (or nowhere): domain
+    never missing without a word. So is a file whose name is not valid UTF-8 (named with its bytes escaped),
+    a named pipe, device node or socket (never opened: a read could block or never end), and a symbolic
+    link that leads out of ``folder`` (or nowhere): domain
     folders come from uploads and archives, and a link to ``/etc/passwd`` must not become a quotable
     document. Links inside the folder are read as the files they point to. Hidden files and folders
     (``.DS_Store``, ``.git/``) are not documents and are passed over silently.
@@ -217,17 +223,56 @@ def load_folder(folder: Path) -> LoadedFolder:
     for path in sorted(folder.rglob("*")):  # rglob does not descend into linked folders
         if any(part.startswith(".") for part in path.relative_to(folder).parts):
             continue
+        if not utf8_name(path):
+            # A name from a legacy archive: as a document id or source it cannot be stored (Chroma and
+            # JSON take UTF-8 only), so it is skipped here instead of stopping the whole ingest later.
+            if not path.is_dir():
+                skip(f"{shown_path(path)}: the file name is not valid UTF-8: not read; rename the file")
+            continue
         outside = _link_outside(path, root)
         if outside is not None:
             skip(outside)
             continue
-        if not path.is_file():
+        if path.is_dir():
+            continue
+        if not path.is_file():  # a FIFO would block the read, a device node has no end: never opened
+            skip(f"{path}: not a regular file ({_file_kind(path)}): not read")
             continue
         try:
             docs.append(load_document(path, doc_id=str(path.relative_to(folder))))
         except UnreadableDocumentError as exc:
             skip(str(exc))
     return LoadedFolder(docs, skipped)
+
+
+def utf8_name(path: Path) -> bool:
+    """Whether ``path`` is valid UTF-8 (Python decodes other bytes of a file name to lone surrogates)."""
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown_path(path: Path) -> str:
+    """``path`` printable whatever its bytes: a byte that is not UTF-8 is shown as ``\\xff``."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _file_kind(path: Path) -> str:
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return "unknown"
+    for test, kind in (
+        (stat.S_ISFIFO, "a named pipe"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return "unknown"
 
 
 def _link_outside(path: Path, root: Path) -> str | None:

@@ -13,6 +13,8 @@ import logging
 import os
 import re
 
+from .terminal import terminal_safe
+
 __all__ = ["REDACTED", "RedactingFilter", "configure_logging", "question_hash", "redact", "secret_values"]
 
 REDACTED = "***"
@@ -59,16 +61,18 @@ def question_hash(question: str) -> str:
 
 
 class RedactingFilter(logging.Filter):
-    """A logging filter for handlers: formats each record once and redacts the final message."""
+    """A logging filter for handlers: formats each record once and redacts the final message. It also
+    escapes the characters that would act on a terminal (:func:`~crag_dspy.terminal.terminal_safe`):
+    messages quote file names and documents ("skipped <file>: ..."), which are untrusted."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        cleaned = redact(message)
+        cleaned = terminal_safe(redact(message))
         if cleaned != message:
             record.msg, record.args = cleaned, None
         if record.exc_info and record.exc_info[1] is not None:
             # Tracebacks carry the exception message; render and redact them here, once.
-            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+            record.exc_text = terminal_safe(redact(logging.Formatter().formatException(record.exc_info)))
             record.exc_info = None
         return True
 

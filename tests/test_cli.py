@@ -432,3 +432,29 @@ def test_a_bad_history_file_is_one_clear_line_before_any_model(
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
     assert opened == []  # refused before any program, store or model is opened
+
+
+def test_untrusted_text_is_printed_with_its_terminal_controls_escaped():
+    from crag_dspy.terminal import terminal_safe
+
+    assert terminal_safe("a\tb\nc\033[2K\rd\x9b\u202ee\udcff") == "a\tb\nc\\x1b[2K\\x0dd\\x9b\\u202ee\\udcff"
+    assert terminal_safe("one\ntwo", newlines=False) == "one\\x0atwo"
+    assert terminal_safe("Ünïcode, 23:40 — fine") == "Ünïcode, 23:40 — fine"
+
+
+def test_ingest_lists_and_logs_a_file_named_with_an_escape_sequence_escaped(tmp_path, capsys):
+    import logging
+
+    from crag_dspy.redaction import RedactingFilter
+
+    corpus = tmp_path / "dom" / "corpus"
+    corpus.mkdir(parents=True)
+    (corpus / "good.txt").write_text("Good\n\nThe P-40 pump moves 40 litres per minute.\n")
+    (corpus / "x\033[1A\033[2K.xlsx").write_text("not a document")
+    assert main(["ingest", str(corpus.parent), "--chroma-path", str(tmp_path / "chroma")]) == 0
+    out = capsys.readouterr().out
+    assert "\033" not in out and "x\\x1b[1A\\x1b[2K.xlsx: unsupported file type" in out
+    record = logging.LogRecord(
+        "crag_dspy.loaders", logging.WARNING, "", 0, "skipped %s", ("a\033[2Kb",), None
+    )
+    assert RedactingFilter().filter(record) and record.getMessage() == "skipped a\\x1b[2Kb"

@@ -123,6 +123,43 @@ def test_text_folder_corpus(tmp_path):
     assert domain.corpus[0].title == "Leave policy" and domain.config.name == tmp_path.name.strip("-_")[:42]
 
 
+@pytest.mark.parametrize("name", ["corpus", "corpus.jsonl", "web.jsonl", "qa.jsonl", "domain.toml"])
+def test_a_domain_file_or_corpus_folder_that_links_out_of_the_domain_folder_is_refused(tmp_path, name):
+    # Domain folders come from uploads and archives: "corpus -> /" would make every file a quotable document.
+    secret = tmp_path / "elsewhere"
+    (secret / "corpus").mkdir(parents=True)
+    (secret / "corpus" / "secret.txt").write_text("Secret\n\nThe root password is hunter2.\n")
+    doc = json.dumps({"id": "a", "title": "A", "text": "Staff get 25 days."})
+    for file in ("corpus.jsonl", "web.jsonl", "qa.jsonl", "domain.toml"):
+        (secret / file).write_text(doc + "\n" if file != "domain.toml" else 'name = "other"\n')
+    domain = tmp_path / "domain"
+    domain.mkdir()
+    if name not in ("corpus", "corpus.jsonl"):
+        (domain / "corpus").mkdir()
+        (domain / "corpus" / "own.txt").write_text("Own\n\nStaff get 25 days.\n")
+    (domain / name).symlink_to(secret / name)
+    message = f"{domain / name}: a link to a .* outside the domain folder .*: not read; copy the"
+    for lazy in (False, True):
+        with pytest.raises(DomainDataError, match=message):
+            load_domain(domain, lazy=lazy)
+
+
+def test_a_link_that_stays_inside_the_domain_folder_is_read(tmp_path):
+    (tmp_path / "data" / "docs").mkdir(parents=True)
+    (tmp_path / "data" / "docs" / "policy.md").write_text("# Leave\n\nStaff get 25 days.\n")
+    (tmp_path / "data" / "corpus").symlink_to(Path("docs"), target_is_directory=True)
+    assert [d.id for d in load_domain(tmp_path / "data").corpus] == ["policy.md"]
+
+
+def test_corpus_jsonl_and_a_corpus_folder_together_warn_which_one_is_read(tmp_path, caplog):
+    write(tmp_path, "corpus.jsonl", [json.dumps({"id": "a", "title": "A", "text": "Staff get 25 days."})])
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "policy.md").write_text("# Leave\n\nStaff get 30 days.\n")
+    with caplog.at_level("WARNING", logger="crag_dspy.domain"):
+        assert [d.id for d in load_domain(tmp_path).corpus] == ["a"]
+    assert "both corpus.jsonl and corpus/ are present: corpus.jsonl is read and corpus/ is not" in caplog.text
+
+
 DEEP = "[" * 100_000 + "]" * 100_000  # nested far past Python's recursion limit
 
 

@@ -118,3 +118,25 @@ def test_the_stream_does_not_send_the_answer_before_the_policy_withholds_it():
     assert name == "event: answer" and (body["status"], body["answer"]) == ("withheld", WITHHELD_ANSWER)
     # Before the final event, nothing carries the value (the trace in the final body records it).
     assert "19 euros per month" not in text[: text.rindex("event: answer")]
+
+
+def test_a_planted_escape_sequence_cannot_erase_the_warning_on_the_terminal(monkeypatch, capsys):
+    # "\033[1A\033[2K" moves up a line and erases it: raw, the citation under the warning would erase it.
+    from types import SimpleNamespace
+
+    from crag_dspy import cli
+
+    erase = "\033[1A\033[2K\033]0;PWNED\a\x9b2J"
+    planted = ("kb-planted\033[2K", PLANTED[1] + erase + " It was approved.")
+    monkeypatch.setattr(cli, "program_from_args", lambda args: SimpleNamespace(crag=crag((planted, HONEST))))
+    assert cli.main(["ask", QUESTION, "--lm", "openai/fake", "--lm-api-base", "http://127.0.0.1:9/v1"]) == 0
+    out, err = capsys.readouterr()
+    assert not {"\033", "\a", "\x9b"} & set(out + err)  # nothing in the output acts on the terminal
+    lines = out.splitlines()
+    assert lines[0] == "answer: 19 euros per month"
+    assert lines[1].startswith("warning: the answer may not be grounded; other sources state another value")
+    assert "\\x1b[1A\\x1b[2K" in out  # shown, escaped: the text is there to read
+    assert cli.main(["ask", QUESTION, "--json", "--lm", "openai/fake", "--lm-api-base", "http://x:9/v1"]) == 0
+    shown = capsys.readouterr().out
+    assert "\x9b" not in shown and "\\u009b" in shown
+    assert json.loads(shown)["documents"][0]["doc_id"] == planted[0]  # the JSON means the same text

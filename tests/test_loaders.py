@@ -1,6 +1,7 @@
 """Corpus folders of PDF, HTML, DOCX and Markdown: each format's reader, the skip of an unreadable file,
 and a question only the PDF answers, on the real embeddings and an embedded Chroma (scripted LM)."""
 
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -211,6 +212,37 @@ def test_links_that_leave_the_corpus_folder_are_skipped_and_named(tmp_path):
         for link, kind, target in leaving
     ]
     assert not any("hunter2" in d.text or "vault" in d.text for d in loaded.docs)
+
+
+def test_a_file_name_that_is_not_utf8_is_skipped_by_name_and_the_rest_is_ingested(tmp_path, capsys):
+    # Zips from legacy systems hold such names; one of them stopped the whole ingest ("surrogates not
+    # allowed") and no file was stored.
+    corpus = tmp_path / "legacy" / "corpus"
+    corpus.mkdir(parents=True)
+    (corpus / "good.txt").write_text("Good\n\nThe P-40 pump moves 40 litres per minute.\n")
+    bad = os.fsencode(corpus) + b"/bad\xff\xfename.txt"
+    Path(os.fsdecode(bad)).write_text("Bad\n\nNot read.\n")
+    (corpus / "sub\udcff").mkdir()  # a folder of that kind: its files are skipped, each by name
+    (corpus / "sub\udcff" / "inner.txt").write_text("Inner\n\nNot read either.\n")
+    shown = f"{corpus}/bad\\xff\\xfename.txt: the file name is not valid UTF-8: not read; rename the file"
+    domain = load_domain(corpus.parent)
+    assert [d.id for d in domain.corpus] == ["good.txt"]
+    assert domain.skipped[0] == shown and domain.skipped[1].startswith(f"{corpus}/sub\\xff/inner.txt: ")
+    assert len(domain.source("kb").paths) == 1  # the fingerprint reads what the load reads
+    assert main(["ingest", str(corpus.parent), "--chroma-path", str(tmp_path / "chroma")]) == 0
+    out = capsys.readouterr().out
+    assert "legacy__kb: 1 documents" in out and f"  {shown}" in out.splitlines()
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_named_pipe_in_the_corpus_is_skipped_by_name_never_opened(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "pumps.md").write_text("# Pumps\n\nThe P-40 pump moves 40 litres per minute.\n")
+    os.mkfifo(corpus / "pipe.txt")  # opened, it would block the load for ever
+    loaded = load_folder(corpus)
+    assert [d.id for d in loaded.docs] == ["pumps.md"]
+    assert loaded.skipped == [f"{corpus / 'pipe.txt'}: not a regular file (a named pipe): not read"]
 
 
 def test_a_missing_package_names_the_extra_and_stops_the_load(domain, monkeypatch):
