@@ -6,7 +6,7 @@ they call their answerers in the same format and give a bare-number answer its u
   and :func:`text_config` (a retry is a new rollout).
 - **Clean-up of replies**: :func:`before_marker` cuts a completion marker a small model ran into a
   value, :func:`clean_query` turns a rewriter's or reviser's reply into one search query, and
-  :func:`clean_answer` an answerer's reply into the answer.
+  :func:`clean_answer` an answerer's reply into the answer; both redact keys an LM echoed.
 - **Answer form**: :func:`attach_unit` gives a bare-number answer the unit its context states
   ("260" -> "260 velds").
 
@@ -22,6 +22,7 @@ from typing import Any
 import dspy
 
 from .adapters import TextAdapter
+from .redaction import redact
 
 __all__ = [
     "attach_unit",
@@ -57,14 +58,19 @@ def before_marker(value: object) -> str:
 
 
 def clean_query(pred: dspy.Prediction | None) -> str:
-    """A rewriter's or reviser's query on one line, without quotes or stray separators ("" for none)."""
+    """A rewriter's or reviser's query on one line, without quotes or stray separators ("" for none),
+    keys redacted (:func:`~crag_dspy.redaction.redact`)."""
     raw = before_marker(pred.query) if pred is not None and pred.query else ""
-    return " ".join(raw.split()).strip(" ;\"'")[:300]
+    # An LM may echo a key it saw (in an error, a prompt, its context): the query is sent to the web
+    # search backend (a third party) and shown in every trace, so it is redacted here, once, before both.
+    # Redacted before it is cut, so that a key cut in half cannot escape the key shapes.
+    return redact(" ".join(raw.split())).strip(" ;\"'")[:300]
 
 
 def clean_answer(pred: dspy.Prediction | None) -> str:
-    """An answerer's answer without a run-in marker or surrounding whitespace ("" for none)."""
-    return before_marker(pred.answer).strip() if pred is not None and pred.answer else ""
+    """An answerer's answer without a run-in marker or surrounding whitespace ("" for none), keys
+    redacted as in :func:`clean_query`: the answer is printed, returned over HTTP and kept in traces."""
+    return redact(before_marker(pred.answer)).strip() if pred is not None and pred.answer else ""
 
 
 # "260", "1,240", "1 240", "0.2", "12.5" (thousands separators: comma, space, narrow no-break space).

@@ -21,17 +21,28 @@ own thresholds check to reading, for apps that validate a file before they build
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
+import os
 import re
+import stat
 from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import dspy
 from dspy.utils.saving import get_dependency_versions
-from pydantic import BaseModel, ConfigDict, Field, FiniteFloat, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    FiniteFloat,
+    ValidationError,
+    field_validator,
+)
 
 from .config import CRAGConfig, describe_validation_error
 from .domain import check_domain_name
@@ -44,6 +55,9 @@ as the module builds it (no demos, the signature's own instruction), instead of 
 
 __all__ = [
     "ADDED_PREDICTORS",
+    "MAX_DEMOS",
+    "MAX_INSTRUCTIONS_CHARS",
+    "MAX_PROGRAM_BYTES",
     "PROGRAM_FORMAT",
     "PROGRAM_FORMAT_VERSION",
     "PROGRAM_PARAMETERS",
@@ -87,6 +101,37 @@ _FILE_KEYS = ("dependency_versions", "format", "format_version", "crag_dspy_vers
 
 log = logging.getLogger(__name__)
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+MAX_PROGRAM_BYTES = 50 * 1024 * 1024
+"""Largest program file read (50 MB): a compiled program is tens of kB; a bigger file is no program, and
+reading it whole (or /dev/zero behind a symlink) would take all memory first."""
+MAX_DEMOS = 64
+"""Most demos one predictor may hold: compiles keep a handful, and every prompt of that stage carries all."""
+MAX_INSTRUCTIONS_CHARS = 20_000
+"""Longest instruction (and longest demo value, field prefix or description): every prompt carries it."""
+MAX_CALIBRATION = 1e3
+"""Largest magnitude of a calibration's or a fitted score's numbers (fitted ones are below 10): finite but
+huge values (1e308) overflow to NaN when a passage is graded, long after the file was read."""
+MIN_SLOPE = 1e-3
+"""Smallest calibration slope: the decision point is ``-shift / slope``, which a tiny slope sends to inf."""
+
+_Bounded = Annotated[FiniteFloat, Field(ge=-MAX_CALIBRATION, le=MAX_CALIBRATION)]
+_Text = Annotated[str, Field(max_length=MAX_INSTRUCTIONS_CHARS)]
+
+
+def _demo_value(value: Any) -> Any:
+    # A demo is a dspy.Example as JSON: its values are what the signatures' fields hold (str, bool) and
+    # DSPy's own flags ("augmented": true). A list or an object is no field value any signature reads.
+    if value is not None and not isinstance(value, str | bool | int | float):
+        raise ValueError(
+            f"a demo's value is a string, a boolean, a number or null, not {type(value).__name__}"
+        )
+    if isinstance(value, str) and len(value) > MAX_INSTRUCTIONS_CHARS:
+        raise ValueError(f"a demo's value is at most {MAX_INSTRUCTIONS_CHARS} characters, not {len(value)}")
+    return value
+
+
+_DemoValue = Annotated[Any, AfterValidator(_demo_value)]
 
 
 class ProgramError(ValueError):
@@ -145,25 +190,62 @@ class FileMetadata(ProgramMetadata):
 
 
 class CalibrationState(BaseModel):
-    """A judge's :class:`~crag_dspy.judges.calibration.Calibration`: finite numbers, a positive slope.
+    """A judge's :class:`~crag_dspy.judges.calibration.Calibration`: finite numbers of at most
+    :data:`MAX_CALIBRATION`, a slope of at least :data:`MIN_SLOPE`.
 
     Python's json reads ``NaN`` and ``Infinity``; checked here, they are refused by name when the file
     is read instead of failing as a ``TypeError`` once the program is applied."""
 
     model_config = ConfigDict(extra="allow")
 
-    slope: FiniteFloat = Field(gt=0)
-    intercept: FiniteFloat
-    weights: dict[str, FiniteFloat] | None = None  # programs of format 2 have none
+    slope: FiniteFloat = Field(ge=MIN_SLOPE, le=MAX_CALIBRATION)
+    intercept: _Bounded
+    weights: dict[str, _Bounded] | None = None  # programs of format 2 have none
 
 
 class LinearScoreState(BaseModel):
-    """A fitted :class:`~crag_dspy.judges.fusion.LinearScore`: finite weights and intercept."""
+    """A fitted :class:`~crag_dspy.judges.fusion.LinearScore`: finite weights and intercept, each of
+    magnitude at most :data:`MAX_CALIBRATION`."""
 
     model_config = ConfigDict(extra="allow")
 
-    weights: dict[str, FiniteFloat]
-    intercept: FiniteFloat
+    weights: dict[str, _Bounded]
+    intercept: _Bounded
+
+
+class SignatureFieldState(BaseModel):
+    """One field of a signature as ``Signature.dump_state`` writes it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prefix: _Text
+    description: _Text
+
+
+class SignatureState(BaseModel):
+    """A predictor's signature as ``Signature.dump_state`` writes it: its instructions and its fields."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    instructions: _Text
+    fields: list[SignatureFieldState]
+
+
+class PredictorState(BaseModel):
+    """A ``dspy.Predict``'s state as ``Predict.dump_state`` writes it. ``Predict.load_state`` sets every
+    key it does not know as an attribute of the predictor, unchecked: a wrong type there (``"demos":
+    "abc"``) loaded and failed as an ``AttributeError`` at the answer stage, after LM calls were spent,
+    so each key is typed here and any other key is refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    traces: list[Any] = Field(default_factory=list)
+    train: list[Any] = Field(default_factory=list)
+    demos: list[dict[str, _DemoValue]] = Field(default_factory=list, max_length=MAX_DEMOS)
+    signature: SignatureState
+    # DSPy's per-output decision overrides (Predict.fields), written only when a predictor has some.
+    fields: dict[str, dict[str, Any]] | None = None
+    lm: dict[str, Any] | None  # always written (None by save_program); apply_program refuses one
 
 
 class WeightsFileState(BaseModel):
@@ -202,8 +284,9 @@ class GradingState(BaseModel):
 class ProgramFile(BaseModel):
     """The whole program file, checked before any of it is applied (and before a store or model is
     opened): the :class:`~crag_dspy.config.CRAGConfig` with its ranges, the metadata, and the state's
-    shape (each parameter's DSPy state an object; thresholds in range and ordered; calibrations, the
-    grading and the evaluator's manifest with finite numbers)."""
+    shape (each parameter's DSPy state an object; each predictor's demos, signature and LM typed and
+    bounded; thresholds in range and ordered; calibrations, the grading and the evaluator's manifest with
+    finite, bounded numbers)."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     # Every other key is a parameter's DSPy state, named as CRAG.named_parameters() names it.
@@ -215,6 +298,12 @@ class ProgramFile(BaseModel):
     grading: GradingState | None = None
     grader_calibration: CalibrationState | None = Field(None, alias="grader.calibration")
     strip_filter_calibration: CalibrationState | None = Field(None, alias="strip_filter.calibration")
+    grader_predict: PredictorState | None = Field(None, alias="grader.predict")
+    strip_filter_predict: PredictorState | None = Field(None, alias="strip_filter.predict")
+    condenser: PredictorState | None = None
+    rewriter: PredictorState | None = None
+    reviser: PredictorState | None = None
+    answerer: PredictorState | None = None
 
 
 def program_config(crag: dspy.Module) -> dict[str, Any]:
@@ -287,10 +376,8 @@ def read_program_json(path: Path | str) -> Any:
     path = Path(path)
     if path.suffix.lower() in {".pkl", ".pickle"} or path.is_dir():
         raise ProgramError(f"{path}: crag-dspy programs are JSON files; pickled programs are never loaded")
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ProgramError(f"{path}: cannot read program ({exc.strerror})") from None
+    raw = _read_regular_file(path)
+    raw = raw.removeprefix(codecs.BOM_UTF8)  # editors on Windows write one; domain files accept it too
     if raw[:2] == b"\x80\x04" or raw[:1] == b"\x80":
         raise ProgramError(f"{path}: this is a pickle, not a program JSON; pickles are never loaded")
     try:
@@ -301,6 +388,29 @@ def read_program_json(path: Path | str) -> Any:
         raise ProgramError(
             f"{path}: corrupt program JSON: nested too deeply to parse (past Python's recursion limit)"
         ) from None
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of the regular file at ``path`` (a symlink to one is followed), at most
+    :data:`MAX_PROGRAM_BYTES`. A device (``/dev/zero``) would be read for ever and a FIFO would block
+    for ever, so neither is opened."""
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            raise ProgramError(f"{path}: not a regular file; a program is a JSON file")
+        # O_NONBLOCK: a file swapped for a FIFO after the check above still cannot block the open.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as file:
+            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
+                raise ProgramError(f"{path}: not a regular file; a program is a JSON file")
+            raw = file.read(MAX_PROGRAM_BYTES + 1)
+    except OSError as exc:
+        raise ProgramError(f"{path}: cannot read program ({exc.strerror})") from None
+    if len(raw) > MAX_PROGRAM_BYTES:
+        raise ProgramError(
+            f"{path}: program file is larger than {MAX_PROGRAM_BYTES} bytes (the limit); "
+            "a compiled program is tens of kB"
+        )
+    return raw
 
 
 def read_program(

@@ -23,6 +23,10 @@ from crag_dspy.validation import DEFAULT_MAX_QUESTION_CHARS, QuestionError, norm
         ("", "empty"),
         ("   \n\t  ", "empty"),
         ("\x00\x1b\x07\u202e", "empty"),  # only control / bidi characters
+        # Only invisible format characters (zero-width space, word joiner, BOM, soft hyphen): routed and
+        # answered with LM calls, as if they asked something.
+        ("\u200b\u2060\ufeff\u00ad", "the question is empty"),
+        (" \u200b \u200d ", "the question is empty"),
         (None, "must be a string, not NoneType"),
         (42, "must be a string, not int"),
         (["what?"], "must be a string, not list"),
@@ -86,6 +90,24 @@ def test_crag_refuses_a_bad_question_before_any_retrieval_or_lm_call():
     # The length limit is the app's (CLI, server): the module itself takes a long question.
     long = "why " * (DEFAULT_MAX_QUESTION_CHARS // 4 + 1)
     assert crag(question=long).trace.question == long.strip()
+
+
+def test_the_length_limit_is_on_what_was_typed_and_bounds_the_normalised_text_too():
+    # U+0958 is two characters once NFC-normalised, U+1D160 three: the CLI counted the normalised length
+    # ("3001 characters" for 1,501 typed), the server the typed one (and ran 5,998 characters).
+    with pytest.raises(
+        QuestionError, match="^the question is 1501 characters long, but 3001 once normalised"
+    ):
+        normalize_question("\u0958" * 1500 + "?")
+    with pytest.raises(QuestionError, match="^the question is 2001 characters long; the limit is 2000"):
+        normalize_question("\u0958" * 2000 + "?")
+    assert len(normalize_question("\u0958" * 900 + "?")) == 1801
+    with pytest.raises(QuestionError, match="limit is 20: shorten it$"):
+        normalize_question("\U0001d160" * 10, max_chars=20, setting=None)
+    # Invisible characters inside a question are kept (ZWNJ spells Persian words).
+    assert normalize_question("\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645?") == (
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645?"
+    )
 
 
 def test_cli_refuses_a_bad_question_before_opening_anything(tmp_path, capsys):

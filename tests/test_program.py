@@ -374,7 +374,11 @@ LINEAR = {"weights": {"llm": 1.0}, "intercept": 0.0}
             {"weights": {"term_coverage": "Infinity"}},
             "grader.calibration.weights.term_coverage: Input should be a finite number",
         ),
-        ("grader.calibration", {"slope": 0}, "grader.calibration.slope: Input should be greater than 0"),
+        (
+            "grader.calibration",
+            {"slope": 0},
+            "grader.calibration.slope: Input should be greater than or equal to 0.001",
+        ),
         (
             "grading",
             {
@@ -434,6 +438,135 @@ def test_a_non_finite_calibration_is_one_line_exit_2_before_any_store_is_opened(
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "grader.calibration.slope: " in err, err
     assert not (tmp_path / "chroma").exists()  # nothing opened, nothing ingested
+
+
+@pytest.mark.parametrize(
+    ("key", "change", "message"),
+    [
+        ("answerer", lambda s: s.update(demos="abc"), "answerer.demos: Input should be a valid list"),
+        (
+            "answerer",
+            lambda s: s["signature"].update(instructions=12345),
+            "answerer.signature.instructions: Input should be a valid string",
+        ),
+        (
+            "rewriter",
+            lambda s: s["signature"]["fields"][0].update(prefix=["Question:"]),
+            "rewriter.signature.fields.0.prefix: Input should be a valid string",
+        ),
+        (
+            "grader.predict",
+            lambda s: s["demos"].append({"question": {"nested": 1}}),
+            "grader.predict.demos.2.question: a demo's value is a string, a boolean, a number or null, not dict",
+        ),
+        (
+            "answerer",
+            lambda s: s.update(lm="openai/gpt-4o"),
+            "answerer.lm: Input should be a valid dictionary",
+        ),
+        ("answerer", lambda s: s.pop("signature"), "answerer.signature: Field required"),
+        # Predict.load_state sets any key it does not know as an attribute: "forward" would replace a method.
+        ("reviser", lambda s: s.update(forward="x"), "reviser.forward: Extra inputs are not permitted"),
+        # Bounds: every prompt of the stage carries all demos and the whole instruction.
+        (
+            "answerer",
+            lambda s: s.update(demos=[{"question": "q", "answer": "a"}] * 65),
+            "answerer.demos: List should have at most 64 items",
+        ),
+        (
+            "answerer",
+            lambda s: s["signature"].update(instructions="x" * 20_001),
+            "answerer.signature.instructions: String should have at most 20000 characters",
+        ),
+        (
+            "answerer",
+            lambda s: s.update(demos=[{"question": "q", "answer": "a" * 20_001}]),
+            "answerer.demos.0.answer: a demo's value is at most 20000 characters",
+        ),
+    ],
+)
+def test_each_predictors_state_is_typed_and_bounded_when_the_file_is_read(tmp_path, key, change, message):
+    # A wrong type here loaded, and failed as an AttributeError at the answer stage after LM calls.
+    doc = json.loads(save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"}).read_text())
+    change(doc[key])
+    path = _write(tmp_path, "bad.json", json.dumps(doc))
+    with pytest.raises(ProgramError, match=f"^{tmp_path / 'bad.json'}: invalid program: {message}") as info:
+        read_program(path)
+    assert "\n" not in str(info.value)
+
+
+def test_a_predictor_of_a_wrong_type_is_one_line_exit_2_before_any_store_is_opened(tmp_path, capsys):
+    doc = json.loads(save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"}).read_text())
+    doc["answerer"]["demos"] = "abc"
+    path = _write(tmp_path, "p.json", json.dumps(doc))
+    assert _ask(["--program", str(path)], tmp_path / "chroma") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "answerer.demos: " in err, err
+    assert not (tmp_path / "chroma").exists()
+
+
+@pytest.mark.parametrize(
+    ("key", "state", "message"),
+    [
+        (
+            "grader.calibration",
+            {"slope": 1e308},
+            "grader.calibration.slope: Input should be less than or equal",
+        ),
+        (
+            "grader.calibration",
+            {"slope": 1e-300},
+            "grader.calibration.slope: Input should be greater than or",
+        ),
+        (
+            "grader.calibration",
+            {"intercept": -1.7e308},
+            "grader.calibration.intercept: Input should be greater",
+        ),
+        (
+            "strip_filter.calibration",
+            {"weights": {"term_coverage": -1.7e308}},
+            "strip_filter.calibration.weights.term_coverage: Input should be greater than or equal to -1000",
+        ),
+        (
+            "grading",
+            {"mode": "fused", "fused_score": {"weights": {"llm": 1e300}, "intercept": 0}},
+            "grading.fused_score.weights.llm: Input should be less than or equal to 1000",
+        ),
+    ],
+)
+def test_huge_calibration_numbers_are_refused_by_name(tmp_path, key, state, message):
+    # Finite but huge numbers overflowed to a NaN score when a passage was graded ("score is NaN").
+    doc = json.loads(save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"}).read_text())
+    doc[key] = {**(doc[key] or {}), **state}
+    path = _write(tmp_path, "bad.json", json.dumps(doc))
+    with pytest.raises(ProgramError, match=f"^{tmp_path / 'bad.json'}: invalid program: {message}"):
+        read_program(path)
+
+
+def test_a_program_file_with_a_utf8_bom_loads(tmp_path):
+    text = save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"}).read_text()
+    path = _write(tmp_path, "bom.json", b"\xef\xbb\xbf" + text.encode())
+    assert read_program(path) == read_program(tmp_path / "p.json")
+
+
+def test_only_regular_files_of_bounded_size_are_read_as_programs(tmp_path, monkeypatch):
+    import os
+
+    from crag_dspy import program_file
+
+    device = tmp_path / "z.json"
+    device.symlink_to("/dev/zero")  # was read until memory ran out
+    with pytest.raises(ProgramError, match="z.json: not a regular file"):
+        read_program(device)
+    fifo = tmp_path / "f.json"
+    os.mkfifo(fifo)  # opening it waited for a writer for ever
+    with pytest.raises(ProgramError, match="f.json: not a regular file"):
+        read_program(fifo)
+    path = save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"})
+    monkeypatch.setattr(program_file, "MAX_PROGRAM_BYTES", path.stat().st_size - 1)
+    with pytest.raises(ProgramError, match="p.json: program file is larger than"):
+        read_program(path)
 
 
 def test_an_unknown_top_level_key_is_refused_whatever_its_value(tmp_path):

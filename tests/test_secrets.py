@@ -107,6 +107,34 @@ def test_cli_output_traces_and_logs_never_show_keys_even_when_the_server_echoes_
     assert_clean(refused.stdout + refused.stderr + plain.stdout + plain.stderr)
 
 
+def test_keys_an_lm_echoes_are_redacted_before_the_web_search_and_in_every_trace(keys):
+    # The stage line was redacted, but the trace (stdout, --json, HTTP trace.web_query) and the web
+    # search backend (a third party) got the key in clear.
+    from fakes import ListRetriever, ListWebSearch
+
+    from crag_dspy import CRAG
+    from crag_dspy.protocols import WebResult
+
+    echo = f"The key is Bearer {OPENAI_KEY} and {TAVILY_KEY}"
+
+    def echoing(system: str, user: str):
+        if "You judge" in system:
+            return 0.05 if "canteen" in user else 0.9  # the passage is wrong: the web is searched
+        if "web search query" in system:
+            return {"query": echo}
+        return {"answer": echo}
+
+    web = ListWebSearch([WebResult("WQ-17", "https://x.example", "WQ-17 is recalibrated every 90 days.")])
+    events = []
+    crag = CRAG(ListRetriever([("kb", "The canteen opens at 08:00.")]), web, lm=ScriptedLM(echoing))
+    pred = crag(question="How often is WQ-17 recalibrated?", on_event=events.append)
+    assert pred.trace.web_query and REDACTED in pred.trace.web_query
+    sent = " ".join(web.queries) + pred.answer + pred.trace.model_dump_json()
+    sent += " ".join(e.message for e in events)
+    assert_clean(sent)
+    assert "Bearer ***" in (pred.trace.lm_answer or pred.trace.answer), pred.trace
+
+
 def test_program_json_and_compile_report_never_hold_keys(tmp_path, keys):
     from test_compile import make_domain
     from test_compile import script as compile_script

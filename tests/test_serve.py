@@ -117,6 +117,12 @@ def test_an_abstention_cites_nothing():
         ({"question": ""}, "question: must not be empty"),
         ({"question": " \n\t "}, "question: must not be empty or only whitespace"),
         ({"question": "x" * (QUESTION_MAX_CHARS + 1)}, f"at most {QUESTION_MAX_CHARS} characters"),
+        # The typed length is within the limit, the normalised one (NFC) is not: it ran 5,998 characters.
+        (
+            {"question": "\U0001d160" * 1999 + "?"},
+            "question: the question is 2000 characters long, but 5998 once normalised",
+        ),
+        ({"question": "\u200b\u2060\u00ad"}, "question: the question is empty"),  # it was answered
         ({}, "question: Field required"),
         ({"question": 42}, "question: Input should be a valid string"),
         ({"question": "q", "k": 3}, "k: Extra inputs are not permitted"),

@@ -12,7 +12,7 @@ from ..config import MOST_HISTORY_TURNS
 from ..conversation import MAX_ANSWER_CHARS
 from ..flag_policy import AnswerStatus
 from ..trace import CRAGTrace
-from ..validation import DEFAULT_MAX_QUESTION_CHARS
+from ..validation import DEFAULT_MAX_QUESTION_CHARS, QuestionError, normalize_question
 from .client_trace import ClientTrace
 
 __all__ = [
@@ -42,6 +42,18 @@ def _not_blank(value: str) -> str:
     value = value.strip()
     if not value:
         raise PydanticCustomError("blank_question", "must not be empty or only whitespace")
+    return value
+
+
+def _askable(value: str) -> str:
+    """The question stripped, refused as the CLI refuses it (normalize_question): the schema's
+    ``max_length`` counts what the client sent, and this also bounds it once normalised (NFC spells some
+    characters as three) and refuses a question of invisible characters only, before any LM call."""
+    value = _not_blank(value)
+    try:
+        normalize_question(value, max_chars=QUESTION_MAX_CHARS, setting=None)
+    except QuestionError as exc:
+        raise PydanticCustomError("question_error", str(exc)) from None
     return value
 
 
@@ -79,7 +91,7 @@ class AskRequest(BaseModel):
         description=f"The question, 1 to {QUESTION_MAX_CHARS} characters; surrounding whitespace is removed.",
     )
 
-    _question_not_blank = field_validator("question")(_not_blank)
+    _question_askable = field_validator("question")(_askable)
 
     history: list[HistoryTurn] = Field(
         default_factory=list,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..conversation import Turn, history_text
 from ..generation import before_marker
 from ..grounding import defused_note
+from ..redaction import redact
 from ..run import QuestionRun
 from .base import Stage
 from .calls import predict_with_retries
@@ -16,7 +17,9 @@ _MAX_STANDALONE_CHARS = 2000
 
 def clean_standalone(raw: object) -> str:
     """A condenser's reply as one question on one line, without quotes or a run-in marker ("" for none)."""
-    text = " ".join(before_marker(raw or "").split()).strip("\"'")
+    # Keys an LM echoed are redacted as in clean_query: the standalone question is traced and may be the
+    # web search query.
+    text = redact(" ".join(before_marker(raw or "").split())).strip("\"'")
     return text[:_MAX_STANDALONE_CHARS]
 
 
