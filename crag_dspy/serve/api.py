@@ -30,7 +30,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from ..events import StageEvent
 from ..faults import describe_error
 from ..trace import CRAGTrace
-from ..validation import QuestionError
+from ..validation import QuestionError, normalize_question
 from ..version import __version__
 from .access_log import AccessLog, question_hash
 from .admission import DeadlineExceeded, ModelQueue, QueueFull
@@ -133,6 +133,22 @@ def _failure(
         )
         return 503, body, None
     raise TypeError(f"not a failure of a question: {type(exc).__name__}") from exc
+
+
+async def _until_disconnected(http: Request) -> None:
+    """Return once the client has closed its connection (the body has been read: the next message
+    the server gives is the disconnect)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _question_refused(exc: QuestionError) -> JSONResponse:
+    """The 422 of a question the schema let through but CRAG refuses (e.g. only control characters):
+    the client's input, so logged at INFO without a traceback."""
+    log.info("422: %s", exc)
+    error = {"type": "question_error", "loc": ["body", "question"], "msg": str(exc)}
+    body = ValidationErrorResponse(detail=f"invalid request: question: {exc}", errors=[error])
+    return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
 
 
 def _too_much_history(request: AskRequest, service: ProgramService) -> JSONResponse | None:
@@ -255,12 +271,7 @@ def create_app(
 
     @app.exception_handler(QuestionError)
     async def _unaskable(request: Request, exc: QuestionError) -> JSONResponse:
-        # A question the schema let through but CRAG refuses (e.g. only control characters): the client's
-        # input, so a 422 like any invalid request, without an error log or a traceback.
-        log.info("422: %s", exc)
-        error = {"type": "question_error", "loc": ["body", "question"], "msg": str(exc)}
-        body = ValidationErrorResponse(detail=f"invalid request: question: {exc}", errors=[error])
-        return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
+        return _question_refused(exc)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
@@ -314,17 +325,32 @@ def create_app(
         try:
             # CRAG runs on the queue's threads; this coroutine only waits, so the deadline is kept
             # while an LM call is under way. Past it the run stops as its next stage starts.
-            answer = await queue.run(
+            future, running = queue.submit(
                 lambda: service.ask(
                     request.question,
                     history=history,
                     on_start=started.append,
                     cancel=cancel,
                     on_flag=policy.on_flag,
-                ),
-                policy.request_timeout_s,
-                on_timeout=cancel.set,
+                )
             )
+            waiting = asyncio.ensure_future(
+                queue.wait(future, running, policy.request_timeout_s, on_timeout=cancel.set)
+            )
+            # A client that leaves stops its run too, as on /ask/stream: an abandoned question would
+            # keep its queue place (503 busy for others) and spend LM calls on an answer nobody reads.
+            gone = asyncio.ensure_future(_until_disconnected(http))
+            try:
+                await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+            if not waiting.done():
+                cancel.set()  # a running question stops as its next stage starts
+                future.cancel()  # a waiting one never runs
+                waiting.cancel()
+                log.info("the client left before its answer; the run stops at its next stage")
+                return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+            answer = waiting.result()
         except (QueueFull, DeadlineExceeded, DependencyError) as exc:
             status, body, headers = _failure(exc, caller, debug, started)
             http.state.action = body.trace.action if body.trace else None
@@ -344,7 +370,7 @@ def create_app(
                 "answer's draft as the LM writes it (JSON: text; when the LM streams, never with on_flag "
                 "'withhold'; the `answer` event's answer is final: it may add a unit or be \"I don't "
                 'know"); then `event: answer` with the body `POST /ask` returns, or `event: error` with '
-                "`status` (503, 504) and its error body",
+                "`status` (503, 504; 422 for a history CRAG refuses, 500 for a bug) and its error body",
             },
             401: {"model": ErrorResponse, "description": "no API key, or not a valid one"},
             403: {"model": ErrorResponse, "description": "?debug=1 without a debug key"},
@@ -374,6 +400,12 @@ def create_app(
         if (refused := _too_much_history(request, service)) is not None:
             return refused
         http.state.domain = service.loaded.domain
+        try:
+            # Refused before the stream begins, as /ask refuses it: once the 200 is sent, a 422 can
+            # only be an event.
+            normalize_question(request.question, max_chars=None)
+        except QuestionError as exc:
+            return _question_refused(exc)
         history = [turn.model_dump() for turn in request.history]
         loop = asyncio.get_running_loop()
         # (event name, data) in the order the run's thread sent them; the stream below sends them.
@@ -429,6 +461,14 @@ def create_app(
                 except (DeadlineExceeded, DependencyError) as exc:
                     status, body, _ = _failure(exc, caller, debug, started)
                     yield _sse("error", {"status": status, **body.model_dump(mode="json")})
+                except QuestionError as exc:  # the client's input (e.g. its history): no traceback
+                    log.info("422: %s", exc)
+                    body = ErrorResponse(detail=f"invalid request: {exc}")
+                    yield _sse("error", {"status": 422, **body.model_dump(mode="json")})
+                except Exception as exc:  # the 200 is sent: a bug can only end the stream as an event
+                    log.exception("unhandled error on POST /ask/stream")
+                    body = ErrorResponse(detail=f"internal error: {describe_error(exc)}")
+                    yield _sse("error", {"status": 500, **body.model_dump(mode="json")})
                 else:
                     yield _sse("answer", _answer_body(done, caller, debug))
             finally:
