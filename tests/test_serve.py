@@ -381,6 +381,21 @@ def test_serve_bad_input_exits_2_before_listening(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_serve_on_a_port_in_use_exits_2_in_one_line_before_loading(monkeypatch, capsys):
+    # It loaded everything (12 s), then uvicorn logged "address already in use" and exited 3.
+    monkeypatch.setattr("crag_dspy.serve.cli.load_programs", lambda *a, **k: pytest.fail("loaded"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert serve_main(["--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: cannot listen on 127.0.0.1:{port}: Address already in use (another server listens there: "
+        "stop it or choose another --port)"
+    )
+
+
 def test_serve_command_end_to_end_with_an_unreachable_lm(tmp_path):
     """The real command: ingests a tiny domain into a tmp Chroma, serves it, and names the dead LM."""
     domain = write_domain(tmp_path / "harbour")
@@ -448,6 +463,17 @@ def test_program_flags_keep_the_programs_domain_and_honour_storage_and_threshold
     assert chroma.is_dir()  # the flag is honoured, not only the program's domain
     assert (loaded.crag.thresholds.lower, loaded.crag.thresholds.upper) == (0.2, 0.83)
     assert loaded.crag.retriever.name == "chroma:harbour__kb"
+
+
+@pytest.mark.parametrize(
+    "body", [b"[" * 30000 + b"]" * 30000, b'{"question": ' + b"[" * 30000 + b"]" * 30000 + b"}"]
+)
+def test_json_nested_too_deeply_to_parse_is_422_in_the_shape_of_every_invalid_request(body):
+    # It was a bare 400 {"detail": "There was an error parsing the body"}.
+    client = local_client(create_app(make_service()), raise_server_exceptions=False)
+    response = client.post("/ask", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["detail"] == "invalid request: the body is not valid JSON (nested too deeply)"
 
 
 @pytest.mark.parametrize("path", ["/ask", "/ask/stream"])

@@ -22,9 +22,11 @@ from importlib.resources import files
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..events import StageEvent
@@ -35,6 +37,7 @@ from ..version import __version__
 from .access_log import AccessLog, question_hash
 from .admission import DeadlineExceeded, ModelQueue, QueueFull
 from .auth import Caller, identify
+from .body_limit import BodyLimit
 from .client_trace import client_trace
 from .domains import Domains, UnknownDomain
 from .policy import ServePolicy
@@ -213,7 +216,6 @@ def create_app(
             "answer within the deadline. Send the API key as `Authorization: Bearer <key>` or "
             "`X-API-Key`. The page at `/` is a small UI over the same API."
         ),
-        max_body_size=policy.max_body_bytes,  # Starlette's limit: 413 from Content-Length or while streaming
         lifespan=lifespan,
         # With keys the schema is served behind them (below); the Swagger and ReDoc pages are off, as a
         # browser opening them could not send a key with the schema request they make.
@@ -224,6 +226,9 @@ def create_app(
     app.state.queue = queue  # for operators' probes and tests: how many questions are admitted
     app.state.domains = domains
     # The last added runs first: every request gets an id and an access line, refused ones too.
+    # Innermost: a foreign Host is refused before any body is read; 413 from Content-Length or while
+    # streaming, in the JSON shape of every error (Starlette's own limit answers text/plain).
+    app.add_middleware(BodyLimit, max_bytes=policy.max_body_bytes)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(policy.allowed_hosts))
     app.add_middleware(AccessLog)
     page = (_STATIC / "index.html").read_text(encoding="utf-8")
@@ -268,6 +273,20 @@ def create_app(
         errors = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in exc.errors()]
         body = ValidationErrorResponse(detail=f"invalid request: {detail}", errors=errors)
         return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI answers a body it cannot parse (JSON nested too deep for the parser, ...) with a bare
+        # 400; it is invalid input like any other, so a 422 in the shape of every invalid request.
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            cause = exc.__cause__
+            why = "nested too deeply" if isinstance(cause, RecursionError) else type(cause).__name__
+            log.info("422: the body could not be parsed (%s)", why)
+            message = f"the body is not valid JSON ({why})"
+            error = {"type": "json_invalid", "loc": ["body"], "msg": message}
+            body = ValidationErrorResponse(detail=f"invalid request: {message}", errors=[error])
+            return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
+        return await http_exception_handler(request, exc)
 
     @app.exception_handler(QuestionError)
     async def _unaskable(request: Request, exc: QuestionError) -> JSONResponse:
