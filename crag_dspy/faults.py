@@ -19,6 +19,7 @@ every call fails is that question's error, and the run goes on.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONSECUTIVE_LM_FAILURES",
     "FAILED_CALLS",
+    "MAX_RETRY_WAIT_S",
     "CRAGRunError",
     "FailureStreak",
     "LMDownError",
@@ -71,6 +73,44 @@ LMFault = Literal["fatal", "unavailable", "refused", "unreadable", "output"]
 FAILED_CALLS: frozenset[LMFault] = frozenset({"fatal", "unavailable", "refused", "unreadable"})
 """The kinds of :func:`classify_lm_error` that are a failed LM call (counted towards "the LM is down");
 the rest (``output``) is an answer that could not be used."""
+
+MAX_RETRY_WAIT_S = 60.0
+"""The longest wait before a retry of an LM call. A ``Retry-After`` asking for longer is not waited
+for: the call fails at once (the LM is unavailable for it) instead of sleeping an hour."""
+
+
+def _patch_dspy_retries() -> None:
+    """Make DSPy's retry loop refuse to wait longer than :data:`MAX_RETRY_WAIT_S`.
+
+    DSPy sleeps for any finite ``Retry-After`` hint, uncapped, and the LM timeout does not bound the
+    sleep: one 429 with ``Retry-After: 3600`` held ``ask`` (and a ``serve`` worker) for an hour. DSPy
+    gives no setting for this, so its retry predicate is wrapped (idempotently): such an error is not
+    retried and reaches CRAG as a failed call, which counts towards "the LM is down".
+    """
+    from dspy.clients import execution
+
+    original = execution._retryable
+    if getattr(original, "_crag_capped", False):
+        return
+
+    def retryable(state: Any, exc: Exception, attempt: int, retries: int) -> bool:
+        return original(state, exc, attempt, retries) and not waits_too_long(exc)
+
+    retryable._crag_capped = True  # type: ignore[attr-defined]
+    execution._retryable = retryable
+
+
+def waits_too_long(exc: BaseException) -> bool:
+    """Whether ``exc`` asks (``Retry-After``) for a wait longer than :data:`MAX_RETRY_WAIT_S`."""
+    hint = getattr(exc, "retry_after", None)
+    try:
+        return hint is not None and float(hint) > MAX_RETRY_WAIT_S
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+# At import: every dspy.LM a CRAG program calls (built here or passed in by a library user) is capped.
+_patch_dspy_retries()
 
 _QUESTION: ContextVar[str | None] = ContextVar("crag_dspy_question", default=None)
 
@@ -151,8 +191,24 @@ def describe_error(exc: BaseException, limit: int = 300) -> str:
     """
     lines = str(exc).strip().splitlines()
     # Redacted before it is cut: a secret cut in two (or a URL cut before its "@") would no longer match.
-    first = redact(lines[0])[:limit] if lines else ""
+    first = redact(_user_words(lines[0]))[:limit] if lines else ""
+    if waits_too_long(exc):
+        first = (
+            f"asked to retry after {float(getattr(exc, 'retry_after', 0)):g} s, longer than the "
+            f"{MAX_RETRY_WAIT_S:g} s cap: not retried; {first}"
+        )[:limit]
     return f"{type(exc).__name__}: {first}".rstrip(": ")
+
+
+_READ_TIMEOUT = re.compile(r"no bytes for ([\d.]+)s; this is lm15's read timeout.*?(?:longer|$)")
+
+
+def _user_words(line: str) -> str:
+    """``line`` with DSPy's internal advice replaced by the setting a user changes: its read-timeout
+    message names ``Timeouts(read=...)``, an API of its client that no CRAG user calls."""
+    return _READ_TIMEOUT.sub(
+        r"no reply for \1 s (the LM timeout, CRAG_LM_TIMEOUT_S: raise it if the model needs longer)", line
+    )
 
 
 class FailureStreak:

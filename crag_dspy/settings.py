@@ -119,6 +119,12 @@ class Settings(BaseSettings):
     )
     chroma_host: str | None = Field(None, description="Chroma server host; when set, HttpClient is used.")
     chroma_port: int = Field(8000, ge=1, le=65535, description="Chroma server port.")
+    store_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a Chroma server request may wait for a connection or for the next byte of "
+        "its answer before it fails (StoreError, 503 store), instead of hanging on a hung server.",
+    )
     embedding_model: str | None = Field(
         None, description="sentence-transformers model path or name (default: the bundled all-MiniLM-L6-v2)."
     )

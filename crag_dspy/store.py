@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import chromadb
+import httpx
+from chromadb.api.client import Client as ChromaClient
 from chromadb.config import Settings as ChromaSettings
 from tqdm.auto import tqdm
 
@@ -47,16 +49,40 @@ class StoreError(RuntimeError):
     """Chroma is unreachable, or a collection is missing or was built with another embedding model."""
 
 
+class _TimedHttpClient(ChromaClient):
+    """``chromadb.HttpClient`` with a timeout on every request (connect, read, write, pool).
+
+    chromadb's HTTP client sets ``httpx.Client(timeout=None)`` and has no setting for one: a server
+    that accepts connections and never answers (hung, or stopped with SIGSTOP) held ``ask`` for ever
+    and wedged every ``serve`` worker. The client makes its first request while it is being built
+    (:meth:`get_user_identity`), so the timeout is set there, on the session all its requests share.
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._crag_timeout = httpx.Timeout(settings.store_timeout_s)
+        chroma_settings = ChromaSettings(anonymized_telemetry=False)  # no telemetry from an offline machine
+        # What chromadb.HttpClient sets (it offers no way to give the client another class).
+        chroma_settings.chroma_api_impl = "chromadb.api.fastapi.FastAPI"
+        chroma_settings.chroma_server_host = settings.chroma_host
+        chroma_settings.chroma_server_http_port = settings.chroma_port
+        super().__init__(settings=chroma_settings)
+
+    def get_user_identity(self):
+        session = getattr(self._server, "_session", None)
+        if isinstance(session, httpx.Client):
+            session.timeout = self._crag_timeout
+        return super().get_user_identity()
+
+
 def open_client(settings: Settings) -> chromadb.ClientAPI:
-    """Embedded ``PersistentClient`` by default; ``HttpClient`` when ``chroma_host`` is set."""
+    """Embedded ``PersistentClient`` by default; an HTTP client when ``chroma_host`` is set, whose every
+    request gives up after ``store_timeout_s`` (a hung server is a :class:`StoreError`, not a hang)."""
     chroma_settings = ChromaSettings(
         anonymized_telemetry=False
     )  # telemetry would call out of an offline machine
     try:
         if settings.chroma_host:
-            client = chromadb.HttpClient(
-                host=settings.chroma_host, port=settings.chroma_port, settings=chroma_settings
-            )
+            client = _TimedHttpClient(settings)
             client.heartbeat()
             return client
         settings.resolved_chroma_path.mkdir(parents=True, exist_ok=True)
@@ -67,7 +93,26 @@ def open_client(settings: Settings) -> chromadb.ClientAPI:
             if settings.chroma_host
             else f"folder {settings.resolved_chroma_path}"
         )
-        raise StoreError(f"Cannot open Chroma ({where}): {exc}") from exc
+        raise StoreError(f"Cannot open Chroma ({where}): {_reason(exc, settings)}") from exc
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised from, an HTTP timeout (chromadb re-raises some as others)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, httpx.TimeoutException):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _reason(exc: Exception, settings: Settings) -> str:
+    # httpx says only "timed out": say what the limit was and which setting moves it.
+    if _timed_out(exc):
+        return f"no answer within {settings.store_timeout_s:g} s (CRAG_STORE_TIMEOUT_S)"
+    return str(exc)
 
 
 @contextmanager
@@ -78,6 +123,11 @@ def store_errors(what: str) -> Iterator[None]:
     except StoreError:
         raise
     except Exception as exc:  # chroma raises different types per backend and transport
+        if _timed_out(exc):
+            raise StoreError(
+                f"Chroma failed while {what}: the server gave no answer within the store timeout "
+                "(CRAG_STORE_TIMEOUT_S)"
+            ) from exc
         raise StoreError(f"Chroma failed while {what}: {type(exc).__name__}: {exc}") from exc
 
 
@@ -207,6 +257,8 @@ def get_collection(client: chromadb.ClientAPI, name: str, embedder: Embedder, cr
         try:
             collection = client.get_collection(name, embedding_function=None)
         except Exception as exc:  # chroma raises different types per backend
+            if _timed_out(exc):  # a hung server is not a missing collection: store_errors says so
+                raise
             raise StoreError(
                 f"Collection {name!r} not found: run `crag-dspy ingest --domain-dir <domain dir>` first"
             ) from exc

@@ -19,6 +19,7 @@ from fakes import render
 # fault(request_number, body) -> None (answer normally) or one of:
 #   "429" / "500" / "503"  that status with a JSON error body and Retry-After: 0
 #   "400" / "404"          that status with a JSON error body (a proxy refusing the model, a wrong path)
+#   "429-long"             429 with Retry-After: 3600 (a provider's hourly quota is spent)
 #   "500-slow"             500 without Retry-After, so the client's own exponential backoff applies
 #   "401-echo"             401 whose message echoes the Authorization header (worst-case key leak)
 #   "hang"                 no answer within the client's timeout
@@ -111,6 +112,8 @@ class LoopbackServer:
 
         if fault in {"429", "500", "503"}:
             self.send(handler, int(fault), error(int(fault), f"injected {fault}"), {"Retry-After": "0"})
+        elif fault == "429-long":
+            self.send(handler, 429, error(429, "injected 429, quota spent"), {"Retry-After": "3600"})
         elif fault in {"400", "404"}:
             self.send(handler, int(fault), error(int(fault), f"injected {fault}"))
         elif fault == "500-slow":

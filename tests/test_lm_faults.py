@@ -5,6 +5,8 @@ honouring Retry-After; CRAG then takes each stage's fallback and records it, and
 LMUnavailableError when the LM is down. The fault-handling rules are in docs/reliability.md.
 """
 
+import time
+
 import dspy
 import pytest
 from fake_servers import FakeOpenAI
@@ -231,6 +233,23 @@ def test_timeouts_are_retried_then_count_as_failures():
     doc = pred.trace.documents[0]
     assert doc.score is None and "timed out" in doc.error
     assert pred.trace.lm_answer == "0 to 25 mg/L"  # one failed call is not an outage: the question went on
+
+
+def test_a_retry_after_of_an_hour_is_not_waited_for_the_lm_is_unavailable_now():
+    # DSPy sleeps for any Retry-After, uncapped: one 429 asking for an hour held the question an hour.
+    start = time.monotonic()
+    with FakeOpenAI(script, lambda n, body: "429-long") as server, pytest.raises(LMUnavailableError) as info:
+        ask(server)
+    assert time.monotonic() - start < 10
+    assert len(server.requests) == CONSECUTIVE_LM_FAILURES  # not retried: each call failed at once
+    assert "asked to retry after 3600 s, longer than the 60 s cap" in str(info.value)
+
+
+def test_a_timeout_names_the_setting_that_moves_it_not_an_internal_api():
+    with FakeOpenAI(script, fault_on("grade", "hang", times=3), hang_s=2.0) as server:
+        pred = ask(server, timeout=0.5)
+    error = pred.trace.documents[0].error
+    assert "CRAG_LM_TIMEOUT_S" in error and "lm15" not in error and "Timeouts(" not in error
 
 
 def test_rejected_key_stops_at_once_and_never_shows_the_key():

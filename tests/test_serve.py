@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -24,6 +25,7 @@ from crag_dspy.program import read_program, save_program
 from crag_dspy.protocols import WebResult, WebSearchError
 from crag_dspy.serve import QUESTION_MAX_CHARS, AskResponse, ProgramInfo, ProgramService, create_app
 from crag_dspy.serve.cli import main as serve_main
+from crag_dspy.serve.policy import ServePolicy
 
 GOOD = ("kb-good", "The AquaProbe 220 has a range of 0 to 25 mg/L.")
 BAD = ("kb-bad", "The canteen opens at 08:00.")
@@ -385,6 +387,21 @@ def test_serve_bad_input_exits_2_before_listening(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_serve_on_a_port_in_use_exits_2_in_one_line_before_loading(monkeypatch, capsys):
+    # It loaded everything (12 s), then uvicorn logged "address already in use" and exited 3.
+    monkeypatch.setattr("crag_dspy.serve.cli.load_programs", lambda *a, **k: pytest.fail("loaded"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert serve_main(["--port", str(port)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: cannot listen on 127.0.0.1:{port}: Address already in use (another server listens there: "
+        "stop it or choose another --port)"
+    )
+
+
 def test_serve_command_end_to_end_with_an_unreachable_lm(tmp_path):
     """The real command: ingests a tiny domain into a tmp Chroma, serves it, and names the dead LM."""
     domain = write_domain(tmp_path / "harbour")
@@ -454,12 +471,25 @@ def test_program_flags_keep_the_programs_domain_and_honour_storage_and_threshold
     assert loaded.crag.retriever.name == "chroma:harbour__kb"
 
 
+@pytest.mark.parametrize(
+    "body", [b"[" * 30000 + b"]" * 30000, b'{"question": ' + b"[" * 30000 + b"]" * 30000 + b"}"]
+)
+def test_json_nested_too_deeply_to_parse_is_422_in_the_shape_of_every_invalid_request(body):
+    # It was a bare 400 {"detail": "There was an error parsing the body"}.
+    client = local_client(create_app(make_service()), raise_server_exceptions=False)
+    response = client.post("/ask", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422
+    assert response.json()["detail"] == "invalid request: the body is not valid JSON (nested too deeply)"
+
+
+@pytest.mark.parametrize("path", ["/ask", "/ask/stream"])
 @pytest.mark.parametrize("question", ["\u0000\u0001\u001b", "\u202e\u0007 \u0000"])
-def test_a_question_crag_refuses_is_422_in_one_line_without_a_logged_traceback(question, caplog):
+def test_a_question_crag_refuses_is_422_in_one_line_without_a_logged_traceback(question, path, caplog):
+    # /ask/stream answered "200 text/event-stream" with the 422 JSON as its body, and a traceback.
     client = local_client(create_app(make_service()), raise_server_exceptions=False)
     with caplog.at_level("DEBUG"):
-        response = client.post("/ask", json={"question": question})
-    assert response.status_code == 422
+        response = client.post(path, json={"question": question})
+    assert response.status_code == 422 and response.headers["content-type"] == "application/json"
     detail = response.json()["detail"]
     assert detail.startswith("invalid request: question: the question ") and "\n" not in detail
     assert response.json()["errors"][0]["loc"] == ["body", "question"]
@@ -502,3 +532,39 @@ def test_warm_up_retrieves_once_so_the_first_request_waits_for_no_model_load():
     service.crag.retriever.retrieve = lambda query, k: asked.append((query, k)) or retrieve(query, k)
     service.warm_up()
     assert asked == [("warm-up", 1)]
+
+
+def test_a_client_that_leaves_post_ask_stops_its_run_and_frees_its_queue_place():
+    # /ask went on after its client left: abandoned questions held the queue (503 busy) and spent the LM.
+    calls, first_call, release = [], threading.Event(), threading.Event()
+
+    def held(system: str, user: str):
+        calls.append(system)
+        first_call.set()
+        release.wait(10)
+        return script(system, user)
+
+    app = create_app(make_service(lm=ScriptedLM(held)), ServePolicy(workers=1, queue=1, rate_limit=None))
+    with serving(app) as url:
+        port = int(url.rsplit(":", 1)[1])
+        body = json.dumps({"question": "What is the range of the AquaProbe 220?"}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as sock:
+            sock.sendall(
+                b"POST /ask HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            assert first_call.wait(10)
+        time.sleep(0.5)  # the server sees the closed connection and tells the run to stop
+        release.set()
+        deadline = time.monotonic() + 10
+        while app.state.queue.admitted and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert app.state.queue.admitted == 0
+        abandoned = len(calls)
+        answered = httpx.post(
+            f"{url}/ask", json={"question": "What is the range of the AquaProbe 220?"}, timeout=60
+        )
+        assert answered.status_code == 200  # its place was free
+    # The run stopped after the stage under way (grading its 2 passages), before strips and answer.
+    assert abandoned <= 2 < len(calls) - abandoned

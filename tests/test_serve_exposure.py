@@ -110,6 +110,15 @@ def test_keys_come_from_the_environment_comma_separated_and_short_ones_are_refus
     assert "short-key" not in str(refused.value)
 
 
+@pytest.mark.parametrize("key", ["clé-secrète-0123456789", "tab\tin-the-middle-0123456789"])
+def test_a_key_clients_cannot_send_in_a_header_is_refused_at_start_up(monkeypatch, key):
+    # Accepted before, it never matched: Starlette decodes headers as latin-1, clients send UTF-8.
+    monkeypatch.setenv("CRAG_API_KEYS", key)
+    with pytest.raises(ExposureError, match="not printable ASCII") as refused:
+        policy_for(Settings(), "127.0.0.1")
+    assert key not in str(refused.value)
+
+
 def test_serve_refuses_to_bind_beyond_loopback_without_keys_before_loading_anything(capsys):
     # No LM, store or program is touched: the refusal comes first (the program path does not exist).
     assert serve_main(["--host", "0.0.0.0", "--program", "/nonexistent/p.json"]) == 2
@@ -331,7 +340,10 @@ def test_a_body_over_the_limit_is_413_from_its_content_length_before_it_is_read(
     with serving(create_app(counted, ServePolicy(max_body_bytes=1024))) as url:
         big = json.dumps({"question": "x" * 5000}).encode()
         response = httpx.post(f"{url}/ask", content=big, headers={"content-type": "application/json"})
-        assert response.status_code == 413 and response.text == "Content Too Large"
+        # JSON like every other error (it was text/plain "Content Too Large", which a client could not parse)
+        assert response.status_code == 413 and response.json() == {
+            "detail": "the request body is over the 1024-byte limit (setting CRAG_MAX_BODY_BYTES)"
+        }
         assert httpx.post(f"{url}/ask", json={"question": "range?"}).status_code == 200
     assert counted.asked == 1
 

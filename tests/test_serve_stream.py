@@ -195,3 +195,19 @@ def test_an_lm_that_cannot_stream_gives_the_stages_and_the_answer_without_tokens
     client = local_client(create_app(make_service()))  # ScriptedLM answers whole
     events = events_of(client.post("/ask/stream", json={"question": QUESTION}).text.splitlines())
     assert "token" not in [name for name, _ in events] and events[-1][1]["answer"] == "0 to 25 mg/L"
+
+
+def test_a_bug_inside_the_run_ends_the_stream_with_an_error_event_not_a_broken_response():
+    # Past the 200 the app's exception handler cannot answer: the stream ended with no answer or error.
+    service = make_service()
+
+    def broken(*args, **kwargs):
+        raise AttributeError("'str' object has no attribute 'copy'")
+
+    service.ask = broken
+    response = local_client(create_app(service), raise_server_exceptions=False).post(
+        "/ask/stream", json={"question": QUESTION}
+    )
+    name, error = events_of(response.text.splitlines())[-1]
+    assert response.status_code == 200 and name == "error" and error["status"] == 500
+    assert error["detail"] == "internal error: AttributeError: 'str' object has no attribute 'copy'"

@@ -4,6 +4,12 @@ test_store.py covers idempotent reruns, changed documents replacing their chunks
 collections; test_chroma_server.py covers a real Chroma server going away.
 """
 
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pytest
 from fakes import ListWebSearch, ScriptedLM
 
@@ -163,3 +169,79 @@ def test_the_manifest_is_written_last_and_removed_while_an_ingest_changes_the_co
     client.get_collection("tiny__kb").delete(ids=sorted(planned_chunks(DOCS, 120))[:5])
     assert ingest_gaps(client, load_domain(root)) == ["collection 'tiny__kb' holds 145 of 150 chunks"]
     assert open_backends(settings, progress=False).retriever().count() == 150
+
+
+class HungChroma:
+    """A Chroma 'server' that accepts connections and never answers (hung, or stopped with SIGSTOP):
+    the kernel completes the handshake on the listening socket, nothing ever reads or writes."""
+
+    def __enter__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        return self
+
+    def __exit__(self, *exc):
+        self.sock.close()
+
+
+def test_a_chroma_server_that_never_answers_is_a_store_error_within_the_store_timeout():
+    # chromadb's HTTP client has no timeout of its own (httpx timeout=None): this hung for ever.
+    start = time.monotonic()
+    with (
+        HungChroma() as hung,
+        pytest.raises(StoreError, match=r"no answer within 1 s \(CRAG_STORE_TIMEOUT_S\)"),
+    ):
+        open_client(Settings(chroma_host="127.0.0.1", chroma_port=hung.port, store_timeout_s=1))
+    assert time.monotonic() - start < 10
+
+
+class ChromaThatHangsAfterOpening:
+    """Answers what a Chroma client asks while it opens (identity, tenant, database, heartbeat), then
+    never answers again: a server that hangs or is stopped while a service runs."""
+
+    def __enter__(self):
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                path = self.path.rstrip("/")
+                if path.endswith("/auth/identity"):
+                    body = {"user_id": "", "tenant": "default_tenant", "databases": ["default_database"]}
+                elif path.endswith(("/tenants/default_tenant", "/databases/default_database")):
+                    body = {"id": "00000000-0000-0000-0000-000000000000", "name": path.rsplit("/", 1)[-1]}
+                    body["tenant"] = "default_tenant"
+                elif path.endswith("/heartbeat"):
+                    body = {"nanosecond heartbeat": 1}
+                else:
+                    time.sleep(30)  # hung: the client must give up first
+                    return
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_chroma_server_that_hangs_after_opening_is_a_store_error_within_the_store_timeout(embedder):
+    with ChromaThatHangsAfterOpening() as server:
+        client = open_client(Settings(chroma_host="127.0.0.1", chroma_port=server.port, store_timeout_s=1))
+        start = time.monotonic()
+        with pytest.raises(
+            StoreError, match=r"opening collection 'h__kb': .*no answer within the store timeout"
+        ):
+            ChromaRetriever(client, "h__kb", embedder)
+        assert time.monotonic() - start < 10

@@ -22,19 +22,22 @@ from importlib.resources import files
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..events import StageEvent
 from ..faults import describe_error
 from ..trace import CRAGTrace
-from ..validation import QuestionError
+from ..validation import QuestionError, normalize_question
 from ..version import __version__
 from .access_log import AccessLog, question_hash
 from .admission import DeadlineExceeded, ModelQueue, QueueFull
 from .auth import Caller, identify
+from .body_limit import BodyLimit
 from .client_trace import client_trace
 from .domains import Domains, UnknownDomain
 from .policy import ServePolicy
@@ -135,6 +138,22 @@ def _failure(
     raise TypeError(f"not a failure of a question: {type(exc).__name__}") from exc
 
 
+async def _until_disconnected(http: Request) -> None:
+    """Return once the client has closed its connection (the body has been read: the next message
+    the server gives is the disconnect)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _question_refused(exc: QuestionError) -> JSONResponse:
+    """The 422 of a question the schema let through but CRAG refuses (e.g. only control characters):
+    the client's input, so logged at INFO without a traceback."""
+    log.info("422: %s", exc)
+    error = {"type": "question_error", "loc": ["body", "question"], "msg": str(exc)}
+    body = ValidationErrorResponse(detail=f"invalid request: question: {exc}", errors=[error])
+    return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
+
+
 def _too_much_history(request: AskRequest, service: ProgramService) -> JSONResponse | None:
     """The 422 of a request whose history has more turns than its domain's program takes (the schema
     bounds it by the most any domain served takes), in the shape of every invalid request; else None."""
@@ -197,7 +216,6 @@ def create_app(
             "answer within the deadline. Send the API key as `Authorization: Bearer <key>` or "
             "`X-API-Key`. The page at `/` is a small UI over the same API."
         ),
-        max_body_size=policy.max_body_bytes,  # Starlette's limit: 413 from Content-Length or while streaming
         lifespan=lifespan,
         # With keys the schema is served behind them (below); the Swagger and ReDoc pages are off, as a
         # browser opening them could not send a key with the schema request they make.
@@ -208,6 +226,9 @@ def create_app(
     app.state.queue = queue  # for operators' probes and tests: how many questions are admitted
     app.state.domains = domains
     # The last added runs first: every request gets an id and an access line, refused ones too.
+    # Innermost: a foreign Host is refused before any body is read; 413 from Content-Length or while
+    # streaming, in the JSON shape of every error (Starlette's own limit answers text/plain).
+    app.add_middleware(BodyLimit, max_bytes=policy.max_body_bytes)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(policy.allowed_hosts))
     app.add_middleware(AccessLog)
     page = (_STATIC / "index.html").read_text(encoding="utf-8")
@@ -253,14 +274,23 @@ def create_app(
         body = ValidationErrorResponse(detail=f"invalid request: {detail}", errors=errors)
         return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
 
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # FastAPI answers a body it cannot parse (JSON nested too deep for the parser, ...) with a bare
+        # 400; it is invalid input like any other, so a 422 in the shape of every invalid request.
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            cause = exc.__cause__
+            why = "nested too deeply" if isinstance(cause, RecursionError) else type(cause).__name__
+            log.info("422: the body could not be parsed (%s)", why)
+            message = f"the body is not valid JSON ({why})"
+            error = {"type": "json_invalid", "loc": ["body"], "msg": message}
+            body = ValidationErrorResponse(detail=f"invalid request: {message}", errors=[error])
+            return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
+        return await http_exception_handler(request, exc)
+
     @app.exception_handler(QuestionError)
     async def _unaskable(request: Request, exc: QuestionError) -> JSONResponse:
-        # A question the schema let through but CRAG refuses (e.g. only control characters): the client's
-        # input, so a 422 like any invalid request, without an error log or a traceback.
-        log.info("422: %s", exc)
-        error = {"type": "question_error", "loc": ["body", "question"], "msg": str(exc)}
-        body = ValidationErrorResponse(detail=f"invalid request: question: {exc}", errors=[error])
-        return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
+        return _question_refused(exc)
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
@@ -314,17 +344,32 @@ def create_app(
         try:
             # CRAG runs on the queue's threads; this coroutine only waits, so the deadline is kept
             # while an LM call is under way. Past it the run stops as its next stage starts.
-            answer = await queue.run(
+            future, running = queue.submit(
                 lambda: service.ask(
                     request.question,
                     history=history,
                     on_start=started.append,
                     cancel=cancel,
                     on_flag=policy.on_flag,
-                ),
-                policy.request_timeout_s,
-                on_timeout=cancel.set,
+                )
             )
+            waiting = asyncio.ensure_future(
+                queue.wait(future, running, policy.request_timeout_s, on_timeout=cancel.set)
+            )
+            # A client that leaves stops its run too, as on /ask/stream: an abandoned question would
+            # keep its queue place (503 busy for others) and spend LM calls on an answer nobody reads.
+            gone = asyncio.ensure_future(_until_disconnected(http))
+            try:
+                await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                gone.cancel()
+            if not waiting.done():
+                cancel.set()  # a running question stops as its next stage starts
+                future.cancel()  # a waiting one never runs
+                waiting.cancel()
+                log.info("the client left before its answer; the run stops at its next stage")
+                return Response(status_code=499)  # nginx's "client closed request": nobody reads it
+            answer = waiting.result()
         except (QueueFull, DeadlineExceeded, DependencyError) as exc:
             status, body, headers = _failure(exc, caller, debug, started)
             http.state.action = body.trace.action if body.trace else None
@@ -344,7 +389,7 @@ def create_app(
                 "answer's draft as the LM writes it (JSON: text; when the LM streams, never with on_flag "
                 "'withhold'; the `answer` event's answer is final: it may add a unit or be \"I don't "
                 'know"); then `event: answer` with the body `POST /ask` returns, or `event: error` with '
-                "`status` (503, 504) and its error body",
+                "`status` (503, 504; 422 for a history CRAG refuses, 500 for a bug) and its error body",
             },
             401: {"model": ErrorResponse, "description": "no API key, or not a valid one"},
             403: {"model": ErrorResponse, "description": "?debug=1 without a debug key"},
@@ -374,6 +419,12 @@ def create_app(
         if (refused := _too_much_history(request, service)) is not None:
             return refused
         http.state.domain = service.loaded.domain
+        try:
+            # Refused before the stream begins, as /ask refuses it: once the 200 is sent, a 422 can
+            # only be an event.
+            normalize_question(request.question, max_chars=None)
+        except QuestionError as exc:
+            return _question_refused(exc)
         history = [turn.model_dump() for turn in request.history]
         loop = asyncio.get_running_loop()
         # (event name, data) in the order the run's thread sent them; the stream below sends them.
@@ -429,6 +480,14 @@ def create_app(
                 except (DeadlineExceeded, DependencyError) as exc:
                     status, body, _ = _failure(exc, caller, debug, started)
                     yield _sse("error", {"status": status, **body.model_dump(mode="json")})
+                except QuestionError as exc:  # the client's input (e.g. its history): no traceback
+                    log.info("422: %s", exc)
+                    body = ErrorResponse(detail=f"invalid request: {exc}")
+                    yield _sse("error", {"status": 422, **body.model_dump(mode="json")})
+                except Exception as exc:  # the 200 is sent: a bug can only end the stream as an event
+                    log.exception("unhandled error on POST /ask/stream")
+                    body = ErrorResponse(detail=f"internal error: {describe_error(exc)}")
+                    yield _sse("error", {"status": 500, **body.model_dump(mode="json")})
                 else:
                     yield _sse("answer", _answer_body(done, caller, debug))
             finally:

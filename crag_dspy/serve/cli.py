@@ -3,10 +3,12 @@ with uvicorn; with ``--workers N``, N uvicorn worker processes each build the sa
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
 import logging
 import os
+import socket
 import sys
 
 from fastapi import FastAPI
@@ -23,7 +25,7 @@ from .programs import load_programs
 from .service import ProgramService
 from .workers import ARGV_ENV, embedded_lm_refusal
 
-__all__ = ["build_parser", "main", "worker_app"]
+__all__ = ["bind_refusal", "build_parser", "main", "worker_app"]
 
 log = logging.getLogger("crag_dspy.serve")
 
@@ -54,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         policy, warnings = policy_for(settings, args.host, insecure=args.insecure)
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
+        # A port in use would otherwise be found by uvicorn after the whole load (exit 3, its own log).
+        refused = bind_refusal(args.host, args.port)
+        if refused:
+            print(f"error: {refused}", file=sys.stderr)
+            return 2
         # Everything that can fail on bad input (program file, domain, LM settings, store) fails here,
         # before the server listens; with workers, a store that needs an ingest gets it here, once.
         domains = Domains([ProgramService(one) for one in load_programs(args)])
@@ -95,6 +102,29 @@ def main(argv: list[str] | None = None) -> int:
         log_level="info",
     )
     return 0 if run_server(config) else 1
+
+
+def bind_refusal(host: str, port: int) -> str | None:
+    """Why the server could not listen on ``host``:``port`` (in use, an address not of this machine),
+    or None. Bound and released at once, as uvicorn binds it (SO_REUSEADDR): a port another server
+    listens on is refused, one left in TIME_WAIT is not."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            hint = (
+                " (another server listens there: stop it or choose another --port)"
+                if (exc.errno == errno.EADDRINUSE)
+                else ""
+            )
+            return f"cannot listen on {host}:{port}: {exc.strerror or exc}{hint}"
+    return None
 
 
 def worker_app() -> FastAPI:

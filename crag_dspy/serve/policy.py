@@ -70,6 +70,13 @@ def policy_for(settings: Settings, host: str, *, insecure: bool = False) -> tupl
             f"CRAG_API_KEYS / CRAG_DEBUG_API_KEYS: every key must be at least {MIN_KEY_CHARS} characters "
             "(e.g. `openssl rand -hex 24`)"
         )
+    if not all(key.isascii() and key.isprintable() for key in keys + debug_keys):
+        # HTTP headers reach the app decoded as latin-1: a key sent as UTF-8 could never match one with
+        # an accent, so it would be refused on every request while the server looked healthy.
+        raise ExposureError(
+            "CRAG_API_KEYS / CRAG_DEBUG_API_KEYS: a key holds a character that is not printable ASCII, "
+            "which clients cannot send in an HTTP header as it is (e.g. `openssl rand -hex 24`)"
+        )
     local = is_loopback(host)
     warnings: list[str] = []
     if not local:
