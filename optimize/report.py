@@ -610,10 +610,12 @@ def write_evaluation_report(report: dict[str, Any], out_prefix: Path) -> tuple[P
         f"{cached} by DSPy's disk cache; {cost['prompt_tokens']} prompt and {cost['completion_tokens']} "
         f"completion tokens) in {cost['seconds']:.0f} s, {cost['grader_quality_lm_requests']} of them for "
         f"grader quality and {cost.get('frontier_lm_requests', 0)} for the frontier (the actions no row took, "
-        "the baselines' answers when no row gave them). Run one by one, the variants would make {cost['standalone_lm_requests']} LM requests"
+        "the baselines' answers when no row gave them). Run one by one, the variants would make "
+        f"{cost['standalone_lm_requests']} LM requests"
         + (f" ({saved:.1f}x as many)." if saved else ".")
         + (
-            " Requests served from the cache cost ~0 s and no tokens here: `--no-cache` measures cold costs."
+            " Requests served from the cache cost ~0 s and no served tokens here (the LM tokens column "
+            "counts them all): `--no-cache` measures cold costs."
             if cached
             else ""
         ),

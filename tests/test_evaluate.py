@@ -2,6 +2,7 @@
 structure, the paper's ablations as configuration, and shared work that is never recomputed."""
 
 import json
+from pathlib import Path
 
 import pytest
 from fakes import NO_LM, ScriptedLM, field
@@ -184,6 +185,8 @@ def test_shared_work_is_never_recomputed(evaluated):
     assert marginal + cost["frontier_lm_calls"] == cost["lm_calls"]  # the frontier adds only its own
     assert cost["lm_requests"] == cost["lm_calls"]  # the scripted LM has no cache: every request is a call
     assert cost["standalone_lm_requests"] == cost["standalone_lm_calls"] > 2 * cost["lm_calls"]
+    md = Path(report["files"][1]).read_text()
+    assert f"the variants would make {cost['standalone_lm_requests']} LM requests" in md
     # Remapped actions only recombine pieces already computed for the program and the default CRAG
     # (same predictors): they add no LM call at all.
     for name in ("w/o Correct", "w/o Incorrect", "w/o Ambiguous"):
