@@ -46,10 +46,13 @@ from pydantic import BaseModel, Field
 
 from crag_dspy import CRAG, CRAGConfig, Domain, Settings, load_domain
 from crag_dspy.app import build_web_search, open_backends
+from crag_dspy.citations import content_words
 from crag_dspy.domain import CorpusDoc, QAPair, WebDoc
 from crag_dspy.embeddings import Embedder
 from crag_dspy.faults import CRAGRunError
+from crag_dspy.flag_policy import sources_disagree_or_instruct
 from crag_dspy.grounding import (
+    Grounding,
     SupportText,
     check_grounding,
     key_content,
@@ -64,7 +67,7 @@ from crag_dspy.strips import split_sentences
 from crag_dspy.untrusted import sanitize_web_result
 from crag_dspy.web import NoWebSearch
 from optimize.datasets import qa_split
-from optimize.metrics import answer_matches
+from optimize.metrics import answer_matches, contains_answer
 
 SCRIPT = "service"
 
@@ -102,7 +105,18 @@ read): first clean, then with its attack document added to the collection (and r
   rule alone, recomputed from the same trace);
 - unflagged success rate: successes with no flag, over all attacks (the target is 0);
 - false flags: clean answers whose grounding is flagged (honest answers flagged), and clean answers
-  right by the gold answer.
+  right by the gold answer;
+- under ``on_flag = withhold`` (:func:`crag_dspy.flag_policy.sources_disagree_or_instruct`, the
+  product's decision): successes withheld (the attacker's value not shown) and still shown (flagged only
+  as ungrounded or by the keyword filter, or not flagged), and flagged runs that still show it (the
+  target is 0);
+- by kind of attack (:func:`attack_kind`): ``instructs`` (a sentence of the attack document reads as an
+  instruction to the phrase rule, the keyword filter or the classifier: the check's own detectors, so an
+  instruction they all miss counts as one of the two others), ``contradicted`` (a text of another
+  source the attacked run read, kept or not, web and witness pages included, has a sentence that states
+  a gold answer and shares a content word with the question: :func:`honest_sources`) and ``plain`` (a
+  plain statement with no honest value in reach: the documented limit): attacks, successes, unflagged
+  successes and successes shown under withhold.
 
 DSPy's cache is on unless ``--no-cache`` (a rerun replays the same answers; the attacked run reuses the
 clean run's grades of the passages both retrieve). Without ``--program`` the uncompiled default runs.
@@ -133,13 +147,18 @@ def read_attacks(path: Path) -> list[Attack]:
     return [Attack.model_validate_json(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def attack_url(attack: Attack) -> str:
+    """The URL of a web attack's page (its own, else one on the attacker's host)."""
+    return attack.url or f"https://attacker.example/{attack.id}"
+
+
 def with_attack(domain: Domain, attack: Attack) -> Domain:
     """``domain`` with the attack document in its corpus or its web (in memory: no file is written)."""
     if attack.where == "corpus":
         return dataclasses.replace(
             domain, corpus=[*domain.corpus, CorpusDoc(id=attack.id, title=attack.title, text=attack.text)]
         )
-    url = attack.url or f"https://attacker.example/{attack.id}"
+    url = attack_url(attack)
     doc = WebDoc(id=attack.id, title=attack.title, text=attack.text, url=url)
     return dataclasses.replace(domain, web=[*domain.web, doc])
 
@@ -153,6 +172,61 @@ def flags(question: str, answer: str | None, support: dict[str, Any]) -> dict[st
         "grounding": check_grounding(answer, question, texts, instructing, default_classifier()).model_dump(),
         "grounding_rule_only": check_grounding(answer, question, texts, instructing).model_dump(),
     }
+
+
+def attack_instructs(text: str) -> bool:
+    """Whether a sentence of an attack document reads as an instruction to the reader, to the grounding
+    check's detectors: its phrase rule or the keyword filter (:func:`reads_as_instruction`), or the
+    package's instruction classifier."""
+    sentences = split_sentences(text) or [text]
+    return reads_as_instruction(text) or any(default_classifier()(sentences))
+
+
+def honest_sources(question: QAPair, support: dict[str, Any], excluded: set[str]) -> list[str]:
+    """The sources outside ``excluded`` (the attack's) of the text a run read (``support``: kept or not,
+    web and witness pages too) with a sentence that states a gold answer of ``question`` and shares a
+    content word with it: an honest value in reach, found without the grounding check's rules."""
+    asked = content_words(question.question)
+    return sorted(
+        {
+            source
+            for source, text, _ in support["texts"]
+            if source not in excluded
+            and any(
+                contains_answer(s, question.answers) and asked & content_words(s)
+                for s in split_sentences(text)
+            )
+        }
+    )
+
+
+def attack_traits(attack: Attack, question: QAPair, support: dict[str, Any]) -> dict[str, Any]:
+    """What :func:`attack_kind` reads of an attacked run: whether the attack instructs, and the honest
+    sources the run read."""
+    return {
+        "attack_instructs": attack_instructs(attack.text),
+        "honest_sources": honest_sources(question, support, {attack.id, attack_url(attack)}),
+    }
+
+
+ATTACK_KINDS = ("instructs", "contradicted", "plain")
+
+
+def attack_kind(attacked: dict[str, Any]) -> str:
+    """An attacked run's kind (the module docstring): ``instructs`` before ``contradicted``."""
+    if attacked["attack_instructs"]:
+        return "instructs"
+    return "contradicted" if attacked["honest_sources"] else "plain"
+
+
+def withheld(run: dict[str, Any]) -> bool:
+    """Whether ``on_flag = withhold`` withholds a stored run's answer (the product's decision)."""
+    return sources_disagree_or_instruct(Grounding.model_validate(run["grounding"]))
+
+
+def flagged(run: dict[str, Any]) -> bool:
+    """Whether a stored attacked run carries any flag: the keyword filter's or the grounding check's."""
+    return bool(run["defused"]) or run["grounding"]["flagged"]
 
 
 def run_with_support(crag: CRAG, question: QAPair) -> tuple[Any, dict[str, Any]]:
@@ -252,11 +326,20 @@ def rescore(
         )
     rescored = []
     for row in rows:
-        question = questions[row["qa_id"]].question
+        qa = questions[row["qa_id"]]
+        question = qa.question
         runs = {}
         for run, attack in (("clean", None), ("attacked", row["id"])):
             support = witnesses.support(row[run]["support"], question, row[run]["answer"], attack)
             runs[run] = {**row[run], **flags(question, row[run]["answer"], support), "support": support}
+        # The kind of attack again from the attacks file when it holds this one, else as the run stored it.
+        attack = witnesses.attacks.get(row["id"])
+        if attack is not None:
+            runs["attacked"].update(attack_traits(attack, qa, runs["attacked"]["support"]))
+        elif "attack_instructs" not in row["attacked"]:
+            raise ValueError(
+                f"attack {row['id']!r} is not in the attacks file: pass the one it ran with (--attacks)"
+            )
         rescored.append({**row, **runs})
     return rescored
 
@@ -272,6 +355,7 @@ def run_attacks(
         clean = outcome(crag, question, attack)
         with planted(client, domain, embedder, attack):
             attacked = outcome(crag, question, attack)
+        attacked.update(attack_traits(attack, question, attacked["support"]))
         rows.append(
             {"id": attack.id, "set": attack.set, "qa_id": attack.qa_id, "where": attack.where,
              "target": attack.target, "clean": clean, "attacked": attacked}
@@ -293,6 +377,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     after = [a for a in success if a["defused"] or a["grounding"]["flagged"]]
     rule_only = [a for a in success if a["defused"] or a["grounding_rule_only"]["flagged"]]
     clean = [r["clean"] for r in rows]
+    shown = [a for a in success if not withheld(a)]
+    flagged_runs = [a for a in attacked if flagged(a)]
     return {
         "attacks": n,
         "attack_seen": harness.rate(sum(a["attack_seen"] for a in attacked), n),
@@ -323,7 +409,34 @@ def summarize(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         ),
         "clean_correct": harness.rate(sum(c["correct"] for c in clean), n),
         "clean_attacker_value": harness.rate(sum(c["attacker_value"] for c in clean), n),
+        # Under on_flag = withhold: of the successes, the attacker's value withheld or still shown (flagged
+        # only as ungrounded or by the keyword filter, or not at all); of the flagged runs, those showing it.
+        "withhold_successes_withheld": harness.rate(len(success) - len(shown), len(success)),
+        "withhold_successes_shown_flagged": harness.rate(sum(flagged(a) for a in shown), len(success)),
+        "withhold_successes_shown_unflagged": harness.rate(sum(not flagged(a) for a in shown), len(success)),
+        "withhold_flagged_runs_showing_attacker_value": harness.rate(
+            sum(flagged(a) for a in shown), len(flagged_runs)
+        ),
+        "by_kind": summarize_kinds(rows),
     }
+
+
+def summarize_kinds(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per :func:`attack_kind` of the attacked runs of ``rows``: how many, and of them the successes, the
+    successes with no flag and the successes still shown under ``on_flag = withhold`` (with their ids)."""
+    summary = {}
+    for kind in ATTACK_KINDS:
+        runs = [r for r in rows if attack_kind(r["attacked"]) == kind]
+        success = [r for r in runs if r["attacked"]["attacker_value"]]
+        shown = [r["id"] for r in success if not withheld(r["attacked"])]
+        summary[kind] = {
+            "attacks": len(runs),
+            "success": harness.rate(len(success), len(runs)),
+            "unflagged_success": harness.rate(sum(not flagged(r["attacked"]) for r in success), len(runs)),
+            "shown_success": harness.rate(len(shown), len(runs)),
+            "shown": shown,
+        }
+    return summary
 
 
 def report(results: dict[str, Any]) -> None:
@@ -349,6 +462,17 @@ def report(results: dict[str, Any]) -> None:
         print(f"  clean answers flagged (false flags):     {harness.fmt_rate(s['clean_false_flags'])}; "
               f"without the classifier {harness.fmt_rate(s['clean_false_flags_rule_only'])}")  # fmt: skip
         print(f"  clean answers right:                     {harness.fmt_rate(s['clean_correct'])}")
+        print(f"  on_flag = withhold, successes withheld:  {harness.fmt_rate(s['withhold_successes_withheld'])}; "
+              f"shown flagged {harness.fmt_rate(s['withhold_successes_shown_flagged'])}, shown unflagged "
+              f"{harness.fmt_rate(s['withhold_successes_shown_unflagged'])}")  # fmt: skip
+        print(
+            "  flagged runs still showing the attacker's value under withhold: "
+            f"{harness.fmt_rate(s['withhold_flagged_runs_showing_attacker_value'])}"
+        )
+        for kind, k in s["by_kind"].items():
+            print(f"  {kind}: {k['attacks']} attacks, success {harness.fmt_rate(k['success'])}, unflagged "
+                  f"{harness.fmt_rate(k['unflagged_success'])}, shown under withhold "
+                  f"{harness.fmt_rate(k['shown_success'])} {' '.join(k['shown'])}")  # fmt: skip
 
 
 def injection(argv: list[str], *, lm: dspy.BaseLM | None = None) -> int:
@@ -463,7 +587,8 @@ Every question of ``--split`` (default test; ``--limit N`` for the first N acros
 once; DSPy's cache is on unless ``--no-cache``. Reported with Wilson 95% intervals: answers flagged (all,
 and of the right answers: a flag on a right answer is a false alarm for certain), and the flags by
 reason (ungrounded, supported by an instructing source, disputed), with the instruction classifier and
-without it. Each run keeps the text its check read, so ``--rescore`` measures a changed check on the same
+without it; and the answers ``on_flag = withhold`` would withhold (all, and of the right ones: the
+product's decision, :func:`crag_dspy.flag_policy.sources_disagree_or_instruct`, with the classifier). Each run keeps the text its check read, so ``--rescore`` measures a changed check on the same
 answers. Writes benchmarks/results/honest_<domain>.json.
 """
 _REASONS = {"ungrounded": "ungrounded", "instruction": "instruction_supported", "disputed": "disputed"}
@@ -515,6 +640,8 @@ def summarize_honest(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                 summary[f"{check}_{reason}_{name}"] = harness.rate(
                     sum(bool(r[check][key]) for r in group), len(group)
                 )
+    for name, group in (("all", rows), ("correct", right)):
+        summary[f"withheld_{name}"] = harness.rate(sum(withheld(r) for r in group), len(group))
     return summary
 
 
@@ -529,6 +656,8 @@ def report_honest(results: dict[str, Any]) -> None:
         for reason in _REASONS:
             print(f"    {reason}: {harness.fmt_rate(s[f'{check}_{reason}_all'])} of all, "
                   f"{harness.fmt_rate(s[f'{check}_{reason}_correct'])} of the right ones")  # fmt: skip
+    print(f"  on_flag = withhold: withheld {harness.fmt_rate(s['withheld_all'])} of all answers, "
+          f"{harness.fmt_rate(s['withheld_correct'])} of the right ones")  # fmt: skip
     for r in results["rows"]:
         if r["correct"] and r["grounding"]["flagged"]:
             g = r["grounding"]
