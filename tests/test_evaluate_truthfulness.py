@@ -70,6 +70,7 @@ def make_rows(questions=QUESTIONS, outcomes=OUTCOMES):
                     "variant": variant.name,
                     **answer_fields(q, outcome),
                     "requests": 2,
+                    "tokens": 110,
                     "calls": 1,
                     "prompt_tokens": 100,
                     "cached_prompt_tokens": 0,
@@ -216,8 +217,9 @@ def test_the_report_table_gains_truthfulness_columns_and_the_paired_sign_test(tm
     md = md_path.read_text()
     assert (
         "| variant | accuracy | abstained | hallucinated | truthfulness [95% CI] | cited right "
-        "| correction success | LM requests/q (cached) | prompt tok/q | completion tok/q | s/q p50 "
-        "| s/q p95 | new requests | errors |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| correction success | LM requests/q (cached) | LM tokens/q | prompt tok/q served "
+        "| completion tok/q served | s/q p50 | s/q p95 | new requests | errors |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     ) in md
     crag = next(line for line in md.splitlines() if line.startswith("| CRAG (program) | 66.7%"))
     cells = [c.strip() for c in crag.strip("|").split("|")]
@@ -226,6 +228,7 @@ def test_the_report_table_gains_truthfulness_columns_and_the_paired_sign_test(tm
     assert cells[3] == "16.7% [3.0, 56.4] (1/6)"
     assert cells[4].startswith("+0.50 [") and cells[4].endswith("]")
     assert cells[5] == "2/3 (66.7%)"
+    assert cells[8] == "110"  # LM tokens per question: every request's, cached or not
     assert cells[-1] == "1"  # errors
     plain = next(line for line in md.splitlines() if line.startswith("| plain RAG | 50.0%"))
     assert "| 1 (16.7%): 1/5 answerable, 0/1 unanswerable | 33.3% [9.7, 70.0] (2/6) | +0.17 [" in plain
