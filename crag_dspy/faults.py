@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Hashable, Iterator
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal
@@ -111,6 +112,92 @@ def waits_too_long(exc: BaseException) -> bool:
 
 # At import: every dspy.LM a CRAG program calls (built here or passed in by a library user) is capped.
 _patch_dspy_retries()
+
+MAX_LM_REPLY_BYTES = 16 * 1024 * 1024
+"""The largest LM reply body read (16 MB; a chat completion is a few KB). A longer one is a failed call."""
+
+
+def _bounded_body(chunks: Iterable[bytes], started: float, limit_s: float) -> Iterator[bytes]:
+    """``chunks`` (a reply body), failing with lm15's own transport errors once the reply has taken more than
+    ``limit_s`` seconds since ``started`` or has grown past :data:`MAX_LM_REPLY_BYTES`."""
+    from dspy._vendor.lm15.transports._exceptions import ReadError, ReadTimeout
+
+    size = 0
+    try:
+        for chunk in chunks:
+            size += len(chunk)
+            if size > MAX_LM_REPLY_BYTES:
+                raise ReadError(f"the LM's reply exceeded {MAX_LM_REPLY_BYTES / 2**20:g} MB")
+            if time.monotonic() - started > limit_s:
+                raise ReadTimeout(f"the LM's reply did not finish within {limit_s:g} s (CRAG_LM_TIMEOUT_S)")
+            yield chunk
+    finally:
+        getattr(chunks, "close", lambda: None)()  # lm15's body generator releases its connection slot
+
+
+async def _abounded_body(
+    chunks: AsyncIterable[bytes], started: float, limit_s: float
+) -> AsyncIterator[bytes]:
+    """:func:`_bounded_body` for the async transport."""
+    from dspy._vendor.lm15.transports._exceptions import ReadError, ReadTimeout
+
+    size = 0
+    try:
+        async for chunk in chunks:
+            size += len(chunk)
+            if size > MAX_LM_REPLY_BYTES:
+                raise ReadError(f"the LM's reply exceeded {MAX_LM_REPLY_BYTES / 2**20:g} MB")
+            if time.monotonic() - started > limit_s:
+                raise ReadTimeout(f"the LM's reply did not finish within {limit_s:g} s (CRAG_LM_TIMEOUT_S)")
+            yield chunk
+    finally:
+        aclose = getattr(chunks, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def _patch_lm_transport() -> None:
+    """Give every LM HTTP call a total deadline and a reply size cap.
+
+    DSPy 3.4's transport (its vendored lm15, ``dspy<3.5`` is pinned) times each read, not the call: its
+    read timeout (``CRAG_LM_TIMEOUT_S``) bounds the wait for the NEXT byte, and no reply size is capped. A
+    server whose 200 body never ends grew memory to 13 GB in 45 s; one dripping a byte a second held ``ask``
+    or a ``serve`` worker forever. DSPy gives no setting for either, so the transports' ``stream`` (sync)
+    and ``_do_stream`` (async) are wrapped (idempotently): the reply body must be complete within the same
+    timeout counted from the request's start, and within :data:`MAX_LM_REPLY_BYTES`. Past either, reading
+    the body raises lm15's ``ReadTimeout`` / ``ReadError``, which DSPy maps, retries and reports as a
+    transport fault, and CRAG counts as a failed call. Streamed replies get the same bound. The check runs
+    as each chunk arrives, so a reply that stalls after the deadline fails at lm15's read timeout.
+    """
+    from dspy._vendor.lm15.transports._async import StdlibAsyncTransport
+    from dspy._vendor.lm15.transports._sync import StdlibTransport
+
+    original = StdlibTransport.stream
+    if getattr(original, "_crag_bounded", False):
+        return
+    original_async = StdlibAsyncTransport._do_stream
+
+    def stream(self: Any, request: Any) -> Any:
+        started = time.monotonic()
+        response = original(self, request)
+        limit_s = request.read_timeout or self._read_timeout
+        response._chunks = _bounded_body(response._chunks, started, limit_s)
+        return response
+
+    async def do_stream(self: Any, request: Any) -> Any:
+        started = time.monotonic()
+        response = await original_async(self, request)
+        limit_s = request.read_timeout or self._read_timeout
+        response._chunks = _abounded_body(response._chunks, started, limit_s)
+        return response
+
+    stream._crag_bounded = True  # type: ignore[attr-defined]
+    StdlibTransport.stream = stream
+    StdlibAsyncTransport._do_stream = do_stream
+
+
+# At import, like the retry cap above: every LM call a CRAG program makes is bounded.
+_patch_lm_transport()
 
 _QUESTION: ContextVar[str | None] = ContextVar("crag_dspy_question", default=None)
 

@@ -27,6 +27,8 @@ from fakes import render
 #   "html"                 200 with a proxy's HTML page (Content-Type: text/html), as a captive portal sends
 #   "json-list"            200 with JSON that is no completion object (another service's API)
 #   "reset"                close the connection without any response
+#   "endless"              200 whose chunked body never ends (64 KB chunks as fast as the client reads)
+#   "drip"                 200 whose chunked body is one byte every 0.2 s, never finishing
 Fault = Callable[[int, dict], str | None]
 
 
@@ -134,8 +136,30 @@ class LoopbackServer:
         elif fault == "reset":
             handler.close_connection = True
             handler.connection.shutdown(2)
+        elif fault in {"endless", "drip"}:
+            self._send_unending(handler, fault == "drip")
         else:
             raise ValueError(f"unknown fault {fault!r}")
+
+    @staticmethod
+    def _send_unending(handler, drip: bool, give_up_s: float = 30.0) -> None:
+        """A 200 whose chunked body never ends: until the client hangs up (or ``give_up_s``)."""
+        handler.close_connection = True
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Transfer-Encoding", "chunked")
+        handler.end_headers()
+        chunk = b" " if drip else b" " * 65536
+        frame = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"
+        end = time.monotonic() + give_up_s
+        try:
+            while time.monotonic() < end:
+                handler.wfile.write(frame)
+                handler.wfile.flush()
+                if drip:
+                    time.sleep(0.2)
+        except OSError:  # the client gave up: what the test wants
+            pass
 
 
 class FakeOpenAI(LoopbackServer):

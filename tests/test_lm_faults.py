@@ -5,6 +5,7 @@ honouring Retry-After; CRAG then takes each stage's fallback and records it, and
 LMUnavailableError when the LM is down. The fault-handling rules are in docs/reliability.md.
 """
 
+import asyncio
 import time
 
 import dspy
@@ -357,3 +358,37 @@ def test_a_watched_batch_goes_on_past_a_question_whose_every_call_fails():
     assert [r.error is None for r in routes] == [True, False, True]
     assert "failed 2 calls in a row" in routes[1].error
     assert routes[2].correct["CORRECT"]  # the run went on
+
+
+def test_a_reply_body_that_never_ends_fails_at_the_size_cap_not_when_memory_runs_out():
+    # DSPy's transport read such a body forever: 13 GB of memory in 45 s.
+    start = time.monotonic()
+    with FakeOpenAI(script, lambda n, body: "endless") as server, pytest.raises(LMUnavailableError) as info:
+        ask(server, timeout=30)
+    assert time.monotonic() - start < 10  # the size cap fired, not the 30 s deadline
+    assert len(server.requests) == CONSECUTIVE_LM_FAILURES * 3  # a transport fault: retried, then failed
+    assert "the LM's reply exceeded 16 MB" in str(info.value)
+
+
+def test_a_reply_dripped_byte_by_byte_fails_at_the_lm_timeout_counted_from_the_request():
+    # Each byte reset DSPy's read timeout, so a server sending one every 0.2 s held the call forever.
+    with FakeOpenAI(script, lambda n, body: "drip") as server:
+        lm = dspy.LM(
+            "openai/fake-model", api_base=server.api_base, api_key="sk-test", num_retries=0, timeout=1
+        )
+        start = time.monotonic()
+        with pytest.raises(Exception, match=r"did not finish within 1 s \(CRAG_LM_TIMEOUT_S\)"):
+            lm("hello", cache=False)
+        assert time.monotonic() - start < 3
+        start = time.monotonic()
+        with pytest.raises(Exception, match=r"did not finish within 1 s \(CRAG_LM_TIMEOUT_S\)"):
+            asyncio.run(lm.acall("hello", cache=False))  # the async transport (streamed answers) too
+        assert time.monotonic() - start < 3
+
+
+def test_a_dripped_reply_is_one_failed_call_and_the_question_goes_on():
+    with FakeOpenAI(script, fault_on("grade", "drip", times=3)) as server:
+        pred = ask(server, timeout=1)
+    error = pred.trace.documents[0].error
+    assert "did not finish within 1 s (CRAG_LM_TIMEOUT_S)" in error and "lm15" not in error
+    assert pred.trace.lm_answer == "0 to 25 mg/L"
