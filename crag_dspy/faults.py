@@ -19,6 +19,7 @@ every call fails is that question's error, and the run goes on.
 
 from __future__ import annotations
 
+import importlib
 import re
 import threading
 import time
@@ -117,10 +118,16 @@ MAX_LM_REPLY_BYTES = 16 * 1024 * 1024
 """The largest LM reply body read (16 MB; a chat completion is a few KB). A longer one is a failed call."""
 
 
+def _lm15_read_errors() -> tuple[type[Exception], type[Exception]]:
+    """lm15's ``ReadError`` and ``ReadTimeout``, imported by name at run time (see :func:`_patch_lm_transport`)."""
+    errors = importlib.import_module("dspy._vendor.lm15.transports._exceptions")
+    return errors.ReadError, errors.ReadTimeout
+
+
 def _bounded_body(chunks: Iterable[bytes], started: float, limit_s: float) -> Iterator[bytes]:
     """``chunks`` (a reply body), failing with lm15's own transport errors once the reply has taken more than
     ``limit_s`` seconds since ``started`` or has grown past :data:`MAX_LM_REPLY_BYTES`."""
-    from dspy._vendor.lm15.transports._exceptions import ReadError, ReadTimeout
+    ReadError, ReadTimeout = _lm15_read_errors()
 
     size = 0
     try:
@@ -139,7 +146,7 @@ async def _abounded_body(
     chunks: AsyncIterable[bytes], started: float, limit_s: float
 ) -> AsyncIterator[bytes]:
     """:func:`_bounded_body` for the async transport."""
-    from dspy._vendor.lm15.transports._exceptions import ReadError, ReadTimeout
+    ReadError, ReadTimeout = _lm15_read_errors()
 
     size = 0
     try:
@@ -169,8 +176,10 @@ def _patch_lm_transport() -> None:
     transport fault, and CRAG counts as a failed call. Streamed replies get the same bound. The check runs
     as each chunk arrives, so a reply that stalls after the deadline fails at lm15's read timeout.
     """
-    from dspy._vendor.lm15.transports._async import StdlibAsyncTransport
-    from dspy._vendor.lm15.transports._sync import StdlibTransport
+    # Imported by name at run time: type checkers following these private vendored modules lose track of
+    # the ``dspy`` package's own exports (mypy then reports ``dspy.BaseLM`` undefined in users' code).
+    StdlibAsyncTransport = importlib.import_module("dspy._vendor.lm15.transports._async").StdlibAsyncTransport
+    StdlibTransport = importlib.import_module("dspy._vendor.lm15.transports._sync").StdlibTransport
 
     original = StdlibTransport.stream
     if getattr(original, "_crag_bounded", False):
