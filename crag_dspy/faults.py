@@ -23,7 +23,7 @@ import importlib
 import re
 import threading
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Hashable, Iterable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal
@@ -124,19 +124,30 @@ def _lm15_read_errors() -> tuple[type[Exception], type[Exception]]:
     return errors.ReadError, errors.ReadTimeout
 
 
+def _reply_check(started: float, limit_s: float) -> Callable[[bytes], None]:
+    """A check of each chunk of one reply body, in order: lm15's ``ReadError`` once the body has grown past
+    :data:`MAX_LM_REPLY_BYTES`, its ``ReadTimeout`` once ``limit_s`` seconds have passed since ``started``."""
+    ReadError, ReadTimeout = _lm15_read_errors()
+    size = 0
+
+    def check(chunk: bytes) -> None:
+        nonlocal size
+        size += len(chunk)
+        if size > MAX_LM_REPLY_BYTES:
+            raise ReadError(f"the LM's reply exceeded {MAX_LM_REPLY_BYTES / 2**20:g} MB")
+        if time.monotonic() - started > limit_s:
+            raise ReadTimeout(f"the LM's reply did not finish within {limit_s:g} s (CRAG_LM_TIMEOUT_S)")
+
+    return check
+
+
 def _bounded_body(chunks: Iterable[bytes], started: float, limit_s: float) -> Iterator[bytes]:
     """``chunks`` (a reply body), failing with lm15's own transport errors once the reply has taken more than
     ``limit_s`` seconds since ``started`` or has grown past :data:`MAX_LM_REPLY_BYTES`."""
-    ReadError, ReadTimeout = _lm15_read_errors()
-
-    size = 0
+    check = _reply_check(started, limit_s)
     try:
         for chunk in chunks:
-            size += len(chunk)
-            if size > MAX_LM_REPLY_BYTES:
-                raise ReadError(f"the LM's reply exceeded {MAX_LM_REPLY_BYTES / 2**20:g} MB")
-            if time.monotonic() - started > limit_s:
-                raise ReadTimeout(f"the LM's reply did not finish within {limit_s:g} s (CRAG_LM_TIMEOUT_S)")
+            check(chunk)
             yield chunk
     finally:
         getattr(chunks, "close", lambda: None)()  # lm15's body generator releases its connection slot
@@ -146,16 +157,10 @@ async def _abounded_body(
     chunks: AsyncIterable[bytes], started: float, limit_s: float
 ) -> AsyncIterator[bytes]:
     """:func:`_bounded_body` for the async transport."""
-    ReadError, ReadTimeout = _lm15_read_errors()
-
-    size = 0
+    check = _reply_check(started, limit_s)
     try:
         async for chunk in chunks:
-            size += len(chunk)
-            if size > MAX_LM_REPLY_BYTES:
-                raise ReadError(f"the LM's reply exceeded {MAX_LM_REPLY_BYTES / 2**20:g} MB")
-            if time.monotonic() - started > limit_s:
-                raise ReadTimeout(f"the LM's reply did not finish within {limit_s:g} s (CRAG_LM_TIMEOUT_S)")
+            check(chunk)
             yield chunk
     finally:
         aclose = getattr(chunks, "aclose", None)
