@@ -297,6 +297,23 @@ def create_app(
         log.exception("unhandled error on %s %s", request.method, request.url.path)
         return _error(500, ErrorResponse(detail=f"internal error: {describe_error(exc)}"))
 
+    def admitted(
+        request: AskRequest, http: Request, caller: Caller, debug: bool
+    ) -> ProgramService | Response:
+        """What /ask and /ask/stream check alike before a run: the debug key, the domain asked for and the
+        history's length. The domain's service, or the response that refuses the request."""
+        if debug and not caller.debug:
+            raise HTTPException(403, "the full trace (?debug=1) needs a debug key (CRAG_DEBUG_API_KEYS)")
+        http.state.question_hash = question_hash(request.question)
+        try:
+            service = domains.choose(request.domain)
+        except UnknownDomain as exc:
+            return _unknown_domain(exc, "body")
+        if (refused := _too_much_history(request, service)) is not None:
+            return refused
+        http.state.domain = service.loaded.domain
+        return service
+
     @app.post(
         "/ask",
         response_model=AskResponse,
@@ -328,16 +345,9 @@ def create_app(
             bool, Query(description="the full trace (raw passages, web contents): debug keys only")
         ] = False,
     ) -> Response:
-        if debug and not caller.debug:
-            raise HTTPException(403, "the full trace (?debug=1) needs a debug key (CRAG_DEBUG_API_KEYS)")
-        http.state.question_hash = question_hash(request.question)
-        try:
-            service = domains.choose(request.domain)
-        except UnknownDomain as exc:
-            return _unknown_domain(exc, "body")
-        if (refused := _too_much_history(request, service)) is not None:
-            return refused
-        http.state.domain = service.loaded.domain
+        service = admitted(request, http, caller, debug)
+        if isinstance(service, Response):
+            return service
         history = [turn.model_dump() for turn in request.history]
         started: list[CRAGTrace] = []
         cancel = threading.Event()
@@ -409,16 +419,9 @@ def create_app(
             bool, Query(description="the full trace (raw passages, web contents): debug keys only")
         ] = False,
     ) -> Response:
-        if debug and not caller.debug:
-            raise HTTPException(403, "the full trace (?debug=1) needs a debug key (CRAG_DEBUG_API_KEYS)")
-        http.state.question_hash = question_hash(request.question)
-        try:
-            service = domains.choose(request.domain)
-        except UnknownDomain as exc:
-            return _unknown_domain(exc, "body")
-        if (refused := _too_much_history(request, service)) is not None:
-            return refused
-        http.state.domain = service.loaded.domain
+        service = admitted(request, http, caller, debug)
+        if isinstance(service, Response):
+            return service
         try:
             # Refused before the stream begins, as /ask refuses it: once the 200 is sent, a 422 can
             # only be an event.
