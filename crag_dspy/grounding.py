@@ -24,9 +24,12 @@ built; a paraphrase gets through it. This check looks at the other end, the answ
    honest document has no reason to tell a reader-model what to answer, so the whole source loses its
    standing, not just the sentence.
 4. **Disputed values.** A value of the answer that another source contradicts is ``disputed``:
-   a sentence of that source about what was asked (half the question's words and every name it
-   holds: "CalibKit C3" is not the "CalibKit C3 Pro" asked about) states another value of the same
-   kind: a number with the same unit about the same subject (the words next to it, in its clause, are
+   a sentence of that source about what was asked (half the question's words, and each name phrase
+   it holds whole: "CalibKit C3" is not the "CalibKit C3 Pro" asked about; a phrase may be named by an
+   abbreviation the texts define, "Calder Reach Airfield (CRX)", or by the sentence right before in the
+   same passage; a name no text states, such as an order number, is not asked of any sentence)
+   states another value of the same kind (a bare count in the unit a "how many" question counts):
+   a number with the same unit about the same subject (the words next to it, in its clause, are
    mostly the question's or those next to the answer's value: "1 extra day off" for volunteers does
    not dispute "27 days of paid annual leave"), or another clock time, month of a year ("September
    2019"), UTC offset, version, host name or weekday, or another name in the same role. The sentence may be
@@ -57,6 +60,7 @@ where it comes from is named in the trace.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import re
 import unicodedata
@@ -436,13 +440,117 @@ def _typed_values(text: str) -> dict[str, set[str]]:
     return {kind: values for kind, values in found.items() if values}
 
 
-def _about_the_question(sentence: str, topic: set[str], names: Sequence[KeyItem]) -> bool:
-    """Whether ``sentence`` is about what was asked: it holds half the question's ``topic`` words and
-    every one of its ``names`` (its key content: "CalibKit C3" is not the "CalibKit C3 Pro" asked
-    about, nor "AquaProbe 220" the "AquaProbe 2200")."""
-    return len(topic & _topic(sentence)) >= _SAME_TOPIC * len(topic) and all(
-        _supports(n, sentence) for n in names
-    )
+_COUNTED = re.compile(r"\b(?:how\s+many|number\s+of)\s+([a-z][\w-]*)", re.IGNORECASE)
+
+
+def _counted_unit(question: str) -> str:
+    """The unit a "how many ..." or "number of ..." question counts in, as a stem ("" when none): the
+    first word after it ("electric" in "how many electric vehicle charging bays"), which is the word a
+    number stating the count is followed by."""
+    m = _COUNTED.search(question)
+    if not m or m.group(1).lower() in _FUNCTION_WORDS:
+        return ""
+    return _stem(m.group(1))
+
+
+# An abbreviation defined where it is first used: "Calder Reach Airfield (CRX)", "CRX (Calder Reach
+# Airfield)": a run of capitalised words, then one name in brackets, or the other way round.
+_LONG_FORM = r"[A-Z][\w&'-]*(?:\s+(?:of|the|and|for|de|du|la|von|van)?\s*[A-Z][\w&'-]*)*"
+_ALIAS = re.compile(
+    rf"({_LONG_FORM})\s*\(\s*([A-Za-z][\w&-]*)\s*\)|\b([A-Z][A-Z0-9&-]+)\s*\(\s*({_LONG_FORM})\s*\)"
+)
+
+
+def _forms(text: str) -> tuple[str, ...]:
+    """The name forms (:func:`_name_form`) of the tokens of ``text`` that are not function words."""
+    return tuple(_name_form(t) for t in _TOKEN.findall(text) if t.lower() not in _FUNCTION_WORDS)
+
+
+def _aliases(texts: Iterable[str]) -> dict[tuple[str, ...], set[tuple[str, ...]]]:
+    """The abbreviations ``texts`` define (:data:`_ALIAS`), both ways: ("crx",) -> {("calder",
+    "reach", "airfield")} and back."""
+    found: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
+    for text in texts:
+        for m in _ALIAS.finditer(text):
+            long, short = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+            if not _names_something(short):
+                continue  # "(see below)", "(2019)": not a name for the words before it
+            a, b = _forms(long), _forms(short)
+            if a and b and a != b:
+                found.setdefault(a, set()).add(b)
+                found.setdefault(b, set()).add(a)
+    return found
+
+
+def _name_phrases(question: str, written: set[str]) -> list[tuple[str, ...]]:
+    """The names of ``question`` (normalised) as phrases: runs of adjacent name tokens, and numbers it
+    writes in digits ("CalibKit C3 Pro", "AquaProbe 220", "P1", "Beacon"), as name forms. A phrase is
+    what a sentence about the question must name whole: "CalibKit C3" alone names a sibling."""
+    phrases: list[list[str]] = []
+    previous_end = None
+    for m in _TOKEN.finditer(question):
+        token = m.group(0).rstrip(".'-/").removesuffix("'s")
+        number = _NUMBER.search(token) if _PREFIXED_NUMBER.fullmatch(token) else None
+        if not (_names_something(token) or (number and _number_value(number.group(1)) in written)):
+            previous_end = None
+            continue
+        form = _number_value(token) if token.isdigit() else _name_form(token)  # "P1", "C3": as names
+        if previous_end is not None and not question[previous_end : m.start()].strip():
+            phrases[-1].append(form)
+        else:
+            phrases.append([form])
+        previous_end = m.start() + len(m.group(0))
+    return [tuple(p) for p in phrases]
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What a sentence must hold to be about what was asked: half the question's ``topic`` words, and
+    each of its name ``phrases`` whole, as written or by an abbreviation the run's texts define
+    (``aliases``: "Calder Reach Airfield" for "CRX"). A phrase the sentence does not name at all may
+    be named by the sentence before it in the same passage ("Every Beacon ticket ... Priority P1 has a
+    target of 30 minutes"); one it names in part is a sibling ("CalibKit C3" for "CalibKit C3 Pro", so
+    it is not about the question). A name no text the run saw states (an order number the user typed)
+    tells no sentence from another, and is not asked of them."""
+
+    topic: frozenset[str]
+    phrases: tuple[tuple[str, ...], ...]
+    aliases: dict[tuple[str, ...], set[tuple[str, ...]]]
+
+    @classmethod
+    def of(cls, question: str, written: set[str], texts: Sequence[str]) -> _Asked:
+        """The subject of ``question`` (normalised) against the ``texts`` (normalised) the run saw."""
+        stated = {form for text in texts for form in _forms(text)} | {
+            _number_value(n) for text in texts for n in _NUMBER.findall(text)
+        }
+        phrases = [tuple(f for f in p if f in stated) for p in _name_phrases(question, written)]
+        return cls(frozenset(_topic(question)), tuple(p for p in phrases if p), _aliases(texts))
+
+    def _names(self, phrase: tuple[str, ...], forms: set[str]) -> str:
+        """ "whole", "part" or "none": how much of ``phrase`` a sentence of these ``forms`` names."""
+        if all(f in forms for f in phrase) or any(
+            all(f in forms for f in alias) for alias in self.aliases.get(phrase, ())
+        ):
+            return "whole"
+        return "part" if any(f in forms for f in phrase) else "none"
+
+    def about(self, sentence: str, before: str = "") -> bool:
+        """Whether ``sentence`` (normalised), which follows ``before`` in its passage, is about it."""
+        forms = set(_sentence_forms(sentence))
+        carried = set(_sentence_forms(before)) if before else set()
+        topic = _topic(sentence)
+        for phrase in self.phrases:
+            named = self._names(phrase, forms)
+            if named == "none" and self._names(phrase, carried) == "whole":
+                topic |= _topic(" ".join(phrase))  # the sentence is about the name it carries
+            elif named != "whole":
+                return False
+        return len(self.topic & topic) >= _SAME_TOPIC * len(self.topic)
+
+
+def _sentence_forms(sentence: str) -> list[str]:
+    """The name forms of a sentence's tokens and the values of its numbers (how :class:`_Asked` reads)."""
+    return [*_forms(sentence), *(_number_value(n) for n in _NUMBER.findall(sentence))]
 
 
 # A value's subject: the content words within this many of it on each side, in its clause; a value is
@@ -600,18 +708,22 @@ def _another_name_in_role(
 def _disputing_sources(
     seen: Sequence[tuple[str, str]],
     excluded: set[str],
-    topic: set[str],
-    names: Sequence[KeyItem],
+    asked: _Asked,
     states_another: Callable[[str], bool],
 ) -> set[str]:
     """The sources of ``seen`` (source, normalised text) outside ``excluded`` with a sentence about what
-    was asked for which ``states_another`` holds."""
-    return {
-        source
-        for source, text in seen
-        if source not in excluded
-        and any(states_another(s) and _about_the_question(s, topic, names) for s in split_sentences(text))
-    }
+    was asked (:meth:`_Asked.about`) for which ``states_another`` holds."""
+    disputing = set()
+    for source, text in seen:
+        if source in excluded:
+            continue
+        sentences = split_sentences(text)
+        if any(
+            states_another(s) and asked.about(s, before)
+            for before, s in zip(["", *sentences], sentences, strict=False)
+        ):
+            disputing.add(source)
+    return disputing
 
 
 # --- instructions addressed to the model ------------------------------------------------------------
@@ -798,21 +910,22 @@ def check_grounding(
     # model number or an address a sentence about the question must repeat.
     written = {_number_value(m.group(1)) for m in _NUMBER.finditer(question.replace(",", ""))}
     topic = _topic(asked)
-    names = [n for n in key_content(asked) if n.kind == "name" or n.value in written]
+    subject = _Asked.of(asked, written, [text for _, text in seen])
     for item in items:
         sources = {source for source, text in kept if _supports(item, text)}
         if not sources:
             ungrounded.append(item.text)
         elif sources & instructing_sources:
             by_instruction.append(item.text)
-        if sources and item.kind == "number" and item.unit and topic:
+        # A bare count ("16") answers a "how many ..." question in the unit it counts.
+        counted = item if item.unit else dataclasses.replace(item, unit=_counted_unit(asked))
+        if sources and item.kind == "number" and counted.unit and topic:
             # An instructing source is no more knowledge against a value than for one.
             others = _disputing_sources(
                 seen,
                 sources | instructing_sources,
-                topic,
-                names,
-                _another_quantity(item, [text for source, text in kept if source in sources], topic),
+                subject,
+                _another_quantity(counted, [text for source, text in kept if source in sources], topic),
             )
             if others:
                 disputed.append(item.text)
@@ -827,7 +940,7 @@ def check_grounding(
             stated = _typed_values(sentence).get(kind, set())
             return bool(stated) and not stated & values
 
-        others = _disputing_sources(seen, sources | instructing_sources, topic, names, another_of_kind)
+        others = _disputing_sources(seen, sources | instructing_sources, subject, another_of_kind)
         if others:
             disputed.append(f"{kind} {', '.join(sorted(values))}")
             disputing |= others
@@ -841,7 +954,7 @@ def check_grounding(
         another_name = _another_name_in_role(
             answer_names, [t for s, t in kept if s in name_sources], asked, capitalised
         )
-        others = _disputing_sources(seen, name_sources | instructing_sources, topic, names, another_name)
+        others = _disputing_sources(seen, name_sources | instructing_sources, subject, another_name)
         if others:
             disputed.append(f"name {' '.join(n.text for n in answer_names)}")
             disputing |= others
