@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .files import not_regular
 from .records import CorpusDoc, DocPart, DomainDataError
 from .sections import markdown_parts, sectioned
 
@@ -235,8 +235,9 @@ def load_folder(folder: Path) -> LoadedFolder:
             continue
         if path.is_dir():
             continue
-        if not path.is_file():  # a FIFO would block the read, a device node has no end: never opened
-            skip(f"{path}: not a regular file ({_file_kind(path)}): not read")
+        irregular = not_regular(path)  # a FIFO would block the read, a device node has no end: never opened
+        if irregular is not None:
+            skip(irregular)
             continue
         try:
             docs.append(load_document(path, doc_id=str(path.relative_to(folder))))
@@ -257,22 +258,6 @@ def utf8_name(path: Path) -> bool:
 def shown_path(path: Path) -> str:
     """``path`` printable whatever its bytes: a byte that is not UTF-8 is shown as ``\\xff``."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
-
-
-def _file_kind(path: Path) -> str:
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return "unknown"
-    for test, kind in (
-        (stat.S_ISFIFO, "a named pipe"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return kind
-    return "unknown"
 
 
 def _link_outside(path: Path, root: Path) -> str | None:
