@@ -207,10 +207,10 @@ def load_folder(folder: Path) -> LoadedFolder:
     An unreadable file, an empty one, or one of a type no reader reads (a slide deck, a spreadsheet) is
     logged, skipped and listed in :attr:`LoadedFolder.skipped`, so that a document the user put there is
     never missing without a word. So is a file whose name is not valid UTF-8 (named with its bytes escaped),
-    a named pipe, device node or socket (never opened: a read could block or never end), and a symbolic
-    link that leads out of ``folder`` (or nowhere): domain
+    a named pipe, device node or socket (never opened: a read could block or never end), a symbolic
+    link that leads out of ``folder`` (or nowhere), and a hard link (a file of several names): domain
     folders come from uploads and archives, and a link to ``/etc/passwd`` must not become a quotable
-    document. Links inside the folder are read as the files they point to. Hidden files and folders
+    document. Symbolic links inside the folder are read as the files they point to. Hidden files and folders
     (``.DS_Store``, ``.git/``) are not documents and are passed over silently.
     """
     root = folder.resolve()
@@ -239,6 +239,10 @@ def load_folder(folder: Path) -> LoadedFolder:
         if irregular is not None:
             skip(irregular)
             continue
+        hard_link = _hard_link(path)
+        if hard_link is not None:
+            skip(hard_link)
+            continue
         try:
             docs.append(load_document(path, doc_id=str(path.relative_to(folder))))
         except UnreadableDocumentError as exc:
@@ -258,6 +262,22 @@ def utf8_name(path: Path) -> bool:
 def shown_path(path: Path) -> str:
     """``path`` printable whatever its bytes: a byte that is not UTF-8 is shown as ``\\xff``."""
     return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+def _hard_link(path: Path) -> str | None:
+    """Why ``path`` is not read when its file has other names (hard links): one of them may be outside the
+    folder, as ``ln /etc/shadow corpus/a.txt`` makes, and no check of the path can tell; None for a file of
+    one name."""
+    try:
+        names = path.stat().st_nlink
+    except OSError:
+        return None
+    if names <= 1:
+        return None
+    return (
+        f"{path}: a hard link (the file has {names} names, any of them maybe outside the corpus folder): "
+        "not read; copy the file into the folder instead of linking it"
+    )
 
 
 def _link_outside(path: Path, root: Path) -> str | None:
