@@ -12,7 +12,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["file_kind", "not_regular", "read_regular_file"]
+__all__ = ["file_kind", "link_outside", "not_regular", "read_regular_file"]
 
 
 def file_kind(mode: int) -> str:
@@ -26,6 +26,19 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return kind
     return "unknown"
+
+
+def link_outside(path: Path, root: Path, folder: str) -> str | None:
+    """Why ``path`` is not read when it, or a folder on its way, is a symbolic link leading out of ``root``
+    (the resolved ``folder``: "corpus folder", "program folder") or nowhere; None for any other path.
+    Folders from uploads and archives must not make ``/etc/passwd`` a document or a program."""
+    target = path.resolve()
+    if target.is_relative_to(root) and (target.exists() or not path.is_symlink()):
+        return None
+    if not target.exists():
+        return f"{path}: a broken link ({target}): not read"
+    kind = "folder" if target.is_dir() else "file"
+    return f"{path}: a link to a {kind} outside the {folder} ({target}): not read"
 
 
 def not_regular(path: Path) -> str | None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import not_regular
+from .files import link_outside, not_regular
 from .records import CorpusDoc, DocPart, DomainDataError
 from .sections import markdown_parts, sectioned
 
@@ -229,7 +229,7 @@ def load_folder(folder: Path) -> LoadedFolder:
             if not path.is_dir():
                 skip(f"{shown_path(path)}: the file name is not valid UTF-8: not read; rename the file")
             continue
-        outside = _link_outside(path, root)
+        outside = link_outside(path, root, "corpus folder")
         if outside is not None:
             skip(outside)
             continue
@@ -278,15 +278,3 @@ def _hard_link(path: Path) -> str | None:
         f"{path}: a hard link (the file has {names} names, any of them maybe outside the corpus folder): "
         "not read; copy the file into the folder instead of linking it"
     )
-
-
-def _link_outside(path: Path, root: Path) -> str | None:
-    """Why ``path`` is not read when it, or a folder on its way, is a link leading out of ``root`` (or
-    nowhere); None for any other path."""
-    target = path.resolve()
-    if target.is_relative_to(root) and (target.exists() or not path.is_symlink()):
-        return None
-    if not target.exists():
-        return f"{path}: a broken link ({target}): not read"
-    kind = "folder" if target.is_dir() else "file"
-    return f"{path}: a link to a {kind} outside the corpus folder ({target}): not read"
