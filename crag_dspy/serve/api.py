@@ -517,6 +517,10 @@ def create_app(
     def health() -> Health:
         return domains.default.health().model_copy(update={"domains": domains.names})
 
+    # Load balancers' probes often send HEAD (a 405 to them is a dead service); the same answer, its body
+    # dropped by the server. Not in the schema: a second operation of the same name would clash there.
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
+
     @app.get(
         "/program",
         response_model=ProgramInfo,
