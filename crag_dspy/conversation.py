@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .files import read_regular_file
 from .untrusted import defuse_instructions, one_line
-from .validation import DEFAULT_MAX_QUESTION_CHARS
+from .validation import DEFAULT_MAX_QUESTION_CHARS, QuestionError, normalize_question
 
 __all__ = [
     "MAX_ANSWER_CHARS",
@@ -79,8 +79,10 @@ def _turn(item: Any, index: int) -> Turn:
             raise HistoryError(f"{where}.{name} must be a string, got {type(value).__name__}")
         if len(value) > most:
             raise HistoryError(f"{where}.{name} has {len(value)} characters; at most {most}")
-    if not question.strip():
-        raise HistoryError(f"{where}.question must not be empty or only whitespace")
+    try:  # as the question itself is: control and invisible characters alone ask nothing
+        normalize_question(question, max_chars=None)
+    except QuestionError as exc:
+        raise HistoryError(f"{where}.question: {exc}") from None
     return Turn(question=question.strip(), answer=answer.strip())
 
 
