@@ -16,11 +16,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from .files import read_regular_file
 from .untrusted import defuse_instructions, one_line
-from .validation import DEFAULT_MAX_QUESTION_CHARS
+from .validation import DEFAULT_MAX_QUESTION_CHARS, QuestionError, normalize_question
 
 __all__ = [
     "MAX_ANSWER_CHARS",
+    "MAX_HISTORY_BYTES",
     "HistoryError",
     "Turn",
     "as_history",
@@ -30,6 +32,11 @@ __all__ = [
 
 MAX_ANSWER_CHARS = 4000
 """Longest answer of an earlier turn (a question's limit is the question's own, 2,000 characters)."""
+
+MAX_HISTORY_BYTES = 4 * 1024 * 1024
+"""Largest history file read (``ask --history``, 4 MB): the most turns a program takes
+(``MOST_HISTORY_TURNS``, 32) of the longest questions and answers are under 2.5 MB even with every
+character escaped in the JSON; a bigger file is no conversation, and would be read whole."""
 
 
 class HistoryError(ValueError):
@@ -72,8 +79,10 @@ def _turn(item: Any, index: int) -> Turn:
             raise HistoryError(f"{where}.{name} must be a string, got {type(value).__name__}")
         if len(value) > most:
             raise HistoryError(f"{where}.{name} has {len(value)} characters; at most {most}")
-    if not question.strip():
-        raise HistoryError(f"{where}.question must not be empty or only whitespace")
+    try:  # as the question itself is: control and invisible characters alone ask nothing
+        normalize_question(question, max_chars=None)
+    except QuestionError as exc:
+        raise HistoryError(f"{where}.question: {exc}") from None
     return Turn(question=question.strip(), answer=answer.strip())
 
 
@@ -118,11 +127,11 @@ def read_history(path: Path) -> list[Any]:
     """The turns in the file at ``path`` (``ask --history``), unchecked (:func:`as_history` checks
     them): a JSON list of ``{"question": ..., "answer": ...}``, or JSON Lines with one such object a
     line. A file that is neither is a :class:`HistoryError` naming the file and the line."""
+    # Regular files only, and bounded: a FIFO blocked ``ask`` for ever, and /dev/zero filled memory.
+    raw = read_regular_file(path, MAX_HISTORY_BYTES, "history file", HistoryError)
     try:
-        text = path.read_text(encoding="utf-8-sig")
-    except FileNotFoundError:
-        raise HistoryError(f"{path}: history file not found") from None
-    except (OSError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
         raise HistoryError(f"{path}: cannot read the history file ({exc})") from None
     try:
         whole = json.loads(text)

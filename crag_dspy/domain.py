@@ -26,6 +26,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .config import CRAGConfig, describe_validation_error
+from .files import not_regular
 from .loaders import SUFFIXES, load_folder, shown_path, utf8_name
 from .records import CorpusDoc, DomainDataError, Record
 
@@ -391,7 +392,11 @@ def load_domain(root: Path | str, *, lazy: bool = False) -> Domain:
     if not root.is_dir():
         raise DomainDataError(f"{root}: domain directory not found")
     for name in DOMAIN_FILES:  # checked before anything is read, lazily or not
-        _inside(root, name)
+        # A FIFO or device is never opened, and is named: passed over as absent, a domain.toml was the
+        # defaults without a word, and a corpus.jsonl was "no corpus.jsonl".
+        irregular = not_regular(_inside(root, name))
+        if irregular is not None:
+            raise DomainDataError(irregular)
     if (root / "corpus.jsonl").is_file() and (root / "corpus").is_dir():
         log.warning(
             "%s: both corpus.jsonl and corpus/ are present: corpus.jsonl is read and corpus/ is not; "

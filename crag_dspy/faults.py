@@ -77,17 +77,27 @@ FAILED_CALLS: frozenset[LMFault] = frozenset({"fatal", "unavailable", "refused",
 the rest (``output``) is an answer that could not be used."""
 
 MAX_RETRY_WAIT_S = 60.0
-"""The longest wait before a retry of an LM call. A ``Retry-After`` asking for longer is not waited
-for: the call fails at once (the LM is unavailable for it) instead of sleeping an hour."""
+"""The longest one LM call waits in all between its attempts (each ``Retry-After`` or backoff wait
+counts). A retry whose wait would take the call past it is not waited for: the call fails at once (the
+LM is unavailable for it) instead of sleeping an hour, or 59 s on every retry.
+
+``CRAG_LM_RETRIES`` (at most 5) backs off 31 s at most, so the cap changes nothing without a
+``Retry-After``."""
+
+_RETRY_WAITED: ContextVar[float] = ContextVar("crag_dspy_retry_waited", default=0.0)
+"""Seconds the LM call running in this context (thread or task) has waited between its attempts."""
 
 
 def _patch_dspy_retries() -> None:
-    """Make DSPy's retry loop refuse to wait longer than :data:`MAX_RETRY_WAIT_S`.
+    """Make DSPy's retry loop wait no longer than :data:`MAX_RETRY_WAIT_S` in all, per LM call.
 
     DSPy sleeps for any finite ``Retry-After`` hint, uncapped, and the LM timeout does not bound the
-    sleep: one 429 with ``Retry-After: 3600`` held ``ask`` (and a ``serve`` worker) for an hour. DSPy
-    gives no setting for this, so its retry predicate is wrapped (idempotently): such an error is not
-    retried and reaches CRAG as a failed call, which counts towards "the LM is down".
+    sleep: one 429 with ``Retry-After: 3600`` held ``ask`` (and a ``serve`` worker) for an hour, and a
+    hint just under a per-wait cap (59 s) was waited for on every retry of every call: about 4 minutes
+    before a question learnt that the LM is down. DSPy gives no setting for this, so its retry predicate
+    is wrapped (idempotently): a retry whose wait (DSPy's own ``_delay``: the hint, else the backoff)
+    would take the call's waits past the cap is not made, and the error reaches CRAG as a failed call,
+    which counts towards "the LM is down".
     """
     from dspy.clients import execution
 
@@ -96,17 +106,27 @@ def _patch_dspy_retries() -> None:
         return
 
     def retryable(state: Any, exc: Exception, attempt: int, retries: int) -> bool:
-        return original(state, exc, attempt, retries) and not waits_too_long(exc)
+        if not original(state, exc, attempt, retries):
+            return False
+        # DSPy's loop asks after each failed attempt, in the calling thread or task: attempt 0 is a new call.
+        waited = _RETRY_WAITED.get() if attempt else 0.0
+        wait = execution._delay(exc, attempt)
+        if waited + wait > MAX_RETRY_WAIT_S:
+            exc.crag_waited_s = waited  # type: ignore[attr-defined]  # for describe_error
+            return False
+        _RETRY_WAITED.set(waited + wait)
+        return True
 
     retryable._crag_capped = True  # type: ignore[attr-defined]
     execution._retryable = retryable
 
 
 def waits_too_long(exc: BaseException) -> bool:
-    """Whether ``exc`` asks (``Retry-After``) for a wait longer than :data:`MAX_RETRY_WAIT_S`."""
+    """Whether ``exc`` asks (``Retry-After``) for a wait that would take its call's waits (those already
+    made, when the retry loop refused it) past :data:`MAX_RETRY_WAIT_S`."""
     hint = getattr(exc, "retry_after", None)
     try:
-        return hint is not None and float(hint) > MAX_RETRY_WAIT_S
+        return hint is not None and float(hint) + getattr(exc, "crag_waited_s", 0.0) > MAX_RETRY_WAIT_S
     except (TypeError, ValueError, OverflowError):
         return False
 
@@ -294,9 +314,14 @@ def describe_error(exc: BaseException, limit: int = 300) -> str:
     # Redacted before it is cut: a secret cut in two (or a URL cut before its "@") would no longer match.
     first = redact(_user_words(lines[0]))[:limit] if lines else ""
     if waits_too_long(exc):
+        waited = getattr(exc, "crag_waited_s", 0.0)
+        cap = (
+            f"past the {MAX_RETRY_WAIT_S:g} s cap on one call's waits ({waited:g} s waited already)"
+            if waited
+            else f"longer than the {MAX_RETRY_WAIT_S:g} s cap"
+        )
         first = (
-            f"asked to retry after {float(getattr(exc, 'retry_after', 0)):g} s, longer than the "
-            f"{MAX_RETRY_WAIT_S:g} s cap: not retried; {first}"
+            f"asked to retry after {float(getattr(exc, 'retry_after', 0)):g} s, {cap}: not retried; {first}"
         )[:limit]
     return f"{type(exc).__name__}: {first}".rstrip(": ")
 

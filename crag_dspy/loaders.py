@@ -16,11 +16,11 @@ from __future__ import annotations
 import logging
 import os
 import re
-import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .files import link_outside, not_regular
 from .records import CorpusDoc, DocPart, DomainDataError
 from .sections import markdown_parts, sectioned
 
@@ -207,10 +207,10 @@ def load_folder(folder: Path) -> LoadedFolder:
     An unreadable file, an empty one, or one of a type no reader reads (a slide deck, a spreadsheet) is
     logged, skipped and listed in :attr:`LoadedFolder.skipped`, so that a document the user put there is
     never missing without a word. So is a file whose name is not valid UTF-8 (named with its bytes escaped),
-    a named pipe, device node or socket (never opened: a read could block or never end), and a symbolic
-    link that leads out of ``folder`` (or nowhere): domain
+    a named pipe, device node or socket (never opened: a read could block or never end), a symbolic
+    link that leads out of ``folder`` (or nowhere), and a hard link (a file of several names): domain
     folders come from uploads and archives, and a link to ``/etc/passwd`` must not become a quotable
-    document. Links inside the folder are read as the files they point to. Hidden files and folders
+    document. Symbolic links inside the folder are read as the files they point to. Hidden files and folders
     (``.DS_Store``, ``.git/``) are not documents and are passed over silently.
     """
     root = folder.resolve()
@@ -229,14 +229,19 @@ def load_folder(folder: Path) -> LoadedFolder:
             if not path.is_dir():
                 skip(f"{shown_path(path)}: the file name is not valid UTF-8: not read; rename the file")
             continue
-        outside = _link_outside(path, root)
+        outside = link_outside(path, root, "corpus folder")
         if outside is not None:
             skip(outside)
             continue
         if path.is_dir():
             continue
-        if not path.is_file():  # a FIFO would block the read, a device node has no end: never opened
-            skip(f"{path}: not a regular file ({_file_kind(path)}): not read")
+        irregular = not_regular(path)  # a FIFO would block the read, a device node has no end: never opened
+        if irregular is not None:
+            skip(irregular)
+            continue
+        hard_link = _hard_link(path)
+        if hard_link is not None:
+            skip(hard_link)
             continue
         try:
             docs.append(load_document(path, doc_id=str(path.relative_to(folder))))
@@ -259,29 +264,17 @@ def shown_path(path: Path) -> str:
     return os.fsencode(path).decode("utf-8", "backslashreplace")
 
 
-def _file_kind(path: Path) -> str:
+def _hard_link(path: Path) -> str | None:
+    """Why ``path`` is not read when its file has other names (hard links): one of them may be outside the
+    folder, as ``ln /etc/shadow corpus/a.txt`` makes, and no check of the path can tell; None for a file of
+    one name."""
     try:
-        mode = path.stat().st_mode
+        names = path.stat().st_nlink
     except OSError:
-        return "unknown"
-    for test, kind in (
-        (stat.S_ISFIFO, "a named pipe"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return kind
-    return "unknown"
-
-
-def _link_outside(path: Path, root: Path) -> str | None:
-    """Why ``path`` is not read when it, or a folder on its way, is a link leading out of ``root`` (or
-    nowhere); None for any other path."""
-    target = path.resolve()
-    if target.is_relative_to(root) and (target.exists() or not path.is_symlink()):
         return None
-    if not target.exists():
-        return f"{path}: a broken link ({target}): not read"
-    kind = "folder" if target.is_dir() else "file"
-    return f"{path}: a link to a {kind} outside the corpus folder ({target}): not read"
+    if names <= 1:
+        return None
+    return (
+        f"{path}: a hard link (the file has {names} names, any of them maybe outside the corpus folder): "
+        "not read; copy the file into the folder instead of linking it"
+    )

@@ -24,9 +24,7 @@ from __future__ import annotations
 import codecs
 import json
 import logging
-import os
 import re
-import stat
 from collections.abc import Collection
 from datetime import UTC, datetime
 from pathlib import Path
@@ -46,6 +44,7 @@ from pydantic import (
 
 from .config import CRAGConfig, describe_validation_error
 from .domain import check_domain_name
+from .files import read_regular_file
 from .judges.evaluator import EvaluatorError, RelevanceEvaluator
 from .version import __version__
 
@@ -376,7 +375,8 @@ def read_program_json(path: Path | str) -> Any:
     path = Path(path)
     if path.suffix.lower() in {".pkl", ".pickle"} or path.is_dir():
         raise ProgramError(f"{path}: crag-dspy programs are JSON files; pickled programs are never loaded")
-    raw = _read_regular_file(path)
+    # A device (/dev/zero) was read until memory ran out, and a FIFO waited for a writer for ever.
+    raw = read_regular_file(path, MAX_PROGRAM_BYTES, "program", ProgramError)
     raw = raw.removeprefix(codecs.BOM_UTF8)  # editors on Windows write one; domain files accept it too
     if raw[:2] == b"\x80\x04" or raw[:1] == b"\x80":
         raise ProgramError(f"{path}: this is a pickle, not a program JSON; pickles are never loaded")
@@ -388,29 +388,6 @@ def read_program_json(path: Path | str) -> Any:
         raise ProgramError(
             f"{path}: corrupt program JSON: nested too deeply to parse (past Python's recursion limit)"
         ) from None
-
-
-def _read_regular_file(path: Path) -> bytes:
-    """The bytes of the regular file at ``path`` (a symlink to one is followed), at most
-    :data:`MAX_PROGRAM_BYTES`. A device (``/dev/zero``) would be read for ever and a FIFO would block
-    for ever, so neither is opened."""
-    try:
-        if not stat.S_ISREG(path.stat().st_mode):
-            raise ProgramError(f"{path}: not a regular file; a program is a JSON file")
-        # O_NONBLOCK: a file swapped for a FIFO after the check above still cannot block the open.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-        with os.fdopen(fd, "rb") as file:
-            if not stat.S_ISREG(os.fstat(file.fileno()).st_mode):
-                raise ProgramError(f"{path}: not a regular file; a program is a JSON file")
-            raw = file.read(MAX_PROGRAM_BYTES + 1)
-    except OSError as exc:
-        raise ProgramError(f"{path}: cannot read program ({exc.strerror})") from None
-    if len(raw) > MAX_PROGRAM_BYTES:
-        raise ProgramError(
-            f"{path}: program file is larger than {MAX_PROGRAM_BYTES} bytes (the limit); "
-            "a compiled program is tens of kB"
-        )
-    return raw
 
 
 def read_program(

@@ -20,6 +20,7 @@ from fakes import render
 #   "429" / "500" / "503"  that status with a JSON error body and Retry-After: 0
 #   "400" / "404"          that status with a JSON error body (a proxy refusing the model, a wrong path)
 #   "429-long"             429 with Retry-After: 3600 (a provider's hourly quota is spent)
+#   "429-minute"           429 with Retry-After: 59 (just under the 60 s cap on one call's waits)
 #   "500-slow"             500 without Retry-After, so the client's own exponential backoff applies
 #   "401-echo"             401 whose message echoes the Authorization header (worst-case key leak)
 #   "hang"                 no answer within the client's timeout
@@ -116,6 +117,8 @@ class LoopbackServer:
             self.send(handler, int(fault), error(int(fault), f"injected {fault}"), {"Retry-After": "0"})
         elif fault == "429-long":
             self.send(handler, 429, error(429, "injected 429, quota spent"), {"Retry-After": "3600"})
+        elif fault == "429-minute":
+            self.send(handler, 429, error(429, "injected 429, retry in a minute"), {"Retry-After": "59"})
         elif fault in {"400", "404"}:
             self.send(handler, int(fault), error(int(fault), f"injected {fault}"))
         elif fault == "500-slow":

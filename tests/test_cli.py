@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -411,7 +412,7 @@ def test_ask_takes_the_conversation_from_a_history_file(form, tmp_path, monkeypa
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (None, "history.json: history file not found"),
+        (None, "history.json: cannot read history file (No such file or directory)"),
         ('{"question": "a", "answer": "b"}\nnot json\n', "history.json:2: not JSON"),
         ('[{"question": "a"}]', "history.json: history[0] lacks 'answer'"),
         ('"a question"', "history.json:1: a str, not a turn"),
@@ -432,6 +433,25 @@ def test_a_bad_history_file_is_one_clear_line_before_any_model(
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
     assert opened == []  # refused before any program, store or model is opened
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+def test_a_history_file_is_a_regular_file_of_bounded_size_one_line_if_not(tmp_path, monkeypatch, capsys):
+    from crag_dspy import cli, conversation
+
+    monkeypatch.setattr(cli, "program_from_args", lambda args: pytest.fail("a program was opened"))
+    os.mkfifo(tmp_path / "fifo.json")  # the open waited for a writer for ever
+    (tmp_path / "zero.json").symlink_to("/dev/zero")  # was read until memory ran out (a MemoryError)
+    (tmp_path / "big.json").write_text(json.dumps([{"question": "a", "answer": "b" * 200}]), encoding="utf-8")
+    monkeypatch.setattr(conversation, "MAX_HISTORY_BYTES", 100)
+    for name, message in (
+        ("big.json", "big.json: history file is larger than 100 bytes (the limit)"),
+        ("fifo.json", "fifo.json: not a regular file (a named pipe); a history file is a JSON file"),
+        ("zero.json", "zero.json: not a regular file (a character device); a history file is a JSON file"),
+    ):
+        assert main(["ask", "and the night ferry?", "--history", str(tmp_path / name), *NO_LM]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err and len(err.splitlines()) == 1
 
 
 def test_untrusted_text_is_printed_with_its_terminal_controls_escaped():

@@ -57,7 +57,8 @@ def test_history_takes_dicts_turns_and_pairs_oldest_first():
         ([{"question": "a", "answer": "b", "role": "user"}], "history[0] has unknown keys ['role']"),
         ([("a", "b"), "c"], "history[1] is a str"),
         ([{"question": "a", "answer": 3}], "history[0].answer must be a string, got int"),
-        ([{"question": " ", "answer": "b"}], "history[0].question must not be empty"),
+        ([{"question": " ", "answer": "b"}], "history[0].question: the question is empty"),
+        ([{"question": "\u0000\u001b", "answer": "b"}], "history[0].question: the question is empty"),
         ([{"question": "a", "answer": "x" * 4001}], "history[0].answer has 4001 characters; at most 4000"),
         ([("a", "b")] * (MAX_TURNS + 1), f"history has {MAX_TURNS + 1} turns; at most {MAX_TURNS}"),
     ],
@@ -208,6 +209,8 @@ def test_ask_takes_the_history_and_the_trace_shows_the_standalone_question():
     [
         ([{"question": "a"}], "history.0.answer: Field required"),
         ([{"question": " ", "answer": "b"}], "history.0.question: must not be empty or only whitespace"),
+        # Control characters only: a 422 as the question, and was taken in the history.
+        ([{"question": "\u0000\u001b", "answer": "b"}], "history.0.question: the question is empty"),
         ([{"question": "a", "answer": "b", "who": "me"}], "history.0.who: Extra inputs are not permitted"),
         (
             [{"question": "a", "answer": "b"}] * (MAX_TURNS + 1),

@@ -1,4 +1,5 @@
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -142,6 +143,19 @@ def test_a_domain_file_or_corpus_folder_that_links_out_of_the_domain_folder_is_r
     for lazy in (False, True):
         with pytest.raises(DomainDataError, match=message):
             load_domain(domain, lazy=lazy)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes are POSIX")
+@pytest.mark.parametrize("name", ["domain.toml", "corpus.jsonl", "web.jsonl"])
+def test_a_domain_file_that_is_a_named_pipe_is_named_never_opened_nor_passed_over(tmp_path, name):
+    # A FIFO domain.toml gave the default settings without a word; a FIFO corpus.jsonl was "no corpus.jsonl".
+    (tmp_path / "corpus").mkdir()
+    (tmp_path / "corpus" / "own.txt").write_text("Own\n\nStaff get 25 days.\n")
+    os.mkfifo(tmp_path / name)  # opened, it would block the load for ever
+    for lazy in (False, True):
+        with pytest.raises(DomainDataError) as info:
+            load_domain(tmp_path, lazy=lazy)
+        assert str(info.value) == f"{tmp_path / name}: not a regular file (a named pipe): not read"
 
 
 def test_a_link_that_stays_inside_the_domain_folder_is_read(tmp_path):

@@ -7,9 +7,11 @@ LMUnavailableError when the LM is down. The fault-handling rules are in docs/rel
 
 import asyncio
 import time
+from types import SimpleNamespace
 
 import dspy
 import pytest
+from dspy.clients import execution
 from fake_servers import FakeOpenAI
 from fakes import ListRetriever, ListWebSearch
 
@@ -244,6 +246,23 @@ def test_a_retry_after_of_an_hour_is_not_waited_for_the_lm_is_unavailable_now():
     assert time.monotonic() - start < 10
     assert len(server.requests) == CONSECUTIVE_LM_FAILURES  # not retried: each call failed at once
     assert "asked to retry after 3600 s, longer than the 60 s cap" in str(info.value)
+
+
+def test_the_waits_of_one_call_add_up_to_at_most_the_60_s_cap(monkeypatch):
+    # A Retry-After just under the cap was waited for on each retry of each call: 2 retries x 59 s, and two
+    # failed calls stop a question, so ~4 minutes. DSPy's sleep is recorded here instead of slept.
+    slept: list[float] = []
+    monkeypatch.setattr(execution, "time", SimpleNamespace(sleep=slept.append))
+    with (
+        FakeOpenAI(script, lambda n, body: "429-minute") as server,
+        pytest.raises(LMUnavailableError) as info,
+    ):
+        ask(server)
+    assert slept == [59.0] * CONSECUTIVE_LM_FAILURES  # one wait per call: a second would pass 60 s
+    assert len(server.requests) == 2 * CONSECUTIVE_LM_FAILURES
+    assert "asked to retry after 59 s, past the 60 s cap on one call's waits (59 s waited already)" in str(
+        info.value
+    )
 
 
 def test_a_timeout_names_the_setting_that_moves_it_not_an_internal_api():

@@ -214,6 +214,22 @@ def test_links_that_leave_the_corpus_folder_are_skipped_and_named(tmp_path):
     assert not any("hunter2" in d.text or "vault" in d.text for d in loaded.docs)
 
 
+def test_a_hard_link_is_skipped_and_named_wherever_its_other_name_is(tmp_path):
+    # No path check sees a hard link: "ln ../secret.txt corpus/hard.txt" made the secret a document.
+    outside = tmp_path / "secret.txt"
+    outside.write_text("Secret\nThe root password is hunter2.\n")
+    corpus = tmp_path / "domain" / "corpus"
+    corpus.mkdir(parents=True)
+    (corpus / "pumps.md").write_text("# Pumps\n\nThe P-40 pump moves 40 litres per minute.\n")
+    os.link(outside, corpus / "hard.txt")
+    loaded = load_folder(corpus)
+    assert [d.id for d in loaded.docs] == ["pumps.md"]
+    why = "a hard link (the file has 2 names, any of them maybe outside the corpus folder): not read"
+    assert loaded.skipped == [
+        f"{corpus / 'hard.txt'}: {why}; copy the file into the folder instead of linking it"
+    ]
+
+
 def test_a_file_name_that_is_not_utf8_is_skipped_by_name_and_the_rest_is_ingested(tmp_path, capsys):
     # Zips from legacy systems hold such names; one of them stopped the whole ingest ("surrogates not
     # allowed") and no file was stored.

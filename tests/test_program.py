@@ -565,7 +565,7 @@ def test_only_regular_files_of_bounded_size_are_read_as_programs(tmp_path, monke
         read_program(fifo)
     path = save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"})
     monkeypatch.setattr(program_file, "MAX_PROGRAM_BYTES", path.stat().st_size - 1)
-    with pytest.raises(ProgramError, match="p.json: program file is larger than"):
+    with pytest.raises(ProgramError, match="p.json: program is larger than"):
         read_program(path)
 
 

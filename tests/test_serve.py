@@ -161,6 +161,7 @@ def test_health_and_program_of_the_uncompiled_default(client):
         "domains": ["default"],
         "version": "0.2.0",
     }
+    assert client.head("/health").status_code == 200  # load balancers' probes: it was a 405
     info = ProgramInfo.model_validate(client.get("/program").json())
     assert not info.compiled and info.path is None and info.metadata == {} and info.scores is None
     assert "uncompiled default program" in info.note and "crag-dspy compile" in info.note

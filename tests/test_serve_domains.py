@@ -153,6 +153,27 @@ def test_program_is_repeatable_for_serve_and_a_folder_gives_its_programs_by_name
         program_paths([tmp_path / "empty"])
 
 
+def test_a_link_out_of_a_program_folder_is_refused_and_one_inside_it_is_taken(tmp_path, capsys):
+    # A folder of programs may come from an archive: "b.json -> /etc/passwd" was opened and parsed.
+    folder = tmp_path / "programs"
+    folder.mkdir()
+    (folder / "a.json").write_text("{}", encoding="utf-8")
+    (folder / "alias.json").symlink_to(folder / "a.json")  # inside the folder: a program like any other
+    assert program_paths([folder]) == [folder / "a.json", folder / "alias.json"]
+    (tmp_path / "secret.json").write_text('{"password": "hunter2"}', encoding="utf-8")
+    (folder / "b.json").symlink_to(tmp_path / "secret.json")
+    message = (
+        f"--program {folder}: {folder / 'b.json'}: a link to a file outside the program folder "
+        f"({tmp_path / 'secret.json'}): not read; copy the file into the folder instead of linking to it"
+    )
+    with pytest.raises(ProgramError) as info:
+        program_paths([folder])
+    assert str(info.value) == message
+    assert serve_main(["--program", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "hunter2" not in err
+
+
 def _compiled(tmp_path, data, name: str):
     write_domain(data / name)
     (data / name / "domain.toml").write_text(f'name = "{name}"\nk = 3\n', encoding="utf-8")

@@ -383,7 +383,23 @@ def test_each_key_has_its_own_rate_limit_with_retry_after():
     assert limited.status_code == 429 and 1 <= int(limited.headers["retry-after"]) <= 60
     assert "rate limit of 2/minute reached" in limited.json()["detail"]
     assert ask(OTHER).status_code == 200  # another key's budget is its own
-    assert ask("key-zzzzzzzzzzzzzzzz").status_code == 401  # unknown keys never reach the limiter
+    assert ask("key-zzzzzzzzzzzzzzzz").status_code == 401  # counted against its address, not a key
+
+
+def test_failed_authentications_are_rate_limited_per_client_address():
+    # 30 wrong keys were 30 401s, never a 429: keys could be guessed as fast as the server answers.
+    policy = ServePolicy(api_keys=(KEY,), open_debug=False, rate_limit="3/minute")
+    client = local_client(create_app(service(), policy))
+    ask = lambda headers: client.post("/ask", json={"question": "range?"}, headers=headers)
+    assert [ask(bearer(f"wrong-{i}-0123456789abcdef")).status_code for i in range(3)] == [401] * 3
+    limited = ask(bearer("wrong-3-0123456789abcdef"))
+    assert limited.status_code == 429 and 1 <= int(limited.headers["retry-after"]) <= 60
+    assert "too many requests without a valid key from this address (3/minute)" in limited.json()["detail"]
+    assert ask({}).status_code == 429  # no key at all is a failed authentication too
+    # A right key from that address waits as well: a 200 among 429s would tell it was right.
+    assert ask(bearer(KEY)).status_code == 429
+    other = local_client(client.app, client=("192.0.2.7", 50000))  # another address: its own budget
+    assert other.post("/ask", json={"question": "range?"}, headers=bearer(KEY)).status_code == 200
 
 
 def test_without_keys_the_limit_is_per_client_address():

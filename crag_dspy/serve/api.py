@@ -5,7 +5,8 @@ One app serves one program or several, one per domain (:class:`~crag_dspy.serve.
 request names its domain, the first served is the default.
 
 A request passes, in order: the access log (an id, one JSON line), the trusted-host check, the body
-limit (413), the API key (401), the caller's rate limit (429), request validation (422), then the
+limit (413), the API key (401; failed ones count against the rate limit of the client's address, 429
+past it), the caller's rate limit (429), request validation (422), then the
 bounded queue (503 when full) and the deadline (504). :class:`~crag_dspy.serve.policy.ServePolicy`
 sets them all.
 """
@@ -167,6 +168,11 @@ def _too_much_history(request: AskRequest, service: ProgramService) -> JSONRespo
     return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
 
 
+def _rate_limited(why: str, wait: int) -> HTTPException:
+    """A 429 saying ``why`` and when to retry (``wait`` seconds, also in ``Retry-After``)."""
+    return HTTPException(429, f"{why}: retry in {wait} s", headers={"Retry-After": str(wait)})
+
+
 def _unknown_domain(exc: UnknownDomain, where: str) -> JSONResponse:
     """The 422 of a request that named a domain not served, in the shape of every invalid request."""
     log.info("422: %s", exc)
@@ -241,9 +247,20 @@ def create_app(
         credentials: Annotated[HTTPAuthorizationCredentials | None, Security(bearer)],
         header_key: Annotated[str | None, Security(api_key_header)],
     ) -> Caller:
+        address = request.client.host if request.client else "-"
+        # Failed authentications count against the rate limit per client address, or keys could be
+        # guessed at full speed. Checked before the key: were only wrong keys refused with a 429, a right
+        # one would still tell itself by its 200.
+        failures = f"failed-auth:{address}"
+        if limiter is not None and (wait := limiter.wait(failures)) is not None:
+            raise _rate_limited(
+                f"too many requests without a valid key from this address ({limiter.spec})", wait
+            )
         presented = header_key or (credentials.credentials if credentials else None)
         caller = identify(presented, policy)
         if caller is None:
+            if limiter is not None:
+                limiter.hit(failures)
             problem = "the API key is not valid" if presented else "an API key is required"
             raise HTTPException(
                 401,
@@ -252,18 +269,9 @@ def create_app(
             )
         request.state.key_id = caller.key_id
         if limiter is not None:
-            who = (
-                f"key:{caller.key_id}"
-                if caller.key_id
-                else f"addr:{request.client.host if request.client else '-'}"
-            )
-            wait = limiter.hit(who)
+            wait = limiter.hit(f"key:{caller.key_id}" if caller.key_id else f"addr:{address}")
             if wait is not None:
-                raise HTTPException(
-                    429,
-                    f"rate limit of {limiter.spec} reached: retry in {wait} s",
-                    headers={"Retry-After": str(wait)},
-                )
+                raise _rate_limited(f"rate limit of {limiter.spec} reached", wait)
         return caller
 
     @app.exception_handler(RequestValidationError)
@@ -508,6 +516,10 @@ def create_app(
     )
     def health() -> Health:
         return domains.default.health().model_copy(update={"domains": domains.names})
+
+    # Load balancers' probes often send HEAD (a 405 to them is a dead service); the same answer, its body
+    # dropped by the server. Not in the schema: a second operation of the same name would clash there.
+    app.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
 
     @app.get(
         "/program",

@@ -9,14 +9,16 @@ from pathlib import Path
 
 from ..app import LoadedProgram
 from ..cli import program_from_args
+from ..files import link_outside
 from ..program import ProgramError
 
 __all__ = ["load_programs", "program_paths"]
 
 
 def program_paths(given: Sequence[Path] | None) -> list[Path | None]:
-    """The program files ``--program`` names, in order: a folder gives its ``*.json`` files by name;
-    no ``--program`` gives ``[None]`` (the uncompiled default program)."""
+    """The program files ``--program`` names, in order: a folder gives its ``*.json`` files by name (a
+    link among them leading out of the folder is refused); no ``--program`` gives ``[None]`` (the
+    uncompiled default program)."""
     if not given:
         return [None]
     paths: list[Path | None] = []
@@ -25,10 +27,22 @@ def program_paths(given: Sequence[Path] | None) -> list[Path | None]:
             found = sorted(p for p in path.glob("*.json") if p.is_file())
             if not found:
                 raise ProgramError(f"--program {path}: the folder holds no program JSON (*.json)")
-            paths += found
+            paths += [_inside(p, path) for p in found]
         else:
             paths.append(path)
     return paths
+
+
+def _inside(program: Path, folder: Path) -> Path:
+    """``program`` (a file of ``folder``), refused when it is a link leading out of the folder, as the
+    corpus's links are: a folder of programs may come from an archive, and ``b.json -> /etc/passwd`` was
+    opened and parsed."""
+    outside = link_outside(program, folder.resolve(), "program folder")
+    if outside is not None:
+        raise ProgramError(
+            f"--program {folder}: {outside}; copy the file into the folder instead of linking to it"
+        )
+    return program
 
 
 def load_programs(args: argparse.Namespace, *, lm=None, progress: bool = True) -> list[LoadedProgram]:

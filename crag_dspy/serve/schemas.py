@@ -67,7 +67,8 @@ class HistoryTurn(BaseModel):
     )
     answer: str = Field(max_length=MAX_ANSWER_CHARS, description="the answer it got (may be empty)")
 
-    _question_not_blank = field_validator("question")(_not_blank)
+    # Checked as the question is: one of control characters only was taken here while it was a 422 there.
+    _question_askable = field_validator("question")(_askable)
 
 
 def _history_description(most: int) -> str:
