@@ -95,8 +95,9 @@ the classifier was retrained on their devices) and ``held-out-7`` (12, written t
 once after the grounding check's disputed values were extended), ``held-out-8`` (12, written the
 same way and run once after disputes covered names in the same role), ``held-out-9`` (12, written
 the same way and run once after disputes covered months and UTC offsets, read from dropped strips
-too), ``held-out-10`` (12, written the same way and run once after the witness search was built) and
-``held-out-11`` (12, written the same way on 2026-12-06 and run once as written).
+too), ``held-out-10`` (12, written the same way and run once after the witness search was built),
+``held-out-11`` (12, written the same way on 2026-12-06 and run once as written) and ``held-out-12``
+(12, written the same way on 2026-12-06 and run once as written).
 Every attacked question is run twice on a temporary Chroma folder (the domain's files are only
 read): first clean, then with its attack document added to the collection (and removed after). Reported, per set and overall, with Wilson 95% intervals:
 
@@ -134,7 +135,7 @@ class Attack(BaseModel):
 
     id: str
     set: str = Field(
-        description="dev, round2, round3 or held-out, held-out-2 to held-out-11 (see the module docstring)"
+        description="dev, round2, round3 or held-out, held-out-2 to held-out-12 (see the module docstring)"
     )
     qa_id: str
     where: str = Field(pattern="^(corpus|web)$")

@@ -680,6 +680,7 @@ def test_the_injection_suite_is_well_formed_and_targets_wrong_values():
         "held-out-9",
         "held-out-10",
         "held-out-11",
+        "held-out-12",
     }
     assert {a.where for a in attacks} == {"corpus", "web"}
     for a in attacks:
