@@ -64,7 +64,7 @@ import dataclasses
 import itertools
 import re
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -454,11 +454,38 @@ def _counted_unit(question: str) -> str:
 
 
 # An abbreviation defined where it is first used: "Calder Reach Airfield (CRX)", "CRX (Calder Reach
-# Airfield)": a run of capitalised words, then one name in brackets, or the other way round.
-_LONG_FORM = r"[A-Z][\w&'-]*(?:\s+(?:of|the|and|for|de|du|la|von|van)?\s*[A-Z][\w&'-]*)*"
-_ALIAS = re.compile(
-    rf"({_LONG_FORM})\s*\(\s*([A-Za-z][\w&-]*)\s*\)|\b([A-Z][A-Z0-9&-]+)\s*\(\s*({_LONG_FORM})\s*\)"
-)
+# Airfield)": a run of capitalised words, then one name in brackets, or the other way round. The
+# brackets are found by a pattern and the words before them read backwards, at most a few: no pattern
+# spans a run of capitalised words, which an attacker's text could make backtrack.
+_SHORT_IN_BRACKETS = re.compile(r"\(\s*([A-Za-z][\w&-]*)\s*\)")
+_LONG_IN_BRACKETS = re.compile(r"\b([A-Z][A-Z0-9&-]+)\s*\(([^()]{1,100})\)")
+_CONNECTORS = frozenset({"of", "the", "and", "for", "de", "du", "la", "von", "van"})
+_LONG_FORM_WORDS = 8
+
+
+def _long_form(words: Sequence[str]) -> list[str]:
+    """The capitalised run that ``words`` end with ("Calder Reach Airfield", "Bank of England"), at most
+    :data:`_LONG_FORM_WORDS` words; [] when the last word is not capitalised."""
+    run: list[str] = []
+    for word in reversed(words[-_LONG_FORM_WORDS:]):
+        if word[:1].isupper() or (word in _CONNECTORS and run):
+            run.insert(0, word)
+        else:
+            break
+    while run and not run[0][:1].isupper():  # "of England" is not a long form
+        run.pop(0)
+    return run
+
+
+def _alias_pairs(text: str) -> Iterator[tuple[str, str]]:
+    """(long form, short name) for each abbreviation ``text`` defines."""
+    for m in _SHORT_IN_BRACKETS.finditer(text):
+        before = text[max(0, m.start() - 40 * _LONG_FORM_WORDS) : m.start()]  # enough for the words read
+        yield " ".join(_long_form(before.split())), m.group(1)
+    for m in _LONG_IN_BRACKETS.finditer(text):
+        words = m.group(2).split()
+        if _long_form(words) == words:
+            yield m.group(2), m.group(1)
 
 
 def _forms(text: str) -> tuple[str, ...]:
@@ -467,12 +494,11 @@ def _forms(text: str) -> tuple[str, ...]:
 
 
 def _aliases(texts: Iterable[str]) -> dict[tuple[str, ...], set[tuple[str, ...]]]:
-    """The abbreviations ``texts`` define (:data:`_ALIAS`), both ways: ("crx",) -> {("calder",
+    """The abbreviations ``texts`` define (:func:`_alias_pairs`), both ways: ("crx",) -> {("calder",
     "reach", "airfield")} and back."""
     found: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
     for text in texts:
-        for m in _ALIAS.finditer(text):
-            long, short = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+        for long, short in _alias_pairs(text):
             if not _names_something(short):
                 continue  # "(see below)", "(2019)": not a name for the words before it
             a, b = _forms(long), _forms(short)

@@ -2,6 +2,7 @@
 trace with a scripted LM, and how ``ask``, the client trace and the page show it. No real model."""
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -826,3 +827,13 @@ def test_a_sentence_that_states_the_value_among_others_does_not_dispute_it():
         assert not g.flagged, other
     rival = SupportText("web", "The AquaProbe 220 has a range of 0 to 40 mg/L.", False)
     assert check_grounding("0 to 25 mg/L", question, [*answer_source, rival]).disputing_sources == ["web"]
+
+
+def test_abbreviation_definitions_are_read_without_backtracking_on_hostile_text():
+    # Spaced capitalised words made the first pattern for "Long Form (ABC)" backtrack exponentially: 15
+    # of them took 4 s. A bound far above the linear reading's time ends a regression instead of hanging.
+    hostile = "Aa   " * 5000 + "x " + "Aa (X1) " * 5000 + "AB (" * 5000
+    texts = [*kept(CHECK_IN_CLAIM, source="x"), SupportText("web-1", hostile, False)]
+    started = time.monotonic()
+    check_grounding("45 minutes", CHECK_IN, texts)
+    assert time.monotonic() - started < 20
