@@ -381,10 +381,15 @@ _TOPIC_PREFIX = 5  # "renewal" ~ "renews", "lapses" ~ "lapse": words compare by 
 _SAME_TOPIC = 0.5  # a sentence is about what was asked when it holds this share of the question's words
 
 
+def _topic_form(word: str) -> str:
+    """How topic words compare: a plural s dropped, then cut to the first letters ("costs" ~ "cost")."""
+    return _stem(word)[:_TOPIC_PREFIX]
+
+
 def _topic(text: str) -> set[str]:
     """The words of ``text`` that name things, cut to their first letters."""
     words = re.findall(r"[a-z0-9]+", text.lower())
-    return {w[:_TOPIC_PREFIX] for w in words if len(w) >= 3 and w not in _FUNCTION_WORDS and w not in _ASKING}
+    return {_topic_form(w) for w in words if len(w) >= 3 and w not in _FUNCTION_WORDS and w not in _ASKING}
 
 
 _WEEKDAYS = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
@@ -536,8 +541,8 @@ class _Asked:
     (``aliases``: "Calder Reach Airfield" for "CRX"). A phrase the sentence does not name at all may
     be named by the sentence before it in the same passage ("Every Beacon ticket ... Priority P1 has a
     target of 30 minutes"); one it names in part is a sibling ("CalibKit C3" for "CalibKit C3 Pro", so
-    it is not about the question). A name no text the run saw states (an order number the user typed)
-    tells no sentence from another, and is not asked of them."""
+    it is not about the question). A name or word no text the run saw states (an order number the user
+    typed) tells no sentence from another, and is not asked of them."""
 
     topic: frozenset[str]
     phrases: tuple[tuple[str, ...], ...]
@@ -550,7 +555,10 @@ class _Asked:
             _number_value(n) for text in texts for n in _NUMBER.findall(text)
         }
         phrases = [tuple(f for f in p if f in stated) for p in _name_phrases(question, written)]
-        return cls(frozenset(_topic(question)), tuple(p for p in phrases if p), _aliases(texts))
+        # Likewise a question word no text has ("cost 4517?"); when none has any, none is dropped.
+        topic = _topic(question)
+        worded = topic & {w for text in texts for w in _topic(text)}
+        return cls(frozenset(worded or topic), tuple(p for p in phrases if p), _aliases(texts))
 
     def _names(self, phrase: tuple[str, ...], forms: set[str]) -> str:
         """ "whole", "part" or "none": how much of ``phrase`` a sentence of these ``forms`` names."""
@@ -598,7 +606,7 @@ def _near(sentence: str, start: int, end: int) -> list[str]:
 
     def words(text: str) -> list[str]:
         return [
-            w[:_TOPIC_PREFIX]
+            _topic_form(w)
             for w in re.findall(r"[a-z0-9]+", text.lower())
             if len(w) >= 3 and w not in _FUNCTION_WORDS and not w.isdigit()
         ]
@@ -680,7 +688,7 @@ def _neighbours(tokens: Sequence[str], start: int, end: int) -> set[tuple[str, s
 
     before = next((t for t in reversed(tokens[max(0, start - _ROLE_WINDOW) : start]) if plain(t)), None)
     after = next((t for t in tokens[end : end + _ROLE_WINDOW] if plain(t)), None)
-    return {(side, w[:_TOPIC_PREFIX]) for side, w in (("<", before), (">", after)) if w}
+    return {(side, _topic_form(w)) for side, w in (("<", before), (">", after)) if w}
 
 
 def _name_spans(tokens: Sequence[str], is_name: Callable[[int, str], bool]) -> list[tuple[int, int]]:

@@ -467,6 +467,14 @@ def test_a_name_that_no_text_states_does_not_hide_a_dispute():
         assert g.disputing_sources == ["kb-2"], question
 
 
+def test_a_number_or_word_that_no_text_states_does_not_hide_a_dispute():
+    # Probe 3, L4: digits in the question (an order number) took half the question's words out of reach.
+    claim, honest = "One ZP-40 pump costs 990 krona.", "One ZP-40 pump costs 830 krona."
+    for question in ("What does one ZP-40 pump cost?", "What does one ZP-40 pump cost 4517?"):
+        g = check_grounding("990 krona", question, [*kept(claim, source="x"), *kept(honest, source="kb-2")])
+        assert g.disputing_sources == ["kb-2"], question
+
+
 def test_a_bare_count_is_disputed_in_the_unit_the_question_counts():
     question = "How many electric vehicle charging bays are there in the Ferrow Lane car park?"
     claim = "The Ferrow Lane car park: EV bays = 16."
