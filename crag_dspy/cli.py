@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from .bundled_paths import show_bundled_paths
 from .config import describe_validation_error
 from .faults import CRAGRunError
-from .flag_policy import OnFlag, judge_flag
+from .flag_policy import OnFlag, judge_flag, without_answer
 from .grounding import warning_line
 from .lm import EMBEDDED_MODELS, ENGINE_CHOICES, WeightsError
 from .redaction import configure_logging, redact
@@ -448,17 +448,32 @@ def _ask(args: argparse.Namespace) -> int:
         if progress is not None:
             progress.failed()
         if args.json and isinstance(exc, CRAGRunError):  # what happened up to the failure, for debugging
-            print(json_for_terminal(exc.trace.model_dump(mode="json")))
+            # Under withhold an answer the policy never judged is not shown (as the API's error trace).
+            failed = without_answer(exc.trace, None) if settings.on_flag == "withhold" else exc.trace
+            print(json_for_terminal(failed.model_dump(mode="json")))
         raise
     if progress is not None:
         progress.finish(prediction.trace, settings.on_flag)
     if args.json:
-        print(json_for_terminal(prediction.trace.model_dump(mode="json")))
+        print(json_for_terminal(trace_json(prediction.trace, settings.on_flag)))
     else:
         # Documents, titles, file names, web results and the LM's answer are untrusted: an escape sequence
         # in a citation must not erase the warning above it (crag_dspy/terminal.py).
         print(terminal_safe(format_trace(prediction.trace, settings.on_flag)))
     return 0
+
+
+def trace_json(trace, on_flag: OnFlag) -> dict[str, Any]:
+    """``ask --json``'s output: the trace with the answer's ``status`` and ``other_side`` as the API
+    gives them; a withheld answer is not in it (:func:`~crag_dspy.flag_policy.without_answer`), so a
+    script reading ``answer`` gets what ``ask`` prints, not the value withheld."""
+    verdict = judge_flag(trace, on_flag)
+    shown = without_answer(trace) if verdict.status == "withheld" else trace
+    return {
+        "status": verdict.status,
+        **shown.model_dump(mode="json"),
+        "other_side": [c.model_dump(mode="json") for c in verdict.other_side],
+    }
 
 
 def stage_line(event) -> str:

@@ -32,7 +32,7 @@ from dspy.streaming.streaming_listener import StreamListener
 from pydantic import BaseModel, Field, computed_field
 
 from .adapters import TextAdapter
-from .redaction import redact
+from .redaction import StreamRedactor, redact
 
 __all__ = [
     "EventKind",
@@ -175,13 +175,18 @@ class _BareAnswerListener(StreamListener):
         if adapter is not None and not isinstance(adapter, TextAdapter):
             return super().receive(chunk)
         try:
-            text = chunk.choices[0].delta.content
+            choice = chunk.choices[0]
+            text = choice.delta.content
         except (AttributeError, IndexError):
             return None  # a usage or role-only chunk: no text
-        if not text:
+        # The reply's last chunk says why it ended: the draft's end is told then, not once the whole run
+        # is over (DSPy's finalize), so text kept back until then (run_with_tokens) comes before the
+        # answer stage's event.
+        ended = getattr(choice, "finish_reason", None) is not None
+        if not text and not ended:
             return None
-        self.stream_start = True
-        return StreamResponse(self.predict_name, self.signature_field_name, text, is_last_chunk=False)
+        self.stream_start = self.stream_start or bool(text)
+        return StreamResponse(self.predict_name, self.signature_field_name, text or "", is_last_chunk=ended)
 
     def finalize(self) -> StreamResponse | None:
         adapter = dspy.settings.adapter
@@ -209,15 +214,21 @@ def run_with_tokens(crag: Any, on_token: TokenCallback, **inputs: Any) -> dspy.P
     then called with ``stream=True`` for the answer only: a hosted model or the embedded server send
     tokens, an LM that cannot stream (or an answer from DSPy's cache) sends none and the prediction
     comes all the same. The tokens are the LM's draft, the prediction's answer is final (see
-    :func:`answer_listener`). The run's exceptions are raised as ``crag(**inputs)`` raises them."""
+    :func:`answer_listener`); they are redacted as the answer is, a word or a possible secret's start kept
+    back until the next token shows it is not one (:class:`~crag_dspy.redaction.StreamRedactor`). The run's exceptions are raised as ``crag(**inputs)`` raises them."""
     stream = dspy.streamify(crag, stream_listeners=[answer_listener(crag)], async_streaming=False)
     prediction = None
+    # Redacted as every answer is: an LM (or gateway) echoing a key must not send it out token by token.
+    redactor = StreamRedactor()
     for item in stream(**inputs):
         if isinstance(item, StreamResponse):
-            if item.chunk:
-                on_token(item.chunk)
+            text = redactor.feed(item.chunk) + (redactor.flush() if item.is_last_chunk else "")
+            if text:
+                on_token(text)
         elif isinstance(item, dspy.Prediction):
             prediction = item
+            if rest := redactor.flush():  # an answer whose stream never said it ended
+                on_token(rest)
     if prediction is None:  # streamify always ends with the prediction unless the run raised
         raise RuntimeError("the streamed run ended without a prediction")
     return prediction

@@ -7,14 +7,15 @@ and cites both sides (the answer's sources and the disputing or instructing ones
 An answer flagged only as ungrounded (no source states it) is not a disagreement between sources: it
 keeps its warning under both policies (``abstain_ungrounded`` is the setting for it).
 
-Pure and without an LM: it reads a finished run's trace, never changes it.
+Pure and without an LM: it reads a finished run's trace, never changes it (:func:`without_answer` gives a
+copy for output that must not carry a withheld answer).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from .citations import Citation, content_words
 from .grounding import Grounding
@@ -28,9 +29,11 @@ __all__ = [
     "judge_flag",
     "other_side",
     "sources_disagree_or_instruct",
+    "without_answer",
 ]
 
 OnFlag = Literal["warn", "withhold"]
+_Trace = TypeVar("_Trace", bound=Any)  # a CRAGTrace or the client trace: both have the fields used
 AnswerStatus = Literal["answered", "flagged", "withheld"]
 
 WITHHELD_ANSWER = "The sources disagree or instruct; not answered"
@@ -66,6 +69,34 @@ def judge_flag(trace: Any, on_flag: OnFlag, citations: Sequence[Citation] | None
     if on_flag == "warn" or not sources_disagree_or_instruct(grounding):
         return FlagVerdict(trace.answer or "", "flagged", cited)
     return FlagVerdict(WITHHELD_ANSWER, "withheld", cited, other_side(trace))
+
+
+_WITHHELD_MARK = "[withheld]"
+
+
+def without_answer(trace: _Trace, answer: str | None = WITHHELD_ANSWER) -> _Trace:
+    """A copy of ``trace`` (a CRAGTrace or the client trace) that does not carry its answer: the answer
+    becomes ``answer`` (None for a run that failed before its answer was judged), the LM's reply is
+    dropped, and a fallback or error quoting either has it replaced by ``[withheld]``. For every output
+    of a withheld answer (or of one not yet judged under ``withhold``): a client or script reading
+    ``trace.answer`` would show the value withheld. Kept: ``grounding``, which says why (the values it
+    lists are labelled disputed or instruction-supported, as ``ask``'s warning line shows them), and the
+    sources' text (kept strips, citations), cited for a person to read."""
+    values = [v for v in (trace.answer, trace.lm_answer) if v and v.strip()]
+    return trace.model_copy(
+        update={
+            "answer": answer if trace.answer is not None else None,
+            "lm_answer": None,
+            "fallbacks": [_quoting_none(line, values) for line in trace.fallbacks],
+            "errors": [_quoting_none(line, values) for line in trace.errors],
+        }
+    )
+
+
+def _quoting_none(line: str, values: list[str]) -> str:
+    for value in sorted(values, key=len, reverse=True):
+        line = line.replace(value, _WITHHELD_MARK)
+    return line
 
 
 def _other_sources(grounding: Grounding) -> list[str]:

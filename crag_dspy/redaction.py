@@ -13,9 +13,18 @@ import logging
 import os
 import re
 
+from .held_text import prefix_at_end
 from .terminal import terminal_safe
 
-__all__ = ["REDACTED", "RedactingFilter", "configure_logging", "question_hash", "redact", "secret_values"]
+__all__ = [
+    "REDACTED",
+    "RedactingFilter",
+    "StreamRedactor",
+    "configure_logging",
+    "question_hash",
+    "redact",
+    "secret_values",
+]
 
 REDACTED = "***"
 
@@ -52,6 +61,52 @@ def redact(text: str, extra: tuple[str, ...] = ()) -> str:
         lambda m: f"{m.group(1)} {REDACTED}" if m.group(1) else REDACTED,
         text,
     )
+
+
+# The end of streamed text that a key-shaped string may still grow from: the last word, with a "Bearer "
+# before it (every shape is one word but a header value's). Looked for in the last _MAX_HELD characters
+# only, so a reply with no spaces streams in pieces instead of being held (and rescanned) whole.
+_OPEN_TAIL = re.compile(r"(?i)(?:\b(?:bearer|basic)\s+)?\S*\Z")
+_MAX_HELD = 512
+
+
+class StreamRedactor:
+    """Redacts text that arrives in pieces (an LM's streamed tokens), where a secret may span pieces.
+
+    :meth:`feed` returns the text that can no longer be part of a secret, redacted, and keeps back the
+    rest: a possible start of a secret value (:func:`~crag_dspy.held_text.prefix_at_end`, as a streamed
+    completion keeps back a possible stop string), a value holding a space that reaches past the cut, and
+    the last word (a key-shaped string may still grow). :meth:`flush` returns what is kept, redacted,
+    once the text is complete. The pieces returned join to ``redact`` of the whole text."""
+
+    def __init__(self) -> None:
+        self._pending = ""
+
+    def feed(self, text: str) -> str:
+        """The redacted text ``text`` lets out (maybe empty)."""
+        self._pending += text
+        cut = _safe_cut(self._pending, secret_values())
+        ready, self._pending = self._pending[:cut], self._pending[cut:]
+        return redact(ready)
+
+    def flush(self) -> str:
+        """The redacted rest: the text is complete."""
+        rest, self._pending = self._pending, ""
+        return redact(rest)
+
+
+def _safe_cut(text: str, values: list[str]) -> int:
+    """Where ``text`` may be cut so that no secret value or key-shaped string spans the cut."""
+    tail = _OPEN_TAIL.search(text, max(0, len(text) - max(_MAX_HELD, *map(len, values), 0)))
+    cut = min(tail.start() if tail else len(text), len(text) - prefix_at_end(text, values))
+    moved = True
+    while moved:  # a whole value holding a space may span the cut: the cut moves to its start
+        moved = False
+        for value in values:
+            start = text.find(value, max(0, cut - len(value) + 1))
+            if -1 < start < cut:
+                cut, moved = start, True
+    return cut
 
 
 def question_hash(question: str) -> str:

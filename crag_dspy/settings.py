@@ -213,6 +213,14 @@ class Settings(BaseSettings):
         "answered 408 and the connection closed (uvicorn has no such limit: a body that stops held the "
         "connection forever).",
     )
+    serve_max_header_bytes: int = Field(
+        65536,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Bytes a request's line and headers may take; a longer head is answered 431 and the "
+        "connection closed (uvicorn's httptools protocol has no such limit: a header streamed for the "
+        "whole header timeout was buffered whole).",
+    )
     serve_max_waiting_connections: int = Field(
         100,
         ge=1,

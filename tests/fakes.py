@@ -70,10 +70,16 @@ class ScriptEngine:
     :class:`ScriptedLM` does (a one-field dict as the bare value, as TextAdapter replies), so that a real
     ``dspy.LM`` reaches it through :class:`~crag_dspy.lm.openai_server.OpenAIServer` and LiteLLM. A
     streamed request gets its text a word at a time through ``on_text``, waiting on ``gate`` (when given)
-    before the last word; ``streamed`` records the system prompt of each streamed request."""
+    before the last word (or ``piece`` characters at a time, when given: a word split across tokens);
+    ``streamed`` records the system prompt of each streamed request."""
 
-    def __init__(self, script: Callable[[str, str], object], gate: threading.Event | None = None):
-        self.script, self.gate = script, gate
+    def __init__(
+        self,
+        script: Callable[[str, str], object],
+        gate: threading.Event | None = None,
+        piece: int | None = None,
+    ):
+        self.script, self.gate, self.piece = script, gate, piece
         self.streamed: list[str] = []
 
     def chat(self, messages, *, max_tokens, top_logprobs=None, on_text=None, **_):
@@ -93,12 +99,19 @@ class ScriptEngine:
             entries = (TokenLogprob(first["token"], first["logprob"], top),)
         if on_text is not None:
             self.streamed.append(system)
-            words = text.split(" ")
-            for i, word in enumerate(words):
-                if i == len(words) - 1 and i and self.gate is not None and not self.gate.wait(10):
-                    raise TimeoutError("nobody read the answer's first words")
-                on_text(word if i == len(words) - 1 else word + " ")
+            self._stream(text, on_text)
         return Completion(text, "stop", len(str(messages).split()), 0, max(1, len(text.split())), entries)
+
+    def _stream(self, text: str, on_text: Callable[[str], None]) -> None:
+        if self.piece:
+            for i in range(0, len(text), self.piece):
+                on_text(text[i : i + self.piece])
+            return
+        words = text.split(" ")
+        for i, word in enumerate(words):
+            if i == len(words) - 1 and i and self.gate is not None and not self.gate.wait(10):
+                raise TimeoutError("nobody read the answer's first words")
+            on_text(word if i == len(words) - 1 else word + " ")
 
 
 def render(result: object, want_logprobs: bool) -> tuple[str, dict | None]:

@@ -4,6 +4,7 @@ CLI, the API and the stream, with the citations of both sides. A scripted LM ans
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 from fakes import ListRetriever, ListWebSearch, ScriptedLM, field
@@ -118,6 +119,73 @@ def test_the_stream_does_not_send_the_answer_before_the_policy_withholds_it():
     assert name == "event: answer" and (body["status"], body["answer"]) == ("withheld", WITHHELD_ANSWER)
     # Before the final event, nothing carries the value (the trace in the final body records it).
     assert "19 euros per month" not in text[: text.rindex("event: answer")]
+
+
+def _answer_fields(trace: dict) -> str:
+    """What a (client) trace says the answer was: its answer, the LM's reply, and lines quoting them."""
+    return json.dumps([trace["answer"], trace["lm_answer"], *trace["fallbacks"], *trace["errors"]])
+
+
+def test_no_trace_a_client_reads_carries_the_withheld_answer():
+    # Probe 3: the top-level answer was withheld, the client trace still said "answer": the planted value.
+    client = local_client(create_app(_service(), ServePolicy(on_flag="withhold")))
+    body = client.post("/ask", json={"question": QUESTION}).json()
+    assert body["status"] == "withheld" and body["trace"]["answer"] == WITHHELD_ANSWER
+    assert "19 euros" not in _answer_fields(body["trace"])
+    assert body["trace"]["grounding"]["disputing_sources"] == ["kb-permits"]  # it still says why
+    with client.stream("POST", "/ask/stream", json={"question": QUESTION}) as response:
+        name, data = "".join(response.iter_text()).strip().split("\n\n")[-1].split("\n", 1)
+    final = json.loads(data.removeprefix("data: "))
+    assert name == "event: answer" and final["trace"]["answer"] == WITHHELD_ANSWER
+    assert "19 euros" not in _answer_fields(final["trace"])
+    # The full trace (?debug=1, a debug key's) keeps it: the operator tells a planted value from a true one.
+    debug = client.post("/ask?debug=1", json={"question": QUESTION}).json()
+    assert (debug["status"], debug["trace"]["answer"]) == ("withheld", "19 euros per month")
+
+
+class _StalledWeb(ListWebSearch):
+    """Web search that waits for ``release``: the witness search runs once the answer is written."""
+
+    def __init__(self) -> None:
+        super().__init__([])
+        self.release = threading.Event()
+
+    def search(self, query: str, max_results: int):
+        self.queries.append(query)
+        self.release.wait(10)
+        return []
+
+
+def test_a_run_cut_by_the_deadline_under_withhold_carries_no_answer_it_never_judged():
+    web = _StalledWeb()
+    service = ProgramService(
+        LoadedProgram(CRAG(ListRetriever([PLANTED, HONEST]), web, lm=ScriptedLM(script)), "d")
+    )
+    client = local_client(create_app(service, ServePolicy(on_flag="withhold", request_timeout_s=3)))
+    try:
+        response = client.post("/ask", json={"question": QUESTION})
+    finally:
+        web.release.set()
+    assert response.status_code == 504 and web.queries  # cut in the witness search, after the answer
+    assert response.json()["trace"]["answer"] is None
+
+
+def test_ask_json_has_the_status_and_no_withheld_answer(monkeypatch, capsys):
+    # Probe 3: `ask --json --on-flag withhold` printed "answer": the planted value, with no status.
+    from types import SimpleNamespace
+
+    from crag_dspy import cli
+
+    monkeypatch.setattr(cli, "program_from_args", lambda args: SimpleNamespace(crag=crag()))
+    lm = ["--lm", "openai/fake", "--lm-api-base", "http://127.0.0.1:9/v1", "--json", "-q"]
+    assert cli.main(["ask", QUESTION, *lm, "--on-flag", "withhold"]) == 0
+    withheld = json.loads(capsys.readouterr().out)
+    assert (withheld["status"], withheld["answer"]) == ("withheld", WITHHELD_ANSWER)
+    assert "19 euros" not in _answer_fields(withheld)
+    assert [(c["doc_id"], c["quote"]) for c in withheld["other_side"]] == [HONEST]
+    assert cli.main(["ask", QUESTION, *lm]) == 0  # warn: shown, marked flagged
+    warned = json.loads(capsys.readouterr().out)
+    assert (warned["status"], warned["answer"], warned["other_side"]) == ("flagged", "19 euros per month", [])
 
 
 def test_a_planted_escape_sequence_cannot_erase_the_warning_on_the_terminal(monkeypatch, capsys):

@@ -688,9 +688,9 @@ def test_a_streamed_request_whose_client_left_stops_generating():
 
 
 def test_held_back_text_is_what_may_begin_a_stop_string():
-    from crag_dspy.lm.ik_engine import _stop_prefix
+    from crag_dspy.held_text import prefix_at_end
 
-    assert _stop_prefix("The answer [[ ##", ["[[ ## completed ## ]]"]) == 5
-    assert _stop_prefix("The answer\n", ["\n\n", "Q:"]) == 1
-    assert _stop_prefix("The answer", ["\n\n"]) == 0
-    assert _stop_prefix("ab", []) == 0
+    assert prefix_at_end("The answer [[ ##", ["[[ ## completed ## ]]"]) == 5
+    assert prefix_at_end("The answer\n", ["\n\n", "Q:"]) == 1
+    assert prefix_at_end("The answer", ["\n\n"]) == 0
+    assert prefix_at_end("ab", []) == 0

@@ -14,7 +14,7 @@ from fake_servers import FakeOpenAI
 from fakes import NO_LM, ScriptedLM
 
 from crag_dspy.program import ProgramError, read_program
-from crag_dspy.redaction import REDACTED, RedactingFilter, redact
+from crag_dspy.redaction import REDACTED, RedactingFilter, StreamRedactor, redact
 
 ROOT = Path(__file__).resolve().parent.parent
 OPENAI_KEY = "sk-test-secret-0123456789abcdefXYZ"
@@ -46,6 +46,30 @@ def test_redact_removes_environment_keys_and_key_shaped_strings(keys):
     assert redact("The AquaProbe 220 costs 1,240 velds; task-management and risk-based plans.") == (
         "The AquaProbe 220 costs 1,240 velds; task-management and risk-based plans."
     )
+
+
+def _streamed(text: str, piece: int) -> list[str]:
+    """What a StreamRedactor lets out of ``text`` sent ``piece`` characters at a time, then flushed."""
+    redactor = StreamRedactor()
+    return [redactor.feed(text[i : i + piece]) for i in range(0, len(text), piece)] + [redactor.flush()]
+
+
+def test_streamed_text_is_redacted_though_a_key_spans_its_pieces(keys, monkeypatch):
+    # /ask/stream sent an echoed OPENAI_API_KEY to every client as tokens: sk-p, robe3, -SECR, ...
+    monkeypatch.setenv("DB_PASSWORD", "open sesame 42")  # a value holding spaces spans word cuts
+    text = (
+        f"The key is {OPENAI_KEY} ok; Bearer abc.def-123456789, sk-other-abcdefghijk, {TAVILY_KEY}. "
+        f"Its password: open sesame 42 and https://user:hunter2pass@proxy.example/v1 done"
+    )
+    for piece in (1, 2, 3, 4, 5, 7, 16, len(text)):
+        # The pieces join to the redacted text (the final answer's), so none holds part of a secret.
+        assert "".join(_streamed(text, piece)) == redact(text), piece
+    assert not [s for s in ("sesame", "hunter2", "abcdefghijk", "123456789") if s in redact(text)]
+    # Text that cannot be part of a secret is let out as it comes: all but the open last word.
+    redactor = StreamRedactor()
+    assert [redactor.feed(t) for t in ("0 ", "to ", "25 ", "mg", "/L")] == ["0 ", "to ", "25 ", "", ""]
+    assert redactor.flush() == "mg/L"
+    assert redactor.feed("a" * 5000)  # no space in a long reply: streamed in pieces, not held whole
 
 
 def test_logging_filter_redacts_messages_and_tracebacks(keys):

@@ -131,10 +131,13 @@ def test_a_full_queue_is_a_503_before_any_stream_and_keys_are_required_as_for_as
 
 
 @contextmanager
-def streaming_lm(gate: threading.Event | None = None) -> Iterator[tuple[dspy.LM, ScriptEngine]]:
+def streaming_lm(
+    gate: threading.Event | None = None, answers=script, piece: int | None = None
+) -> Iterator[tuple[dspy.LM, ScriptEngine]]:
     """A real ``dspy.LM`` (LiteLLM) on the embedded model's OpenAI-compatible server, over an engine
-    answering with test_serve's script and streaming its text a word at a time."""
-    engine = ScriptEngine(script, gate)
+    answering with ``answers`` (test_serve's script) and streaming its text a word (or ``piece``
+    characters) at a time."""
+    engine = ScriptEngine(answers, gate, piece)
     server = OpenAIServer(engine, "scripted", api_key=None)
     lm = dspy.LM(
         "openai/scripted",
@@ -181,6 +184,24 @@ def test_the_answers_tokens_stream_as_the_lm_writes_them():
     assert [data["text"] for name, data in events if name == "token"] == ["0 ", "to ", "25 ", "mg/L"]
     assert gate.is_set() and events[-1][1]["answer"] == "0 to 25 mg/L"
     assert len(engine.streamed) == 1 and "You judge" not in engine.streamed[0]  # the answer only
+
+
+def test_a_key_the_lm_echoes_is_redacted_in_the_streamed_tokens_too(monkeypatch):
+    # Probe 3: the final answer was redacted, the tokens sent to every client were not (sk-p, robe3, ...).
+    key = "sk-probe3-SECRET-abcdef0123456789"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+
+    def echoes(system: str, user: str):
+        if "You judge" in system or "web search query" in system:
+            return script(system, user)
+        return {"answer": f"The key is {key} ok"}
+
+    with streaming_lm(answers=echoes, piece=4) as (lm, _engine):
+        client = local_client(create_app(make_service(lm=lm)))
+        text = client.post("/ask/stream", json={"question": QUESTION}).text
+    tokens = [data["text"] for name, data in events_of(text.splitlines()) if name == "token"]
+    assert len(tokens) > 2 and "".join(tokens) == "The key is *** ok"
+    assert not [part for part in ("sk-p", "SECR", "abcdef", "6789") if part in text]
 
 
 def test_a_withheld_answer_never_streams_its_tokens():

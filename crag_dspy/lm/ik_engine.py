@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..held_text import prefix_at_end
 from .chat_template import render_chatml
 from .prompt_cache import CachePlan, PromptCache
 
@@ -403,7 +404,7 @@ class IkEngine:
             if len(generated) >= max_tokens:
                 break
             if on_text is not None:
-                ready = len(text) - _stop_prefix(text, stop)
+                ready = len(text) - prefix_at_end(text, stop)
                 if ready > sent:
                     on_text(text[sent:ready])
                     sent = ready
@@ -453,18 +454,6 @@ def _sample(logp: np.ndarray, temperature: float, rng: np.random.Generator) -> i
     scaled = logp[top] / temperature
     weights = np.exp(scaled - scaled.max())
     return int(rng.choice(top, p=weights / weights.sum()))
-
-
-def _stop_prefix(text: str, stop: Sequence[str]) -> int:
-    """How many characters at the end of ``text`` begin one of the ``stop`` strings: a streamed
-    completion holds them back, since the next token may complete the stop string and cut them off."""
-    longest = 0
-    for s in stop:
-        for n in range(min(len(s) - 1, len(text)), longest, -1):
-            if text.endswith(s[:n]):
-                longest = n
-                break
-    return longest
 
 
 def _stop_at(text: str, stop: Sequence[str]) -> int | None:

@@ -32,6 +32,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from ..events import StageEvent
 from ..faults import describe_error
+from ..flag_policy import WITHHELD_ANSWER, OnFlag, without_answer
 from ..trace import CRAGTrace
 from ..validation import QuestionError, normalize_question
 from ..version import __version__
@@ -89,11 +90,18 @@ def _describe(error: dict) -> str:
     return f"{where}: {error.get('msg', 'invalid')}"
 
 
-def _trace_for(caller: Caller, debug: bool, trace: CRAGTrace | None):
-    """The trace as this caller may see it: full only when it asked (``?debug=1``) and may."""
+def _trace_for(
+    caller: Caller, debug: bool, trace: CRAGTrace | None, withhold: bool = False, answer: str | None = None
+):
+    """The trace as this caller may see it: full only when it asked (``?debug=1``) and may. Else with
+    ``withhold``, without the answer, which becomes ``answer`` (flag_policy's ``without_answer``): a
+    client showing ``trace.answer`` must not show a withheld value. The full trace keeps it, for the
+    operator to tell a planted value from a withheld true one."""
     if trace is None:
         return None
-    return trace if debug and caller.debug else client_trace(trace)
+    if debug and caller.debug:
+        return trace
+    return client_trace(without_answer(trace, answer) if withhold else trace)
 
 
 def _snapshot(trace: CRAGTrace) -> CRAGTrace:
@@ -114,26 +122,30 @@ def _sse(event: str, data: dict) -> str:
 def _answer_body(answer: AskResponse, caller: Caller, debug: bool) -> dict:
     """The JSON body of an answer as this caller may see it."""
     full = debug and caller.debug
-    body = answer.model_copy(update={"trace": _trace_for(caller, debug, answer.trace), "full_trace": full})
+    withheld = answer.status == "withheld"
+    trace = _trace_for(caller, debug, answer.trace, withheld, WITHHELD_ANSWER)
+    body = answer.model_copy(update={"trace": trace, "full_trace": full})
     return body.model_dump(mode="json")
 
 
 def _failure(
-    exc: Exception, caller: Caller, debug: bool, started: list[CRAGTrace]
+    exc: Exception, caller: Caller, debug: bool, started: list[CRAGTrace], on_flag: OnFlag = "warn"
 ) -> tuple[int, ErrorResponse, dict[str, str] | None]:
     """The status, body and headers of a question that got no answer: the queue was full (503), the
-    deadline passed (504, with the trace so far) or a dependency failed (503 naming it)."""
+    deadline passed (504, with the trace so far) or a dependency failed (503 naming it). Under
+    ``withhold`` the trace carries no answer: the run ended before the flag policy judged it."""
+    unjudged = on_flag == "withhold"
     if isinstance(exc, QueueFull):
         log.warning("503 (queue): %s", exc)
         return 503, ErrorResponse(detail=str(exc)), {"Retry-After": str(exc.retry_after)}
     if isinstance(exc, DeadlineExceeded):
         log.warning("504: %s", exc)
         trace = _snapshot(started[0]) if started else None
-        return 504, ErrorResponse(detail=str(exc), trace=_trace_for(caller, debug, trace)), None
+        return 504, ErrorResponse(detail=str(exc), trace=_trace_for(caller, debug, trace, unjudged)), None
     if isinstance(exc, DependencyError):
         log.error("503 (%s): %s", exc.dependency, exc)
         body = ErrorResponse(
-            detail=str(exc), dependency=exc.dependency, trace=_trace_for(caller, debug, exc.trace)
+            detail=str(exc), dependency=exc.dependency, trace=_trace_for(caller, debug, exc.trace, unjudged)
         )
         return 503, body, None
     raise TypeError(f"not a failure of a question: {type(exc).__name__}") from exc
@@ -389,7 +401,7 @@ def create_app(
                 return Response(status_code=499)  # nginx's "client closed request": nobody reads it
             answer = waiting.result()
         except (QueueFull, DeadlineExceeded, DependencyError) as exc:
-            status, body, headers = _failure(exc, caller, debug, started)
+            status, body, headers = _failure(exc, caller, debug, started, policy.on_flag)
             http.state.action = body.trace.action if body.trace else None
             return _error(status, body, headers)
         http.state.action = answer.action
@@ -471,7 +483,7 @@ def create_app(
                 )
             )
         except QueueFull as exc:
-            status, body, headers = _failure(exc, caller, debug, started)
+            status, body, headers = _failure(exc, caller, debug, started, policy.on_flag)
             return _error(status, body, headers)
         answer = asyncio.ensure_future(
             queue.wait(future, running, policy.request_timeout_s, on_timeout=cancel.set)
@@ -489,7 +501,7 @@ def create_app(
                 try:
                     done = answer.result()
                 except (DeadlineExceeded, DependencyError) as exc:
-                    status, body, _ = _failure(exc, caller, debug, started)
+                    status, body, _ = _failure(exc, caller, debug, started, policy.on_flag)
                     yield _sse("error", {"status": status, **body.model_dump(mode="json")})
                 except QuestionError as exc:  # the client's input (e.g. its history): no traceback
                     log.info("422: %s", exc)

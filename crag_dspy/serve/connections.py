@@ -5,7 +5,7 @@ sent, and from the first byte of the next request on it waits for the rest witho
 connection that sends part of its headers and waits is never closed, nor one that sends its headers
 ("Content-Length: 1000") and then trickles or stops its body. Keys, rate limits and the queue act only
 after the headers (the body is read before the queue), so such connections held file descriptors until
-the process ran out and ``/health`` stopped answering. :class:`HeaderDeadline` adds three rules to
+the process ran out and ``/health`` stopped answering. :class:`HeaderDeadline` adds four rules to
 uvicorn's HTTP protocol:
 
 - a connection must complete its request headers within ``header_timeout_s`` of being opened or of its
@@ -14,6 +14,9 @@ uvicorn's HTTP protocol:
   and the connection closed (the app reading the body sees the client gone): a deadline for the whole
   body, not between reads, so a body sent a byte at a time is cut too. Time in which uvicorn itself
   stopped reading (the app has not taken the body yet) does not count;
+- a request's line and headers may take at most ``max_header_bytes`` bytes, else it is answered 431 and
+  the connection closed: the header timeout alone let one connection push a header at the network's
+  speed for its whole length, buffered by httptools (h11 stops at its own 16 KB with a 400);
 - at most ``max_waiting_connections`` connections may wait for a request (its headers or its body) at
   once (per process): the one that has waited longest is closed to admit a new one, so a flood of
   half-open connections cannot lock out a client whose request arrives whole (a load balancer's
@@ -26,6 +29,7 @@ to every request past the limit, ``/health`` included.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from typing import Any
@@ -43,6 +47,7 @@ except ImportError:  # pragma: no cover - httptools is an optional dependency of
 __all__ = [
     "DEFAULT_BODY_TIMEOUT_S",
     "DEFAULT_HEADER_TIMEOUT_S",
+    "DEFAULT_MAX_HEADER_BYTES",
     "DEFAULT_MAX_WAITING_CONNECTIONS",
     "HeaderDeadline",
     "ServeConfig",
@@ -55,11 +60,12 @@ log = logging.getLogger(__name__)
 
 DEFAULT_HEADER_TIMEOUT_S = 10.0
 DEFAULT_BODY_TIMEOUT_S = 30.0
-# The answer to a body that did not arrive in time; the connection closes after it (its request is
-# half-read, so the next bytes on it could not be told from a new request).
-_BODY_TIMEOUT_RESPONSE = (
-    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-    b"content-length: %d\r\n\r\n%s"
+DEFAULT_MAX_HEADER_BYTES = 65536
+# The answer to a request cut short (a body that did not arrive in time, a head over the limit); the
+# connection closes after it (its request is half-read, so the next bytes on it could not be told from a
+# new request).
+_CLOSING_RESPONSE = (
+    b"HTTP/1.1 %s\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: %d\r\n\r\n%s"
 )
 DEFAULT_MAX_WAITING_CONNECTIONS = 100
 
@@ -76,6 +82,7 @@ class ServeConfig(uvicorn.Config):
         header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
         body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
         max_waiting_connections: int = DEFAULT_MAX_WAITING_CONNECTIONS,
+        max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES,
         **kwargs: Any,
     ) -> None:
         if header_timeout_s <= 0:
@@ -84,7 +91,12 @@ class ServeConfig(uvicorn.Config):
             raise ValueError(f"body_timeout_s must be positive, got {body_timeout_s}")
         if max_waiting_connections < 1:
             raise ValueError(f"max_waiting_connections must be at least 1, got {max_waiting_connections}")
+        if max_header_bytes < 1:
+            raise ValueError(f"max_header_bytes must be at least 1, got {max_header_bytes}")
+        # h11 (when httptools is not installed) gets the same limit; it answers 400 past it.
+        kwargs.setdefault("h11_max_incomplete_event_size", max_header_bytes)
         super().__init__(app, http=protocol_class(), **kwargs)
+        self.max_header_bytes = max_header_bytes
         self.header_timeout_s = header_timeout_s
         self.body_timeout_s = body_timeout_s
         self.max_waiting_connections = max_waiting_connections
@@ -119,8 +131,29 @@ class HeaderDeadline:
         super().connection_lost(exc)  # type: ignore[misc]
 
     def data_received(self, data: bytes) -> None:
+        waiting = self.waiting_for_headers
         super().data_received(data)  # type: ignore[misc]
+        if waiting and self.waiting_for_headers:
+            # Counted once parsed, so a body sent in the head's read is not taken for header bytes.
+            self._head_bytes += len(data)
+            if self._head_bytes > self.config.max_header_bytes and not self.transport.is_closing():
+                self._head_too_large()
+                return
         self._watch_body()
+
+    def _head_too_large(self) -> None:
+        log.info("closing a connection whose request head passed %d bytes", self.config.max_header_bytes)
+        self._close_with(
+            b"431 Request Header Fields Too Large",
+            f"the request line and headers are over {self.config.max_header_bytes} bytes "
+            "(CRAG_SERVE_MAX_HEADER_BYTES)",
+        )
+
+    def _close_with(self, status: bytes, detail: str) -> None:
+        """Answer ``status`` with ``{"detail": detail}`` and close the connection."""
+        body = json.dumps({"detail": detail}).encode()
+        self.transport.write(_CLOSING_RESPONSE % (status, len(body), body))
+        self.transport.close()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
@@ -165,17 +198,19 @@ class HeaderDeadline:
             "closing a connection whose request body did not arrive within %.3g s (body_timeout_s)",
             self.config.body_timeout_s,
         )
-        if not self.cycle.response_started:
-            detail = (
-                f'{{"detail": "the request body did not arrive within {self.config.body_timeout_s:g} s of its '
-                'headers (CRAG_SERVE_BODY_TIMEOUT_S)"}'
-            ).encode()
-            self.transport.write(_BODY_TIMEOUT_RESPONSE % (len(detail), detail))
-        self.transport.close()
+        if self.cycle.response_started:
+            self.transport.close()
+            return
+        self._close_with(
+            b"408 Request Timeout",
+            f"the request body did not arrive within {self.config.body_timeout_s:g} s of its headers "
+            "(CRAG_SERVE_BODY_TIMEOUT_S)",
+        )
 
     def _arm_header_deadline(self) -> None:
         self._cancel_header_deadline()
         self._waiting_since = time.monotonic()
+        self._head_bytes = 0  # the next request's head: bytes since the connection opened or answered
         self._header_timer = self.loop.call_later(self.config.header_timeout_s, self._header_deadline_passed)
 
     def _cancel_header_deadline(self) -> None:
@@ -264,6 +299,7 @@ def serve_config(app: Any, settings: Settings, **kwargs: Any) -> ServeConfig:
         header_timeout_s=settings.serve_header_timeout_s,
         body_timeout_s=settings.serve_body_timeout_s,
         max_waiting_connections=settings.serve_max_waiting_connections,
+        max_header_bytes=settings.serve_max_header_bytes,
         access_log=False,
         proxy_headers=bool(trusted),
         # Never None: uvicorn would read FORWARDED_ALLOW_IPS from the environment, a setting outside ours.

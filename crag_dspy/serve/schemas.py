@@ -153,7 +153,8 @@ class AskResponse(BaseModel):
         False, description="True: `trace` is the full CRAGTrace (?debug=1 with a debug key); else trimmed"
     )
     trace: ClientTrace | CRAGTrace = Field(
-        description="what CRAG did and why; raw passages and web contents only in the full trace"
+        description="what CRAG did and why; raw passages, web contents and a withheld answer's value only "
+        "in the full trace"
     )
 
 
