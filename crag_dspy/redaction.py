@@ -15,7 +15,15 @@ import re
 
 from .terminal import terminal_safe
 
-__all__ = ["REDACTED", "RedactingFilter", "configure_logging", "question_hash", "redact", "secret_values"]
+__all__ = [
+    "REDACTED",
+    "RedactingFilter",
+    "configure_logging",
+    "excerpt",
+    "question_hash",
+    "redact",
+    "secret_values",
+]
 
 REDACTED = "***"
 
@@ -52,6 +60,14 @@ def redact(text: str, extra: tuple[str, ...] = ()) -> str:
         lambda m: f"{m.group(1)} {REDACTED}" if m.group(1) else REDACTED,
         text,
     )
+
+
+def excerpt(text: str, most: int = 200) -> str:
+    """``text`` redacted (:func:`redact`), then cut to its first ``most`` characters and "…": how a trace
+    or an error quotes text of any length (an LM reply, a list of names). Redacted before it is cut, so
+    that a key cut in two cannot escape the key shapes."""
+    text = redact(text)
+    return text if len(text) <= most else f"{text[:most]}…"
 
 
 def question_hash(question: str) -> str:
