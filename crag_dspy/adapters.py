@@ -22,7 +22,15 @@ from dspy.utils.exceptions import AdapterParseError
 
 from .untrusted import neutralize
 
-__all__ = ["NO_WORDS", "YES_WORDS", "LabelAdapter", "ListAdapter", "TextAdapter", "wrapped_value"]
+__all__ = [
+    "NO_WORDS",
+    "YES_WORDS",
+    "LabelAdapter",
+    "ListAdapter",
+    "TextAdapter",
+    "reply_limit",
+    "wrapped_value",
+]
 
 # The words a judge's one-word reply is read as: the label format's vocabulary, also where the judges
 # look for P(yes) among the first token's log-probabilities (crag_dspy.judges.scoring).
@@ -30,6 +38,31 @@ YES_WORDS = frozenset({"yes", "true", "y"})
 NO_WORDS = frozenset({"no", "false", "n"})
 
 _NOTHING = object()
+
+MOST_CHARS_PER_TOKEN = 16
+"""Characters one generated token may stand for, generously (English averages about 4): a reply longer
+than ``max_tokens`` times this did not stop where it was asked to (:func:`reply_limit`)."""
+LEAST_REPLY_LIMIT = 4096
+"""The reply limit in characters when ``max_tokens`` is small (a judge asks for 1 to 3 tokens): a
+server that adds a sentence of reasons to its "yes" still answered."""
+DEFAULT_MAX_TOKENS = 4096
+"""The ``max_tokens`` assumed for the limit when a call sets none."""
+
+
+def reply_limit(lm_kwargs: dict[str, Any], lm: Any = None) -> int:
+    """The most characters a reply to a call with ``lm_kwargs`` (falling back to ``lm.kwargs``) may hold:
+    ``max_tokens`` (or ``max_completion_tokens``) times :data:`MOST_CHARS_PER_TOKEN`, at least
+    :data:`LEAST_REPLY_LIMIT`."""
+    defaults = getattr(lm, "kwargs", None) or {}
+    for source in (lm_kwargs, defaults):
+        asked = source.get("max_tokens") or source.get("max_completion_tokens")
+        if isinstance(asked, int) and asked > 0:
+            break
+    else:
+        asked = DEFAULT_MAX_TOKENS
+    return max(asked * MOST_CHARS_PER_TOKEN, LEAST_REPLY_LIMIT)
+
+
 _FENCE = re.compile(r"^```[a-zA-Z]*\n(.*?)\n?```$", re.DOTALL)
 
 
@@ -76,6 +109,24 @@ class _FieldsAdapter(Adapter):
             )
         ((name, f),) = signature.output_fields.items()
         return name, f.json_schema_extra.get("desc", "")
+
+    def _call_postprocess(self, processed_signature, original_signature, outputs, lm, lm_kwargs):
+        """DSPy's parsing of ``outputs``, after refusing a reply far longer than the call's ``max_tokens``
+        allows (:func:`reply_limit`) as unusable output (an :class:`AdapterParseError`: retried as a new
+        rollout, then the stage's fallback). A server or gateway that ignores ``max_tokens`` can send
+        megabytes of text per call, and everything after the call (parsing, the grounding check, the
+        trace) would read all of it; such a reply is no answer to what was asked."""
+        limit = reply_limit(lm_kwargs, lm)
+        for output in outputs:
+            text = output.get("text") if isinstance(output, dict) else output
+            if isinstance(text, str) and len(text) > limit:
+                raise self._unparsed(
+                    original_signature,
+                    f"{text[:200]}...",
+                    f"The reply holds {len(text)} characters, more than {limit} ({MOST_CHARS_PER_TOKEN} per "
+                    "token asked for): the LM did not stop at max_tokens.",
+                )
+        return super()._call_postprocess(processed_signature, original_signature, outputs, lm, lm_kwargs)
 
     def _unparsed(self, signature, completion: str, message: str) -> AdapterParseError:
         return AdapterParseError(

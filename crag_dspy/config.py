@@ -44,6 +44,7 @@ class JudgeView(BaseModel):
     sentences: int = Field(
         1,
         ge=0,
+        le=100,
         description="The judge reads this many of the text's sentences most similar to the question (a "
         "passage keeps its title line); 0 reads the whole text.",
     )
@@ -87,9 +88,9 @@ class CRAGConfig(BaseModel):
         DEFAULT_THRESHOLDS[1], ge=0.0, le=1.0, description="CORRECT when any document's grade reaches this."
     )
     strip_threshold: float = Field(0.5, ge=0.0, le=1.0, description="Strips scoring below this are dropped.")
-    max_strips: int = Field(5, ge=1, description="Most knowledge strips kept per source (paper: 5).")
+    max_strips: int = Field(5, ge=1, le=100, description="Most knowledge strips kept per source (paper: 5).")
     sentences_per_strip: int = Field(
-        3, ge=1, description="Decomposition window for passages longer than two sentences."
+        3, ge=1, le=100, description="Decomposition window for passages longer than two sentences."
     )
     web_results: int = Field(3, ge=1, le=10, description="Web results requested per search.")
 
@@ -187,9 +188,19 @@ def describe_validation_error(exc: ValidationError, whole: str | None = None) ->
         name = ".".join(map(str, loc)) or whole
         return f"{name}: " if name else ""
 
-    return "; ".join(
-        where(e["loc"])
-        + e["msg"].removeprefix("Value error, ")
-        + (got(e.get("input")) if e["type"] != "missing" else "")
-        for e in exc.errors()
+    errors = exc.errors()
+    # A dict of 100,000 bad values is 100,000 problems: the first few say what is wrong.
+    more = f"; and {len(errors) - _PROBLEMS_SHOWN} more problems" if len(errors) > _PROBLEMS_SHOWN else ""
+    return (
+        "; ".join(
+            where(e["loc"])
+            + e["msg"].removeprefix("Value error, ")
+            + (got(e.get("input")) if e["type"] != "missing" else "")
+            for e in errors[:_PROBLEMS_SHOWN]
+        )
+        + more
     )
+
+
+_PROBLEMS_SHOWN = 5
+"""Problems of one validation error that :func:`describe_validation_error` describes."""

@@ -60,7 +60,9 @@ where it comes from is named in the trace.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 import itertools
 import re
 import unicodedata
@@ -180,6 +182,7 @@ def _words_to_digits(text: str) -> str:
     return _NUMBER_WORD.sub(digits, text)
 
 
+@functools.lru_cache(maxsize=1024)  # states() is asked of one sentence once per key item of an answer
 def _normalize(text: str) -> str:
     """NFKC, typographic apostrophes and dashes made plain, thousands separators dropped
     ("1,240" -> "1240"), number words as digits, "%"/"per cent" as "percent"."""
@@ -300,24 +303,46 @@ def _names_something(token: str) -> bool:
     return any(c.isupper() or c.isdigit() for c in token) or bool(_IDENTIFIER.fullmatch(token))
 
 
+class _Spans:
+    """Disjoint spans of a text added in order (each starts after the last one ends), and whether a
+    position is inside one: a binary search, so that checking every word of a long answer stays
+    O(n log n) where a scan of all spans per word was quadratic."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+
+    def add(self, start: int, end: int) -> None:
+        self._starts.append(start)
+        self._ends.append(end)
+
+    def __contains__(self, position: int) -> bool:
+        i = bisect.bisect_right(self._starts, position) - 1
+        return i >= 0 and position < self._ends[i]
+
+
+_WORD_RUN = re.compile(r"[^\s-]+")
+"""A word as the unit window counts them: hyphens split words ("60-day" is "60" then "day")."""
+
+
 def key_content(answer: str) -> list[KeyItem]:
     """The answer's numbers (with the unit right after each) and names, in order, without repeats."""
     text = _normalize(answer)
     items: list[KeyItem] = []
-    units: list[tuple[int, int]] = []  # where the units are: "m3" in "12 m3" holds no number 3
+    units = _Spans()  # where the units are: "m3" in "12 m3" holds no number 3
     for m in _NUMBER.finditer(text):
-        if any(start <= m.start() < end for start, end in units):
+        if m.start() in units:
             continue
         unit_match = _UNIT_AFTER.match(text, m.end())
         unit = _unit_after(text, m.end())
         if unit and unit_match:
-            units.append(unit_match.span(1))
+            units.add(*unit_match.span(1))
         shown = f"{m.group(1)} {unit}".strip()
         items.append(KeyItem(shown, "number", _number_value(m.group(1)), unit))
     for m in _TOKEN.finditer(text):
         token = m.group(0).rstrip(".'-/").removesuffix("'s")
         # A unit's span holds no name: "60-day", "m3/s" are a number with its unit, checked above.
-        if _names_something(token) and not any(start <= m.start() < end for start, end in units):
+        if _names_something(token) and m.start() not in units:
             items.append(KeyItem(token, "name", _name_form(token)))
     unique: dict[tuple[str, str, str], KeyItem] = {}
     for item in items:
@@ -343,10 +368,12 @@ def _quantities(text: str, unit: str = "") -> list[tuple[str, int, int]]:
     for m in _NUMBER.finditer(text):
         end = m.end()
         if unit:
-            following = itertools.islice(re.finditer(r"[^\s-]+", text[m.end() :]), _UNIT_WINDOW)
+            # Searched from the number on, not in a copy of the rest of the text: one copy per number made a
+            # long answer's check quadratic (a 280 KB reply took two minutes).
+            following = itertools.islice(_WORD_RUN.finditer(text, m.end()), _UNIT_WINDOW)
             # The unit ends before the punctuation that may follow it ("236 km, the longest river").
             ends = [
-                m.end() + w.start() + len(w.group(0).rstrip(".,;:!?()\"'"))
+                w.start() + len(w.group(0).rstrip(".,;:!?()\"'"))
                 for w in following
                 if _same_unit(unit, _stem(w.group(0)))
             ]
@@ -360,16 +387,25 @@ def _quantities(text: str, unit: str = "") -> list[tuple[str, int, int]]:
     return found
 
 
-def _values(text: str, unit: str = "") -> set[str]:
+# Cached: every key item of an answer is looked up in the same few texts (the kept strips and their
+# sentences), and reading a text again per item made a long answer's check cost items x texts scans.
+@functools.lru_cache(maxsize=1024)
+def _values(text: str, unit: str = "") -> frozenset[str]:
     """The values of the numbers in ``text`` (normalised); with ``unit``, only of those it follows
     within a few words."""
-    return {value for value, _, _ in _quantities(text, unit)}
+    return frozenset(value for value, _, _ in _quantities(text, unit))
+
+
+@functools.lru_cache(maxsize=1024)
+def _name_forms(text: str) -> frozenset[str]:
+    """The names ``text`` (normalised) states, as they compare (:func:`_name_form`)."""
+    return frozenset(_name_form(w) for w in _TOKEN.findall(text))
 
 
 def _supports(item: KeyItem, text: str) -> bool:
     """Whether ``text`` (normalised) states ``item``."""
     if item.kind == "name":
-        return item.value in {_name_form(w) for w in _TOKEN.findall(text)}
+        return item.value in _name_forms(text)
     return item.value in _values(text, item.unit)
 
 

@@ -45,6 +45,7 @@ from pydantic import (
 from .config import CRAGConfig, describe_validation_error
 from .domain import check_domain_name
 from .files import read_regular_file
+from .judges.calibration import check_evidence_names
 from .judges.evaluator import EvaluatorError, RelevanceEvaluator
 from .version import __version__
 
@@ -200,6 +201,14 @@ class CalibrationState(BaseModel):
     slope: FiniteFloat = Field(ge=MIN_SLOPE, le=MAX_CALIBRATION)
     intercept: _Bounded
     weights: dict[str, _Bounded] | None = None  # programs of format 2 have none
+
+    @field_validator("weights")
+    @classmethod
+    def _known_evidence(cls, weights: dict[str, float] | None) -> dict[str, float] | None:
+        # Checked when the file is read, before the store and the embedder open (it was refused only
+        # when the program was applied).
+        check_evidence_names(weights or {})
+        return weights
 
 
 class LinearScoreState(BaseModel):
@@ -369,6 +378,25 @@ def save_program(crag: dspy.Module, path: Path | str, metadata: dict[str, Any] |
     return path
 
 
+MAX_INT_DIGITS = 20
+"""Most digits of an integer in a program file: every integer a program holds (k, counts, sizes) fits in
+a few; Python refuses to read one of over 4,300 digits with an error that named no file."""
+
+
+class _LongInteger(ValueError):
+    """An integer in a program file with more than :data:`MAX_INT_DIGITS` digits."""
+
+
+def _program_int(digits: str) -> int:
+    """A JSON integer of a program file, refused past :data:`MAX_INT_DIGITS` digits before Python
+    converts it (which is quadratic in the digits, and fails past 4,300 of them)."""
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise _LongInteger(
+            f"an integer of {len(digits.lstrip('-'))} digits (a program's integers have at most {MAX_INT_DIGITS})"
+        )
+    return int(digits)
+
+
 def read_program_json(path: Path | str) -> Any:
     """The parsed JSON of a program file, of any format or version; a file that is missing, a
     pickle (never unpickled), undecodable or corrupt raises :class:`ProgramError` naming it."""
@@ -381,9 +409,11 @@ def read_program_json(path: Path | str) -> Any:
     if raw[:2] == b"\x80\x04" or raw[:1] == b"\x80":
         raise ProgramError(f"{path}: this is a pickle, not a program JSON; pickles are never loaded")
     try:
-        return json.loads(raw.decode("utf-8"))
+        return json.loads(raw.decode("utf-8"), parse_int=_program_int)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProgramError(f"{path}: corrupt or truncated program JSON ({exc})") from None
+    except _LongInteger as exc:
+        raise ProgramError(f"{path}: invalid program: {exc}") from None
     except RecursionError:  # json parses nested arrays/objects recursively
         raise ProgramError(
             f"{path}: corrupt program JSON: nested too deeply to parse (past Python's recursion limit)"

@@ -21,6 +21,7 @@ __all__ = [
     "RedactingFilter",
     "StreamRedactor",
     "configure_logging",
+    "excerpt",
     "question_hash",
     "redact",
     "secret_values",
@@ -107,6 +108,14 @@ def _safe_cut(text: str, values: list[str]) -> int:
             if -1 < start < cut:
                 cut, moved = start, True
     return cut
+
+
+def excerpt(text: str, most: int = 200) -> str:
+    """``text`` redacted (:func:`redact`), then cut to its first ``most`` characters and "…": how a trace
+    or an error quotes text of any length (an LM reply, a list of names). Redacted before it is cut, so
+    that a key cut in two cannot escape the key shapes."""
+    text = redact(text)
+    return text if len(text) <= most else f"{text[:most]}…"
 
 
 def question_hash(question: str) -> str:

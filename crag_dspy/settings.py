@@ -24,7 +24,7 @@ from .config import CRAGConfig
 from .domain import check_domain_name
 from .validation import DEFAULT_MAX_QUESTION_CHARS
 
-__all__ = ["DEFAULT_DATA_DIR", "LOOPBACK_HOSTS", "Settings", "default_cache_dir"]
+__all__ = ["DEFAULT_DATA_DIR", "LOOPBACK_HOSTS", "MOST_TIMEOUT_S", "Settings", "default_cache_dir"]
 
 log = logging.getLogger(__name__)
 _WARNED: set[tuple[str, ...]] = set()
@@ -43,6 +43,11 @@ DEFAULT_DATA_DIR = _bundled_data_dir()
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 """The Host names the service answers by default: a page on another site that rebinds its own name to
 127.0.0.1 still sends its own name as Host, and is refused."""
+
+
+MOST_TIMEOUT_S = 86_400.0
+"""The longest timeout a setting takes (a day): ``inf`` or ``1e309`` passed "> 0" and then failed every
+call of the client that got it (``ask`` answered "I don't know", exit 0)."""
 
 
 def default_cache_dir() -> Path:
@@ -94,10 +99,18 @@ class Settings(BaseSettings):
         "prompt evaluation on CPUs), xllamacpp, or auto (ik_llama when installed).",
     )
     embedded_threads: int = Field(
-        default_factory=lambda: os.cpu_count() or 2, ge=1, description="CPU threads."
+        default_factory=lambda: os.cpu_count() or 2, ge=1, le=1024, description="CPU threads."
     )
-    embedded_ctx: int = Field(8192, ge=1024, description="Context window of the embedded model, in tokens.")
-    lm_timeout_s: float = Field(120.0, gt=0, description="Seconds before an LM request is abandoned.")
+    embedded_ctx: int = Field(
+        8192, ge=1024, le=1_048_576, description="Context window of the embedded model, in tokens."
+    )
+    lm_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        le=MOST_TIMEOUT_S,
+        allow_inf_nan=False,
+        description="Seconds before an LM request is abandoned.",
+    )
     lm_retries: int = Field(
         2, ge=0, le=5, description="Retries of a failed LM request, with backoff (DSPy's num_retries)."
     )
@@ -122,6 +135,8 @@ class Settings(BaseSettings):
     store_timeout_s: float = Field(
         30.0,
         gt=0,
+        le=MOST_TIMEOUT_S,
+        allow_inf_nan=False,
         description="Seconds a Chroma server request may wait for a connection or for the next byte of "
         "its answer before it fails (StoreError, 503 store), instead of hanging on a hung server.",
     )
@@ -135,7 +150,10 @@ class Settings(BaseSettings):
         "identifiers such as option names, error codes and versions that the embedder ranks poorly).",
     )
     max_question_chars: int = Field(
-        DEFAULT_MAX_QUESTION_CHARS, ge=1, description="Longer questions are refused (not truncated)."
+        DEFAULT_MAX_QUESTION_CHARS,
+        ge=1,
+        le=1_000_000,
+        description="Longer questions are refused (not truncated).",
     )
 
     # --- CRAG -----------------------------------------------------------------------------------
@@ -144,7 +162,13 @@ class Settings(BaseSettings):
         description="The CRAG program's settings (environment CRAG_CONFIG__K, CRAG_CONFIG__UPPER, "
         "CRAG_CONFIG__GRADER_VIEW__SENTENCES, ...); a compiled program brings its own.",
     )
-    web_timeout_s: float = Field(15.0, gt=0, description="Seconds before a web search is abandoned.")
+    web_timeout_s: float = Field(
+        15.0,
+        gt=0,
+        le=MOST_TIMEOUT_S,
+        allow_inf_nan=False,
+        description="Seconds before a web search is abandoned.",
+    )
     web_domains: list[str] = Field(
         default_factory=list,
         description="Domains Tavily should prefer, e.g. ['wikipedia.org'] (paper's choice).",
@@ -180,7 +204,10 @@ class Settings(BaseSettings):
         "'*.example.com' matches subdomains. The host serve listens on is added.",
     )
     max_body_bytes: int = Field(
-        65536, ge=1024, description="Larger request bodies are refused with 413 before they are parsed."
+        65536,
+        ge=1024,
+        le=1 << 30,
+        description="Larger request bodies are refused with 413 before they are parsed.",
     )
     rate_limit: str = Field(
         "60/minute",
@@ -188,11 +215,15 @@ class Settings(BaseSettings):
         "e.g. '60/minute' or '10/second;500/hour'; 'none' turns it off.",
     )
     request_timeout_s: float = Field(
-        300.0, gt=0, description="Seconds a request may take in all, queueing included, before a 504."
+        300.0,
+        gt=0,
+        le=MOST_TIMEOUT_S,
+        allow_inf_nan=False,
+        description="Seconds a request may take in all, queueing included, before a 504.",
     )
-    serve_workers: int = Field(4, ge=1, description="Questions the service runs at once.")
+    serve_workers: int = Field(4, ge=1, le=1024, description="Questions the service runs at once.")
     serve_queue: int = Field(
-        16, ge=1, description="Questions running or waiting at most; more are refused with 503."
+        16, ge=1, le=100_000, description="Questions running or waiting at most; more are refused with 503."
     )
     forwarded_allow_ips: Annotated[tuple[str, ...], NoDecode] = Field(
         (),
@@ -203,12 +234,16 @@ class Settings(BaseSettings):
     serve_header_timeout_s: float = Field(
         10.0,
         gt=0,
+        le=MOST_TIMEOUT_S,
+        allow_inf_nan=False,
         description="Seconds a connection may take to send a request's headers, counted from its opening "
         "or its previous response; then it is closed (uvicorn has no such limit).",
     )
     serve_body_timeout_s: float = Field(
         30.0,
         gt=0,
+        le=MOST_TIMEOUT_S,
+        allow_inf_nan=False,
         description="Seconds a request's whole body may take to arrive after its headers; then it is "
         "answered 408 and the connection closed (uvicorn has no such limit: a body that stops held the "
         "connection forever).",
@@ -224,6 +259,7 @@ class Settings(BaseSettings):
     serve_max_waiting_connections: int = Field(
         100,
         ge=1,
+        le=100_000,
         description="Connections that may wait for a request's headers or body at once (per worker "
         "process); past it the one waiting longest is closed, so half-open connections cannot lock "
         "/health out.",

@@ -80,6 +80,11 @@ def test_bad_input_exits_2_with_a_clear_message(argv, message, capsys):
             {},
             "error: invalid CRAGConfig: lower (0.9) must not exceed upper (0.1)",
         ),
+        (  # inf passed "> 0", then every LM call failed and ask answered "I don't know", exit 0
+            [],
+            {"CRAG_LM_TIMEOUT_S": "inf"},
+            "error: invalid Settings: lm_timeout_s: Input should be a finite number (got 'inf')",
+        ),
     ],
 )
 def test_a_setting_out_of_range_is_one_line_naming_it_and_the_value(argv, env, line, monkeypatch, capsys):

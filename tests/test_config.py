@@ -87,3 +87,52 @@ def test_the_judges_can_be_injected_and_the_config_still_drives_them():
     assert crag.grader is strict and strict.retries == 0 and strict.view is None
     assert crag(question="What is it?").action == "CORRECT" and seen == ["kb-1\nA fact."]  # the whole passage
     assert "grader.predict" in dict(crag.named_predictors())  # the compile tunes the injected judge
+
+
+TIMEOUTS = [
+    "lm_timeout_s",
+    "store_timeout_s",
+    "web_timeout_s",
+    "request_timeout_s",
+    "serve_header_timeout_s",
+    "serve_body_timeout_s",
+]
+
+
+@pytest.mark.parametrize("name", TIMEOUTS)
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("inf", "finite number"),
+        ("1e309", "finite number"),  # overflows to inf
+        ("nan", "finite number"),
+        ("-5", "greater than 0"),
+        ("0", "greater than 0"),
+        ("1e6", "less than or equal to 86400"),
+    ],
+)
+def test_a_timeout_is_a_finite_number_of_seconds_up_to_a_day(name, value, message, monkeypatch):
+    monkeypatch.setenv(f"CRAG_{name.upper()}", value)
+    with pytest.raises(ValidationError, match=f"{name}\n.*{message}"):
+        Settings()
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("embedded_threads", "100000"),
+        ("embedded_ctx", "100000000"),
+        ("max_question_chars", "10000000"),
+        ("max_body_bytes", "100000000000"),
+        ("serve_workers", "100000"),
+        ("serve_queue", "10000000"),
+        ("serve_max_waiting_connections", "10000000"),
+        ("config__max_strips", "100000"),
+        ("config__sentences_per_strip", "100000"),
+        ("config__grader_view__sentences", "100000"),
+    ],
+)
+def test_sizes_and_counts_have_an_upper_bound(name, value, monkeypatch):
+    monkeypatch.setenv(f"CRAG_{name.upper()}", value)
+    with pytest.raises(ValidationError, match="less than or equal to"):
+        Settings()

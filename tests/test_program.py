@@ -9,10 +9,11 @@ from pathlib import Path
 import dspy
 import pytest
 from fakes import NO_LM, ListRetriever, ListWebSearch, ScriptedLM
+from pydantic import ValidationError
 
 from crag_dspy import CRAG
 from crag_dspy.app import load_program
-from crag_dspy.config import CRAGConfig
+from crag_dspy.config import CRAGConfig, describe_validation_error
 from crag_dspy.program import (
     PROGRAM_FORMAT_VERSION,
     ProgramError,
@@ -20,6 +21,7 @@ from crag_dspy.program import (
     read_program,
     save_program,
 )
+from crag_dspy.program_file import CalibrationState
 
 TESTS = Path(__file__).parent
 
@@ -438,6 +440,33 @@ def test_a_non_finite_calibration_is_one_line_exit_2_before_any_store_is_opened(
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "grader.calibration.slope: " in err, err
     assert not (tmp_path / "chroma").exists()  # nothing opened, nothing ingested
+
+
+def test_unknown_calibration_weights_are_refused_when_read_in_a_bounded_message(tmp_path, capsys):
+    # 100,000 unknown names were refused after the store and the embedder opened, in a 989 KB line.
+    doc = json.loads(save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"}).read_text())
+    doc["grader.calibration"]["weights"] = {f"w{i}": 0.1 for i in range(100_000)}
+    path = _write(tmp_path, "p.json", json.dumps(doc))
+    assert _ask(["--program", str(path)], tmp_path / "chroma") == 2
+    err = capsys.readouterr().err
+    assert "grader.calibration.weights: calibration weighs unknown evidence 'w0', " in err
+    assert "and 99995 more;" in err and len(err) < 600 and err.count("\n") == 1, err
+    assert not (tmp_path / "chroma").exists()
+
+
+def test_an_integer_of_thousands_of_digits_is_the_schemas_error_naming_the_file(tmp_path):
+    # Python's own "Exceeds the limit (4300 digits) for integer string conversion" named no file.
+    text = save_program(compiled_crag(), tmp_path / "p.json", {"domain": "default"}).read_text()
+    path = _write(tmp_path, "big.json", text.rstrip()[:-1] + ', "config": {"k": ' + "9" * 5000 + "}}")
+    with pytest.raises(ProgramError, match=f"^{path}: invalid program: an integer of 5000 digits"):
+        read_program(path)
+
+
+def test_a_validation_error_of_many_problems_describes_the_first_few():
+    with pytest.raises(ValidationError) as info:
+        CalibrationState(slope=1, intercept=0, weights={f"w{i}": float("nan") for i in range(1000)})
+    text = describe_validation_error(info.value)
+    assert text.endswith("; and 995 more problems") and len(text) < 1000
 
 
 @pytest.mark.parametrize(

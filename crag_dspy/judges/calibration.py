@@ -22,7 +22,7 @@ from dspy.predict.parameter import Parameter
 
 from .evidence import EVIDENCE_FEATURES
 
-__all__ = ["Calibration", "fit_calibration", "logistic_fit", "logit"]
+__all__ = ["Calibration", "check_evidence_names", "fit_calibration", "logistic_fit", "logit"]
 
 # P(yes) from top-10 logprobs saturates at exactly 0 or 1; clipping keeps logit finite and the map monotone.
 _EPS = 1e-6
@@ -36,6 +36,23 @@ def logit(p: float) -> float:
 
 def _sigmoid(z: float) -> float:
     return 1.0 / (1.0 + math.exp(-z)) if z >= 0 else math.exp(z) / (1.0 + math.exp(z))
+
+
+NAMES_SHOWN = 5
+"""Unknown evidence names an error quotes; the rest are counted ("and 99995 more")."""
+
+
+def check_evidence_names(weights: Mapping[str, Any]) -> None:
+    """ValueError unless every name ``weights`` weighs is a known evidence feature; the message names the
+    first :data:`NAMES_SHOWN` unknown ones and counts the rest (100,000 names made a 1 MB error line)."""
+    unknown = sorted(set(weights) - set(EVIDENCE_FEATURES))
+    if unknown:
+        shown = ", ".join(repr(name[:40]) for name in unknown[:NAMES_SHOWN])
+        more = f" and {len(unknown) - NAMES_SHOWN} more" if len(unknown) > NAMES_SHOWN else ""
+        raise ValueError(
+            f"calibration weighs unknown evidence {shown}{more}; this crag-dspy knows "
+            f"{sorted(EVIDENCE_FEATURES)}"
+        )
 
 
 class Calibration(Parameter):
@@ -64,11 +81,7 @@ class Calibration(Parameter):
         if slope <= 0:
             # A non-positive slope would invert or flatten the model's ranking: never a calibration.
             raise ValueError(f"calibration slope must be > 0, got {slope}")
-        unknown = sorted(set(weights) - set(EVIDENCE_FEATURES))
-        if unknown:
-            raise ValueError(
-                f"calibration weighs unknown evidence {unknown}; this crag-dspy knows {sorted(EVIDENCE_FEATURES)}"
-            )
+        check_evidence_names(weights)
         return slope, intercept, weights
 
     @property

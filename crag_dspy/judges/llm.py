@@ -20,7 +20,7 @@ from ..adapters import LabelAdapter
 from ..faults import classify_lm_error, describe_error
 from .calibration import Calibration
 from .evidence import FITTED_FEATURES, evidence_features
-from .scoring import clamp_score, yes_probability
+from .scoring import UnusableLogprobs, clamp_score, yes_probability
 
 __all__ = ["BinaryJudge", "Judgement"]
 
@@ -156,7 +156,11 @@ class BinaryJudge(dspy.Module):
                 errors.append(f"unparseable {self.output_name}: {label!r}")
                 continue
             # Popped so that bootstrapped demos (which copy the prediction) never carry provider logprobs.
-            p_yes = yes_probability(pred._store.pop("logprobs", None)) if self.use_logprobs else None
+            try:
+                p_yes = yes_probability(pred._store.pop("logprobs", None)) if self.use_logprobs else None
+            except UnusableLogprobs as exc:  # unusable output, as an unparseable label: a new rollout
+                errors.append(describe_error(exc))
+                continue
             if p_yes is None:
                 # A parsed label is not a probability, so it is not calibrated either.
                 score = raw = 1.0 if label else 0.0

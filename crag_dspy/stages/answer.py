@@ -10,6 +10,7 @@ from ..citations import citations_of_trace
 from ..faults import LMUnavailableError
 from ..generation import attach_unit, clean_answer
 from ..grounding import grounding_of_trace, no_classifier, preload_classifier
+from ..redaction import excerpt
 from ..routing import Action
 from ..run import QuestionRun
 from ..strips import format_context
@@ -132,7 +133,8 @@ def abstain_ungrounded(run: QuestionRun, answered: Answered, ungrounded: list[st
     fills a gap in its context with a plausible number or name, and a wrong answer costs more than none."""
     trace = run.trace
     run.fallback(
-        f"the LM answered {answered.answer!r}, but no kept strip states {', '.join(ungrounded)}: "
+        f"the LM answered {excerpt(answered.answer)!r}, but no kept strip states "
+        f"{excerpt(', '.join(ungrounded))}: "
         'answered "I don\'t know" instead (abstain_ungrounded)'
     )
     trace.lm_answer = answered.answer
