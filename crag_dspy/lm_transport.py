@@ -50,24 +50,23 @@ def _lm15(module: str) -> Any:
     return importlib.import_module(f"dspy._vendor.lm15.transports.{module}")
 
 
-def _too_large() -> Exception:
-    """lm15's ``ReadError`` for a reply past :data:`MAX_LM_REPLY_BYTES`."""
-    return _lm15("_exceptions").ReadError(f"the LM's reply exceeded {MAX_LM_REPLY_BYTES / 2**20:g} MB")
+def _too_large(how: str = "") -> Exception:
+    """lm15's ``ReadError`` for a reply past :data:`MAX_LM_REPLY_BYTES` (``how``: as received, or decoded)."""
+    return _lm15("_exceptions").ReadError(f"the LM's reply exceeded {MAX_LM_REPLY_BYTES / 2**20:g} MB{how}")
 
 
 class _Call:
     """The bounds of one LM HTTP call, shared by the sync and async transports: its deadline
     (``limit_s`` seconds from its start) and the raw bytes received so far."""
 
-    def __init__(self, limit_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, limit_s: float) -> None:
         self.limit_s = limit_s
-        self.clock = clock
-        self.deadline = clock() + limit_s
+        self.deadline = time.monotonic() + limit_s
         self.received = 0
 
     def time_left(self) -> float:
         """Seconds left before the deadline; lm15's ``ReadTimeout`` once it has passed."""
-        left = self.deadline - self.clock()
+        left = self.deadline - time.monotonic()
         if left <= 0:
             raise _lm15("_exceptions").ReadTimeout(
                 f"the LM's reply did not finish within {self.limit_s:g} s (CRAG_LM_TIMEOUT_S)"
@@ -191,7 +190,7 @@ def _bounded_inflater(base: type) -> type:
         def _count(self, out: bytes) -> bytes:
             self._owner._left -= len(out)
             if self._owner._left < 0:
-                raise _too_large()
+                raise _too_large(" once decompressed (Content-Encoding)")
             return out
 
         def decompress(self, data: bytes) -> bytes:
@@ -230,12 +229,14 @@ def _refusal(response: Any) -> Exception | None:
     status = response.status
     if 200 <= status < 300 or status >= 400:
         return None
-    location = response.header("location")
-    where = f" to {location[:200]}; set the LM's base URL to the final address" if location else ""
+    if status < 200:
+        why = "an informational status, and no final one"
+    else:
+        location = response.header("location")
+        where = f" (to {location[:200]}: set the LM's base URL to the final address)" if location else ""
+        why = f"a redirect, which is not followed{where}"
     return importlib.import_module("dspy._vendor.lm15.errors").ProviderError(
-        f"the LM server answered HTTP {status} {response.reason[:80]}, which is no reply"
-        f" (a redirect is not followed{where})",
-        status=status,
+        f"the LM server answered HTTP {status} {response.reason[:80]}: {why}", status=status
     )
 
 
