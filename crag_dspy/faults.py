@@ -19,11 +19,9 @@ every call fails is that question's error, and the run goes on.
 
 from __future__ import annotations
 
-import importlib
 import re
 import threading
-import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Hashable, Iterable, Iterator
+from collections.abc import Hashable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Literal
@@ -42,6 +40,7 @@ from dspy.utils.exceptions import (
     is_retryable_lm_error,
 )
 
+from .lm_transport import patch_lm_transport
 from .redaction import redact
 
 if TYPE_CHECKING:
@@ -134,104 +133,9 @@ def waits_too_long(exc: BaseException) -> bool:
 # At import: every dspy.LM a CRAG program calls (built here or passed in by a library user) is capped.
 _patch_dspy_retries()
 
-MAX_LM_REPLY_BYTES = 16 * 1024 * 1024
-"""The largest LM reply body read (16 MB; a chat completion is a few KB). A longer one is a failed call."""
-
-
-def _lm15_read_errors() -> tuple[type[Exception], type[Exception]]:
-    """lm15's ``ReadError`` and ``ReadTimeout``, imported by name at run time (see :func:`_patch_lm_transport`)."""
-    errors = importlib.import_module("dspy._vendor.lm15.transports._exceptions")
-    return errors.ReadError, errors.ReadTimeout
-
-
-def _reply_check(started: float, limit_s: float) -> Callable[[bytes], None]:
-    """A check of each chunk of one reply body, in order: lm15's ``ReadError`` once the body has grown past
-    :data:`MAX_LM_REPLY_BYTES`, its ``ReadTimeout`` once ``limit_s`` seconds have passed since ``started``."""
-    ReadError, ReadTimeout = _lm15_read_errors()
-    size = 0
-
-    def check(chunk: bytes) -> None:
-        nonlocal size
-        size += len(chunk)
-        if size > MAX_LM_REPLY_BYTES:
-            raise ReadError(f"the LM's reply exceeded {MAX_LM_REPLY_BYTES / 2**20:g} MB")
-        if time.monotonic() - started > limit_s:
-            raise ReadTimeout(f"the LM's reply did not finish within {limit_s:g} s (CRAG_LM_TIMEOUT_S)")
-
-    return check
-
-
-def _bounded_body(chunks: Iterable[bytes], started: float, limit_s: float) -> Iterator[bytes]:
-    """``chunks`` (a reply body), failing with lm15's own transport errors once the reply has taken more than
-    ``limit_s`` seconds since ``started`` or has grown past :data:`MAX_LM_REPLY_BYTES`."""
-    check = _reply_check(started, limit_s)
-    try:
-        for chunk in chunks:
-            check(chunk)
-            yield chunk
-    finally:
-        getattr(chunks, "close", lambda: None)()  # lm15's body generator releases its connection slot
-
-
-async def _abounded_body(
-    chunks: AsyncIterable[bytes], started: float, limit_s: float
-) -> AsyncIterator[bytes]:
-    """:func:`_bounded_body` for the async transport."""
-    check = _reply_check(started, limit_s)
-    try:
-        async for chunk in chunks:
-            check(chunk)
-            yield chunk
-    finally:
-        aclose = getattr(chunks, "aclose", None)
-        if aclose is not None:
-            await aclose()
-
-
-def _patch_lm_transport() -> None:
-    """Give every LM HTTP call a total deadline and a reply size cap.
-
-    DSPy 3.4's transport (its vendored lm15, ``dspy<3.5`` is pinned) times each read, not the call: its
-    read timeout (``CRAG_LM_TIMEOUT_S``) bounds the wait for the NEXT byte, and no reply size is capped. A
-    server whose 200 body never ends grew memory to 13 GB in 45 s; one dripping a byte a second held ``ask``
-    or a ``serve`` worker forever. DSPy gives no setting for either, so the transports' ``stream`` (sync)
-    and ``_do_stream`` (async) are wrapped (idempotently): the reply body must be complete within the same
-    timeout counted from the request's start, and within :data:`MAX_LM_REPLY_BYTES`. Past either, reading
-    the body raises lm15's ``ReadTimeout`` / ``ReadError``, which DSPy maps, retries and reports as a
-    transport fault, and CRAG counts as a failed call. Streamed replies get the same bound. The check runs
-    as each chunk arrives, so a reply that stalls after the deadline fails at lm15's read timeout.
-    """
-    # Imported by name at run time: type checkers following these private vendored modules lose track of
-    # the ``dspy`` package's own exports (mypy then reports ``dspy.BaseLM`` undefined in users' code).
-    StdlibAsyncTransport = importlib.import_module("dspy._vendor.lm15.transports._async").StdlibAsyncTransport
-    StdlibTransport = importlib.import_module("dspy._vendor.lm15.transports._sync").StdlibTransport
-
-    original = StdlibTransport.stream
-    if getattr(original, "_crag_bounded", False):
-        return
-    original_async = StdlibAsyncTransport._do_stream
-
-    def stream(self: Any, request: Any) -> Any:
-        started = time.monotonic()
-        response = original(self, request)
-        limit_s = request.read_timeout or self._read_timeout
-        response._chunks = _bounded_body(response._chunks, started, limit_s)
-        return response
-
-    async def do_stream(self: Any, request: Any) -> Any:
-        started = time.monotonic()
-        response = await original_async(self, request)
-        limit_s = request.read_timeout or self._read_timeout
-        response._chunks = _abounded_body(response._chunks, started, limit_s)
-        return response
-
-    stream._crag_bounded = True  # type: ignore[attr-defined]
-    StdlibTransport.stream = stream
-    StdlibAsyncTransport._do_stream = do_stream
-
-
-# At import, like the retry cap above: every LM call a CRAG program makes is bounded.
-_patch_lm_transport()
+# At import, like the retry cap above: every LM call a CRAG program makes is bounded (a total deadline,
+# a reply size cap, and a final 2xx only: see crag_dspy/lm_transport.py).
+patch_lm_transport()
 
 _QUESTION: ContextVar[str | None] = ContextVar("crag_dspy_question", default=None)
 
@@ -283,8 +187,9 @@ def classify_lm_error(exc: BaseException) -> LMFault:
     """``fatal``: waiting will not help (bad key, billing, unknown model); ``unavailable``: transient
     and already retried with backoff by DSPy; ``refused``: the server refused the request (HTTP 400,
     404), which neither waiting nor a new rollout changes; ``unreadable``: the server said 2xx but its
-    reply is no chat completion (not JSON, or not a completion object: a proxy's HTML page), which a
-    new rollout does not change either; ``output``: the LM answered but unusably (text the adapter
+    reply is no chat completion (not JSON, or not a completion object: a proxy's HTML page), or the
+    final status is no reply at all (1xx, or a 3xx redirect, which is not followed), which a new rollout
+    does not change either; ``output``: the LM answered but unusably (text the adapter
     cannot parse, or the prompt is too long for it), which a new rollout may fix, or which is this
     question's alone."""
     if isinstance(exc, (LMAuthError, LMBillingError, LMConfigurationError, LMUnsupportedModelError)):
@@ -292,8 +197,9 @@ def classify_lm_error(exc: BaseException) -> LMFault:
     # DSPy's native client raises a provider error carrying the reply's HTTP status when a 2xx reply is
     # not JSON, and an "unexpected" error when its JSON is no completion object ("choices must be an
     # array"); an adapter's parse error (the completion's text) is neither.
+    # So does the transport for a final status that is no reply (1xx, or a 3xx: redirects are not followed).
     status = getattr(exc, "status", None)
-    if isinstance(exc, LMProviderError) and isinstance(status, int) and 200 <= status < 300:
+    if isinstance(exc, LMProviderError) and isinstance(status, int) and status < 400:
         return "unreadable"
     if isinstance(exc, LMUnexpectedError):
         return "unreadable"

@@ -8,6 +8,8 @@ servers test control flow and fault handling, never quality.
 
 from __future__ import annotations
 
+import functools
+import gzip
 import json
 import threading
 import time
@@ -30,7 +32,22 @@ from fakes import render
 #   "reset"                close the connection without any response
 #   "endless"              200 whose chunked body never ends (64 KB chunks as fast as the client reads)
 #   "drip"                 200 whose chunked body is one byte every 0.2 s, never finishing
+#   "drip-head"            a status line, then one header byte every 0.2 s, the head never finishing
+#   "trailers"             200 with a complete chunked completion, then chunked trailer lines for ever
+#   "gzip-bomb"            200, Content-Encoding: gzip, gzip: GZIP_BOMB_MB of zeros in a few KB
+#   "301"                  301 to https with an HTML page (an HTTP base URL behind an HTTPS redirect)
+#   "302-completion"       302 whose body is a chat completion (another server's answer)
+#   "102"                  HTTP 102 Processing, then nothing
 Fault = Callable[[int, dict], str | None]
+
+GZIP_BOMB_MB = 64
+"""What the "gzip-bomb" fault inflates to (its body is a few KB)."""
+
+
+@functools.cache
+def gzip_bomb(megabytes: int = GZIP_BOMB_MB) -> bytes:
+    """``megabytes`` MB of zeros, gzipped twice (Content-Encoding: gzip, gzip)."""
+    return gzip.compress(gzip.compress(bytes(megabytes * 2**20), 1), 1)
 
 
 class LoopbackServer:
@@ -67,7 +84,7 @@ class LoopbackServer:
                 if fault is None:
                     server.answer(self, body)
                 else:
-                    server._inject(self, fault)
+                    server._inject(self, fault, body)
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
@@ -105,7 +122,7 @@ class LoopbackServer:
         handler.end_headers()
         handler.wfile.write(data)
 
-    def _inject(self, handler, fault: str) -> None:
+    def _inject(self, handler, fault: str, body: dict) -> None:
         def error(status: int, message: str) -> dict:
             # OpenAI reads error.message, Tavily detail.error: one body serves both protocols.
             return {
@@ -141,6 +158,21 @@ class LoopbackServer:
             handler.connection.shutdown(2)
         elif fault in {"endless", "drip"}:
             self._send_unending(handler, fault == "drip")
+        elif fault in {"drip-head", "trailers"}:
+            self._send_endless_head_or_trailers(handler, fault == "trailers")
+        elif fault == "gzip-bomb":
+            self.send(handler, 200, gzip_bomb(), {"Content-Encoding": "gzip, gzip"})
+        elif fault == "301":
+            location = {"Location": "https://127.0.0.1/v1/chat/completions"}
+            page = b"<html><body><h1>301 Moved Permanently</h1>nginx</body></html>"
+            self.send(handler, 301, page, location, content_type="text/html")
+        elif fault == "302-completion":
+            self.answer(handler, body, status=302)
+        elif fault == "102":
+            handler.close_connection = True
+            handler.wfile.write(b"HTTP/1.1 102 Processing\r\n\r\n")
+            handler.wfile.flush()
+            time.sleep(self.hang_s)
         else:
             raise ValueError(f"unknown fault {fault!r}")
 
@@ -164,6 +196,31 @@ class LoopbackServer:
         except OSError:  # the client gave up: what the test wants
             pass
 
+    def _send_endless_head_or_trailers(self, handler, trailers: bool, every_s: float = 0.2) -> None:
+        """A head dripped a byte every ``every_s`` s, or (``trailers``) a complete chunked completion
+        followed by trailer lines for ever: until the client hangs up (or ``hang_s``)."""
+        handler.close_connection = True
+        if trailers:
+            handler.send_response(200)
+            handler.send_header("Transfer-Encoding", "chunked")
+            handler.end_headers()
+            data = json.dumps(self.completion("x")).encode()
+            handler.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n0\r\n")
+        else:
+            handler.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        end = time.monotonic() + self.hang_s
+        try:
+            while time.monotonic() < end:
+                handler.wfile.write(b"X-Trailer: t\r\n" if trailers else b"X")
+                handler.wfile.flush()
+                time.sleep(every_s)
+        except OSError:  # the client gave up: what the test wants
+            pass
+
+    def completion(self, text: str) -> dict:
+        """The reply body that completes ``text`` (a chat completion for :class:`FakeOpenAI`)."""
+        raise NotImplementedError
+
 
 class FakeOpenAI(LoopbackServer):
     """``/v1/chat/completions`` answered by ``script(system, user)`` (see :func:`fakes.render`)."""
@@ -176,35 +233,36 @@ class FakeOpenAI(LoopbackServer):
     def api_base(self) -> str:
         return f"{self.url}/v1"
 
-    def answer(self, handler, body: dict) -> None:
+    def answer(self, handler, body: dict, status: int = 200) -> None:
         messages = body.get("messages", [])
         system = next((m["content"] for m in messages if m["role"] == "system"), "")
         user = messages[-1]["content"] if messages else ""
         text, logprobs = render(self.script(system, user), bool(body.get("logprobs")))
         prompt_tokens = len(system.split()) + len(user.split())
-        self.send(
-            handler,
-            200,
-            {
-                "id": "chatcmpl-fake",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model", "fake"),
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": {"role": "assistant", "content": text},
-                        "finish_reason": "stop",
-                        "logprobs": logprobs,
-                    }
-                ],
-                "usage": {
-                    "prompt_tokens": prompt_tokens,
-                    "completion_tokens": len(text.split()),
-                    "total_tokens": prompt_tokens + len(text.split()),
-                },
+        self.send(handler, status, self.completion(text, logprobs, body.get("model", "fake"), prompt_tokens))
+
+    @staticmethod
+    def completion(text: str, logprobs: object = None, model: str = "fake", prompt_tokens: int = 0) -> dict:
+        """A chat completion whose message is ``text``."""
+        return {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                    "logprobs": logprobs,
+                }
+            ],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(text.split()),
+                "total_tokens": prompt_tokens + len(text.split()),
             },
-        )
+        }
 
 
 class FakeTavily(LoopbackServer):

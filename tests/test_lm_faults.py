@@ -7,16 +7,17 @@ LMUnavailableError when the LM is down. The fault-handling rules are in docs/rel
 
 import asyncio
 import time
+import tracemalloc
 from types import SimpleNamespace
 
 import dspy
 import pytest
 from dspy.clients import execution
-from fake_servers import FakeOpenAI
+from fake_servers import GZIP_BOMB_MB, FakeOpenAI, gzip_bomb
 from fakes import ListRetriever, ListWebSearch
 
-from crag_dspy import CRAG
-from crag_dspy.faults import CONSECUTIVE_LM_FAILURES, LMUnavailableError
+from crag_dspy import CRAG, lm_transport
+from crag_dspy.faults import CONSECUTIVE_LM_FAILURES, LMUnavailableError, classify_lm_error
 from crag_dspy.protocols import WebResult
 
 GOOD = "The AquaProbe 220 measures dissolved oxygen from 0 to 25 mg/L."
@@ -411,3 +412,60 @@ def test_a_dripped_reply_is_one_failed_call_and_the_question_goes_on():
     error = pred.trace.documents[0].error
     assert "did not finish within 1 s (CRAG_LM_TIMEOUT_S)" in error and "lm15" not in error
     assert pred.trace.lm_answer == "0 to 25 mg/L"
+
+
+def quick_lm(server, timeout: float = 1) -> dspy.LM:
+    """An LM that fails on the first failed attempt, so the test sees the transport's own error."""
+    return dspy.LM(
+        "openai/fake-model", api_base=server.api_base, api_key="sk-test", num_retries=0, timeout=timeout
+    )
+
+
+def both_transports(lm: dspy.LM):
+    """The error of one call through the sync transport, then through the async one (streamed answers)."""
+    for call in (lambda: lm("hello", cache=False), lambda: asyncio.run(lm.acall("hello", cache=False))):
+        with pytest.raises(Exception) as info:
+            call()
+        yield info.value
+
+
+@pytest.mark.parametrize("fault", ["drip-head", "trailers"])
+def test_a_dripped_head_or_endless_trailers_fail_at_the_lm_timeout_counted_from_the_request(fault):
+    # The deadline only checked decoded body bytes: a head dripped a byte at a time, or chunked trailers
+    # that never end after a complete body, held the call (and a serve worker) for ever.
+    with FakeOpenAI(script, lambda n, body: fault, hang_s=10) as server:
+        start = time.monotonic()
+        for error in both_transports(quick_lm(server)):
+            assert "did not finish within 1 s (CRAG_LM_TIMEOUT_S)" in str(error)
+        assert time.monotonic() - start < 5
+
+
+def test_a_gzip_bomb_fails_at_the_size_cap_without_being_inflated(monkeypatch):
+    # A reply of a few KB gzipped twice was inflated whole before the size check: 2.4 GB of memory.
+    monkeypatch.setattr(lm_transport, "MAX_LM_REPLY_BYTES", 4 * 2**20)
+    gzip_bomb()  # built before memory is traced
+    with FakeOpenAI(script, lambda n, body: "gzip-bomb") as server:
+        tracemalloc.start()
+        try:
+            errors = list(both_transports(quick_lm(server, timeout=30)))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert all("the LM's reply exceeded 4 MB once decompressed" in str(error) for error in errors)
+    assert peak < GZIP_BOMB_MB * 2**20 / 4  # the bomb inflates to 64 MB; the cap bounds each layer
+
+
+@pytest.mark.parametrize("fault", ["301", "302-completion", "102"])
+def test_a_redirect_or_an_informational_status_is_a_failed_call_not_an_answer(fault):
+    # A 301 page, or a 1xx, gave "I don't know" with exit 0; a 302 carrying a completion was the answer.
+    with FakeOpenAI(script, lambda n, body: fault, hang_s=0.5) as server:
+        for error in both_transports(quick_lm(server)):
+            assert classify_lm_error(error) == "unreadable" and f"HTTP {fault[:3]}" in str(error)
+        assert len(server.requests) == 2  # not followed
+        with pytest.raises(LMUnavailableError, match="no chat completion") as info:
+            ask(server)
+    assert len(server.requests) == 2 + CONSECUTIVE_LM_FAILURES  # a failed call, not retried
+    if fault == "301":
+        assert "not followed (to https://127.0.0.1/v1/chat/completions: set the LM's base URL" in str(
+            info.value
+        )
