@@ -89,7 +89,9 @@ def open_backends(
     A domain folder without a corpus is served from the store alone, as ingested, when its collection's
     manifest says the ingest finished.
     """
-    domain = domain or load_domain(settings.resolved_domain_dir, lazy=True)
+    domain = domain or load_domain(
+        settings.resolved_domain_dir, lazy=True, max_document_bytes=settings.max_document_bytes
+    )
     client = open_client(settings)
     embedder = Embedder(settings.embedding_model)
     gaps = ingest_gaps(client, domain)
@@ -210,7 +212,9 @@ def assemble(
     # The domain first: opening it starts nothing (its data files are read when an ingest needs them),
     # while the embedded LM takes seconds and 1.8 GB. Then the LM: a bad model string or a missing key
     # fails before any indexing.
-    domain = domain or load_domain(settings.resolved_domain_dir, lazy=True)
+    domain = domain or load_domain(
+        settings.resolved_domain_dir, lazy=True, max_document_bytes=settings.max_document_bytes
+    )
     if not _store_may_hold_it(settings):
         # Nothing can be ingested yet: the corpus will be read for the ingest anyway, so a bad file is
         # reported now, before the LM starts and before a store folder is made.
@@ -315,7 +319,9 @@ def open_program(
     document = read_program(path)
     if domain_from_program:
         settings = program_settings(document, settings, path)
-    domain = load_domain(settings.resolved_domain_dir, lazy=True)
+    domain = load_domain(
+        settings.resolved_domain_dir, lazy=True, max_document_bytes=settings.max_document_bytes
+    )
     check_domain(document, domain.name, path)
     check_dataset(document, domain.file_hashes(), path, force=force)
     crag, backends = assemble(settings, lm, progress, domain=domain)

@@ -393,7 +393,9 @@ def _ingest(args: argparse.Namespace) -> int:
             "another: give the domain once (--domain-dir DIR, as every command takes it)"
         )
     settings = settings_from_args(args)
-    domain = load_domain(args.domain_path or settings.resolved_domain_dir)
+    domain = load_domain(
+        args.domain_path or settings.resolved_domain_dir, max_document_bytes=settings.max_document_bytes
+    )
     reports = ingest_domain(open_client(settings), domain, Embedder(settings.embedding_model))
     for r in reports:
         print(

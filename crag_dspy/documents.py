@@ -27,7 +27,7 @@ from .config import CRAGConfig
 from .domain import Domain, DomainConfig, DomainDataError
 from .embeddings import Embedder
 from .lm import build_lm
-from .loaders import UnreadableDocumentError, load_document, load_folder
+from .loaders import DEFAULT_MAX_DOCUMENT_MB, UnreadableDocumentError, load_document, load_folder
 from .module import CRAG
 from .protocols import WebSearch
 from .settings import Settings
@@ -48,11 +48,17 @@ def _collection_name(paths: Sequence[Path]) -> str:
     return f"{stem}-{digest}"
 
 
-def documents_domain(documents: Documents, *, name: str | None = None) -> Domain:
+def documents_domain(
+    documents: Documents,
+    *,
+    name: str | None = None,
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_MB * 2**20,
+) -> Domain:
     """The files of ``documents`` read into an in-memory :class:`~crag_dspy.domain.Domain` (no QA, no
     web). A folder's document ids are paths relative to it; a file's id is its name. Unreadable files
     of a folder are skipped and listed in ``Domain.skipped``; a file named directly that cannot be read
-    is an error, as is nothing readable at all."""
+    is an error, as is nothing readable at all; so is a file larger than ``max_document_bytes``, or whose
+    text would unpack to more (in a folder: skipped)."""
     given = [documents] if isinstance(documents, (str, Path)) else list(documents)
     if not given:
         raise DomainDataError("no documents given: pass a folder, a file, or a list of them")
@@ -60,12 +66,13 @@ def documents_domain(documents: Documents, *, name: str | None = None) -> Domain
     docs, skipped = [], []
     for path in paths:
         if path.is_dir():
-            folder = load_folder(path)
+            folder = load_folder(path, max_bytes=max_document_bytes)
             prefix = f"{path.name}/" if len(paths) > 1 else ""
             docs += [doc.model_copy(update={"id": prefix + doc.id}) for doc in folder.docs]
             skipped += folder.skipped
         elif path.is_file():
-            docs.append(load_document(path))  # raises, naming the file: the user asked for this one
+            # Raises, naming the file: the user asked for this one.
+            docs.append(load_document(path, max_bytes=max_document_bytes))
         else:
             raise DomainDataError(f"{path}: no such file or folder")
     if not docs:
@@ -102,7 +109,7 @@ def ingest(
     defaults are the embedded store under ``~/.cache/crag-dspy`` and the bundled model.
     """
     settings = settings or Settings()
-    domain = documents_domain(documents, name=name)
+    domain = documents_domain(documents, name=name, max_document_bytes=settings.max_document_bytes)
     client = open_client(settings)
     (report,) = ingest_domain(client, domain, Embedder(settings.embedding_model), progress=progress)
     return Ingested(domain.name, report, list(domain.skipped))
@@ -129,7 +136,7 @@ def from_documents(
     settings = settings or Settings()
     if isinstance(lm, str):  # named here, so built here, whatever dspy.configure holds
         lm = build_lm(settings.model_copy(update={"lm": lm}))
-    domain = documents_domain(documents, name=name)
+    domain = documents_domain(documents, name=name, max_document_bytes=settings.max_document_bytes)
     backends = open_backends(settings, domain=domain, progress=progress)
     web = web_search if web_search is not None else NoWebSearch("web search is off (from_documents)")
     return CRAG(backends.retriever(), web, config or settings.config, lm=app_lm(settings, lm))

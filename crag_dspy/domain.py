@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .config import CRAGConfig, describe_validation_error
 from .files import not_regular
-from .loaders import SUFFIXES, load_folder, shown_path, utf8_name
+from .loaders import DEFAULT_MAX_DOCUMENT_MB, SUFFIXES, load_folder, shown_path, utf8_name
 from .records import CorpusDoc, DomainDataError, Record
 
 __all__ = [
@@ -174,6 +174,15 @@ class SourceFiles:
     """``corpus.jsonl``, ``corpus/`` or ``web.jsonl``"""
     base: Path
     paths: tuple[Path, ...]
+    max_bytes: int | None = None
+    """Files of ``corpus/`` larger than this are skipped unread, so they are keyed by their size and this
+    limit, not hashed: a 5 GB sparse file was hashed (13 s here) on every ingest for nothing."""
+
+    def _content_key(self, path: Path) -> str:
+        size = path.stat().st_size
+        if self.max_bytes is not None and size > self.max_bytes:
+            return f"{size} bytes, over {self.max_bytes}: not read"
+        return _sha256(path)
 
     @cached_property
     def stat_key(self) -> str:
@@ -187,7 +196,9 @@ class SourceFiles:
         if len(self.paths) == 1 and not self.name.endswith("/"):
             return _sha256(self.paths[0])
         return hashlib.sha256(
-            "\n".join(f"{p.relative_to(self.base).as_posix()}\t{_sha256(p)}" for p in self.paths).encode()
+            "\n".join(
+                f"{p.relative_to(self.base).as_posix()}\t{self._content_key(p)}" for p in self.paths
+            ).encode()
         ).hexdigest()
 
 
@@ -232,6 +243,8 @@ class Domain:
     relevance: list[RelevancePair] = _ReadOnUse()
     skipped: list[str] = _ReadOnUse()
     """Corpus-folder files that could not be read, each message naming its file (empty for corpus.jsonl)."""
+    max_document_bytes: int = field(default=DEFAULT_MAX_DOCUMENT_MB * 2**20, kw_only=True, compare=False)
+    """The largest corpus-folder file read, and the most its text may unpack to (setting max_document_mb)."""
     _read_from_files: set[str] = field(default_factory=set, init=False, compare=False)
     _sources: dict[str, SourceFiles | None] = field(default_factory=dict, init=False, compare=False)
 
@@ -293,7 +306,7 @@ class Domain:
                 if p.is_file() and p.suffix.lower() in SUFFIXES and utf8_name(p)  # as load_folder reads
             )
         )
-        return SourceFiles("corpus/", root, files)
+        return SourceFiles("corpus/", root, files, self.max_document_bytes)
 
     def _unread(self, name: str) -> bool:
         return self.__dict__.get(f"_{name}", _UNREAD) is _UNREAD
@@ -306,7 +319,7 @@ class Domain:
             if source is not None:
                 source.stat_key, source.sha256  # noqa: B018 - keyed before the parse (see source())
             self._read_from_files.update(("corpus", "skipped"))
-            self.corpus, self.skipped = _read_corpus(root)
+            self.corpus, self.skipped = _read_corpus(root, self.max_document_bytes)
             log.debug("domain %r: read %d corpus documents", self.name, len(self.corpus))
         elif name == "web":
             source = self.source("web")
@@ -354,13 +367,13 @@ def _inside(root: Path | str, name: str) -> Path:
     return path
 
 
-def _read_corpus(root: Path) -> tuple[list[CorpusDoc], list[str]]:
+def _read_corpus(root: Path, max_document_bytes: int) -> tuple[list[CorpusDoc], list[str]]:
     corpus_path, corpus_dir = _inside(root, "corpus.jsonl"), _inside(root, "corpus")
     skipped: list[str] = []
     if corpus_path.is_file():
         corpus = load_jsonl(corpus_path, CorpusDoc)
     elif corpus_dir.is_dir():
-        folder = load_folder(corpus_dir)
+        folder = load_folder(corpus_dir, max_bytes=max_document_bytes)
         corpus, skipped = folder.docs, folder.skipped
     else:
         raise DomainDataError(
@@ -381,12 +394,15 @@ def _name_from_folder(folder: str) -> str:
     return name if len(name) >= 3 else f"domain-{name}".strip("-")
 
 
-def load_domain(root: Path | str, *, lazy: bool = False) -> Domain:
+def load_domain(
+    root: Path | str, *, lazy: bool = False, max_document_bytes: int = DEFAULT_MAX_DOCUMENT_MB * 2**20
+) -> Domain:
     """Load and validate a domain directory; raise :class:`DomainDataError` naming what is wrong.
 
     With ``lazy`` only ``domain.toml`` is read now; each data file is read and validated when its field
     is first used (a missing corpus is then reported there), which is what an app on an up-to-date
-    store wants: it never needs the corpus.
+    store wants: it never needs the corpus. A corpus-folder file larger than ``max_document_bytes``, or
+    whose text would unpack to more, is skipped (``Settings.max_document_bytes``).
     """
     root = Path(root)
     if not root.is_dir():
@@ -415,7 +431,9 @@ def load_domain(root: Path | str, *, lazy: bool = False) -> Domain:
             raise DomainDataError(f"{toml_path}: {_TOO_DEEP}") from None
     else:
         config = DomainConfig(name=_name_from_folder(root.name))
-    domain = Domain(root, config, _UNREAD, _UNREAD, _UNREAD, _UNREAD, _UNREAD)
+    domain = Domain(
+        root, config, _UNREAD, _UNREAD, _UNREAD, _UNREAD, _UNREAD, max_document_bytes=max_document_bytes
+    )
     if not lazy:
         domain.corpus, domain.web, domain.qa, domain.relevance  # noqa: B018 - read and validate all now
     return domain

@@ -53,14 +53,26 @@ def not_regular(path: Path) -> str | None:
     return f"{path}: not a regular file ({file_kind(mode)}): not read"
 
 
-def read_regular_file(path: Path, max_bytes: int, noun: str, error: Callable[[str], Exception]) -> bytes:
+def read_regular_file(
+    path: Path,
+    max_bytes: int,
+    noun: str,
+    error: Callable[[str], Exception],
+    *,
+    form: str = "a JSON file",
+    limit: str = "the limit",
+) -> bytes:
     """The bytes of the regular file at ``path`` (a symbolic link to one is followed), at most
     ``max_bytes``. Anything else raises ``error`` with a message naming ``path`` and the ``noun`` the file
-    should be ("program", "history file"): a device, FIFO or socket (never opened), a file over the limit,
-    or one the system cannot read."""
+    should be ("program", "history file"), which is ``form``: a device, FIFO or socket (never opened), a
+    file over the limit (refused by its size before a byte is read; ``limit`` says which limit), or one the
+    system cannot read."""
 
     def irregular(mode: int) -> Exception:
-        return error(f"{path}: not a regular file ({file_kind(mode)}); a {noun} is a JSON file")
+        return error(f"{path}: not a regular file ({file_kind(mode)}); a {noun} is {form}")
+
+    def too_large() -> Exception:
+        return error(f"{path}: {noun} is larger than {max_bytes} bytes ({limit})")
 
     try:
         if not stat.S_ISREG(mode := path.stat().st_mode):
@@ -68,11 +80,14 @@ def read_regular_file(path: Path, max_bytes: int, noun: str, error: Callable[[st
         # O_NONBLOCK: a file swapped for a FIFO after the check above still cannot block the open.
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as file:
-            if not stat.S_ISREG(mode := os.fstat(file.fileno()).st_mode):
-                raise irregular(mode)
-            raw = file.read(max_bytes + 1)
+            status = os.fstat(file.fileno())
+            if not stat.S_ISREG(status.st_mode):
+                raise irregular(status.st_mode)
+            if status.st_size > max_bytes:  # a 5 GB file is refused at once, not after max_bytes are read
+                raise too_large()
+            raw = file.read(max_bytes + 1)  # and a file that grew since is still read no further
     except OSError as exc:
         raise error(f"{path}: cannot read {noun} ({exc.strerror})") from None
     if len(raw) > max_bytes:
-        raise error(f"{path}: {noun} is larger than {max_bytes} bytes (the limit)")
+        raise too_large()
     return raw

@@ -9,22 +9,32 @@ their heading paths, which chunks keep and citations name. Plain text is one par
 A file a reader cannot parse is a :class:`UnreadableDocumentError` naming it: a corpus folder skips it
 and goes on (:func:`load_folder`); a missing package is a :class:`MissingExtraError` naming the extra,
 which stops the load (every file of that format would fail the same way).
+
+Corpus files come from users' folders, uploads and archives, so what is read is bounded: a file over
+``max_bytes`` (setting ``CRAG_MAX_DOCUMENT_MB``) is refused by its size before a byte is read, a .docx
+(a zip) whose parts would unpack to more than that is refused before it is unpacked, and a PDF's text
+stops being extracted there: a 3 MB zip bomb once unpacked to 3 GB here.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import re
+import struct
+import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .files import link_outside, not_regular
+from .files import link_outside, not_regular, read_regular_file
 from .records import CorpusDoc, DocPart, DomainDataError
 from .sections import markdown_parts, sectioned
 
 __all__ = [
+    "DEFAULT_MAX_DOCUMENT_MB",
     "SUFFIXES",
     "EmptyDocumentError",
     "LoadedFolder",
@@ -39,6 +49,14 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 EXTRA_HINT = "pip install 'crag-dspy[documents]'"
+
+DEFAULT_MAX_DOCUMENT_MB = 50
+"""The default of setting ``max_document_mb`` (``CRAG_MAX_DOCUMENT_MB``): the largest corpus file read, and
+the most its text or a .docx's parts may unpack to. Generous: a 50 MB PDF is thousands of pages."""
+
+_MB = 2**20
+_LIMIT_SETTING = "CRAG_MAX_DOCUMENT_MB"
+_INFLATE_STEP = 1 << 20  # bytes a zip part is inflated by at a time when its real size is checked
 
 
 class MissingExtraError(DomainDataError):
@@ -57,41 +75,61 @@ Read = tuple[str | None, str, list[DocPart] | None]
 """A reader's result: the title (None: none found), the text, and its located parts (None: one part)."""
 
 
-def _text_file(path: Path) -> Read:
+def _megabytes(size: int) -> str:
+    """``size`` bytes in MB as the setting was written: 10485 bytes (0.01 MB) is "0.01", not "0.00999928"."""
+    return f"{round(size / _MB, 2):g}"
+
+
+def _over_limit(path: Path, what: str, max_bytes: int) -> UnreadableDocumentError:
+    """The skip of a document whose ``what`` ("its text would be longer than") is over ``max_bytes``."""
+    return UnreadableDocumentError(
+        f"{path}: {what} {_megabytes(max_bytes)} MB (setting {_LIMIT_SETTING}): not read"
+    )
+
+
+def _text_file(path: Path, raw: bytes, max_bytes: int) -> Read:
     # The first line is the title, as the corpus folder has always read .md/.txt. utf-8-sig: editors on
     # Windows start UTF-8 files with a byte-order mark, which is no part of the text.
     try:
-        text = path.read_text(encoding="utf-8-sig").strip()
+        text = raw.decode("utf-8-sig").strip()
     except UnicodeDecodeError as exc:
         raise UnreadableDocumentError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     title = text.splitlines()[0].lstrip("# ").strip() if text else None
     return title, text, None
 
 
-def _markdown(path: Path) -> Read:
-    title, text, _ = _text_file(path)
+def _markdown(path: Path, raw: bytes, max_bytes: int) -> Read:
+    title, text, _ = _text_file(path, raw, max_bytes)
     return title, text, markdown_parts(text, title)
 
 
-def _pdf(path: Path) -> Read:
+def _pdf(path: Path, raw: bytes, max_bytes: int) -> Read:
     import pypdf
 
-    reader = pypdf.PdfReader(path)
+    # pypdf bounds each stream it inflates (75 MB); the text of all pages together is bounded here, page
+    # by page, so a small PDF of many inflating pages stops at max_bytes of text.
+    reader = pypdf.PdfReader(io.BytesIO(raw))
     if reader.is_encrypted:
         reader.decrypt("")  # many PDFs are "encrypted" with an empty user password; others raise below
     title = reader.metadata.title if reader.metadata else None
     # One part per page, so every chunk has its page to cite (LlamaIndex's PDF reader makes a document
     # of each page for the same reason). Inside a page pypdf breaks lines with single newlines, which
     # the chunker joins, so a sentence wrapped across lines stays one sentence.
-    pages = [(number, (page.extract_text() or "").strip()) for number, page in enumerate(reader.pages, 1)]
-    parts = [DocPart(text=text, page=number) for number, text in pages if text]
+    parts, size = [], 0
+    for number, page in enumerate(reader.pages, 1):
+        text = (page.extract_text() or "").strip()
+        size += len(text)
+        if size > max_bytes:
+            raise _over_limit(path, "its text would be longer than", max_bytes)
+        if text:
+            parts.append(DocPart(text=text, page=number))
     return title, "\n\n".join(part.text for part in parts), parts
 
 
-def _html(path: Path) -> Read:
+def _html(path: Path, raw: bytes, max_bytes: int) -> Read:
     import trafilatura
 
-    raw = path.read_bytes()  # bytes: trafilatura detects the page's encoding itself
+    # bytes: trafilatura detects the page's encoding itself (and bounds what it decompresses)
     metadata = trafilatura.extract_metadata(raw)
     # Markdown keeps paragraphs apart with blank lines (the chunker's paragraph boundary); the main-content
     # extraction drops navigation, cookie banners, sidebars and footers. favor_recall: the default
@@ -112,10 +150,53 @@ def _heading_level(style_name: str | None) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _docx(path: Path) -> Read:
+def _inflated_size(raw: bytes, part: zipfile.ZipInfo, most: int) -> int:
+    """How many bytes ``part`` of the zip ``raw`` really inflates to, counted in steps and given up past
+    ``most``: the size a zip declares is the packer's word, and zipfile inflates a part whole at once."""
+    offset = part.header_offset
+    if raw[offset : offset + 4] != b"PK\x03\x04":
+        raise zipfile.BadZipFile(f"no local header for part {part.filename!r}")
+    name_length, extra_length = struct.unpack_from("<HH", raw, offset + 26)
+    start = offset + 30 + name_length + extra_length
+    data = raw[start : start + part.compress_size]
+    if part.compress_type == zipfile.ZIP_STORED:
+        return len(data)
+    inflater, size = zlib.decompressobj(-zlib.MAX_WBITS), 0
+    while not inflater.eof and size <= most:
+        out = inflater.decompress(data, _INFLATE_STEP)
+        data = inflater.unconsumed_tail
+        size += len(out)
+        if not out and not data:
+            break
+    return size
+
+
+def _check_unpacked_size(path: Path, raw: bytes, max_bytes: int) -> None:
+    """Refuse the zip ``raw`` (a .docx) before it is unpacked when its parts, by their declared sizes or
+    by what they really inflate to, would be larger than ``max_bytes`` together: python-docx reads every
+    part into memory, and 3 MB of deflated spaces are 3 GB unpacked. A .docx part is stored or deflated
+    (ECMA-376 part 2), never encrypted; anything else is refused too, since its size cannot be checked."""
+    with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+        parts = archive.infolist()
+    if sum(part.file_size for part in parts) > max_bytes:
+        raise _over_limit(path, "its parts would unpack to more than", max_bytes)
+    for part in parts:
+        if part.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or part.flag_bits & 1:
+            raise UnreadableDocumentError(
+                f"{path}: part {part.filename!r} is encrypted or not deflated, as no .docx part is: not read"
+            )
+        if _inflated_size(raw, part, part.file_size) > part.file_size:
+            raise UnreadableDocumentError(
+                f"{path}: part {part.filename!r} unpacks to more than the {part.file_size} bytes it "
+                "declares (a zip bomb?): not read"
+            )
+
+
+def _docx(path: Path, raw: bytes, max_bytes: int) -> Read:
     import docx
 
-    document = docx.Document(str(path))
+    _check_unpacked_size(path, raw, max_bytes)
+    document = docx.Document(io.BytesIO(raw))
     # A paragraph's style is None where the file defines no default paragraph style (some converters
     # write such files); its text is as readable as any other.
     title = document.core_properties.title or next(
@@ -144,7 +225,8 @@ def _docx(path: Path) -> Read:
     return title, text, sectioned(merged, title)
 
 
-Reader = Callable[[Path], Read]
+Reader = Callable[[Path, bytes, int], Read]
+"""A reader: the file's path (for messages), its bytes, and the most its text or parts may unpack to."""
 SUFFIXES: dict[str, Reader] = {
     ".pdf": _pdf,
     ".html": _html,
@@ -157,19 +239,32 @@ SUFFIXES: dict[str, Reader] = {
 """The suffixes a corpus folder reads, and the reader of each."""
 
 
-def load_document(path: Path | str, doc_id: str | None = None) -> CorpusDoc:
+def load_document(
+    path: Path | str, doc_id: str | None = None, *, max_bytes: int = DEFAULT_MAX_DOCUMENT_MB * _MB
+) -> CorpusDoc:
     """``path`` as one corpus document: its text, its title (the document's metadata or first heading,
     else the file name) and its path as ``source``. ``doc_id`` defaults to the file name.
 
-    Raises :class:`UnreadableDocumentError` for a file that cannot be parsed or holds no text,
+    Raises :class:`UnreadableDocumentError` for a file that cannot be parsed or holds no text, and for one
+    larger than ``max_bytes`` or whose text (a .docx: its parts) would unpack to more;
     :class:`MissingExtraError` when the format's package is not installed.
     """
     path = Path(path)
     reader = SUFFIXES.get(path.suffix.lower())
     if reader is None:
         raise UnreadableDocumentError(f"{path}: unsupported file type (supported: {', '.join(SUFFIXES)})")
+    # Read once, bounded, and parsed from these bytes: a file that grows after its size is checked is
+    # still read no further.
+    raw = read_regular_file(
+        path,
+        max_bytes,
+        "corpus file",
+        UnreadableDocumentError,
+        form="a document",
+        limit=f"setting {_LIMIT_SETTING}: {_megabytes(max_bytes)} MB; not read",
+    )
     try:
-        title, text, parts = reader(path)
+        title, text, parts = reader(path, raw, max_bytes)
     except (MissingExtraError, UnreadableDocumentError):
         raise
     except ImportError as exc:  # the reader's package, or one of its own (justext needs lxml_html_clean)
@@ -201,12 +296,13 @@ class LoadedFolder:
     skipped: list[str]
 
 
-def load_folder(folder: Path) -> LoadedFolder:
+def load_folder(folder: Path, *, max_bytes: int = DEFAULT_MAX_DOCUMENT_MB * _MB) -> LoadedFolder:
     """Every supported file under ``folder`` (recursively, in path order), ids = paths relative to it.
 
     An unreadable file, an empty one, or one of a type no reader reads (a slide deck, a spreadsheet) is
     logged, skipped and listed in :attr:`LoadedFolder.skipped`, so that a document the user put there is
-    never missing without a word. So is a file whose name is not valid UTF-8 (named with its bytes escaped),
+    never missing without a word. So is a file larger than ``max_bytes``, or whose text or parts would
+    unpack to more (:func:`load_document`), a file whose name is not valid UTF-8 (named with its bytes escaped),
     a named pipe, device node or socket (never opened: a read could block or never end), a symbolic
     link that leads out of ``folder`` (or nowhere), and a hard link (a file of several names): domain
     folders come from uploads and archives, and a link to ``/etc/passwd`` must not become a quotable
@@ -244,7 +340,7 @@ def load_folder(folder: Path) -> LoadedFolder:
             skip(hard_link)
             continue
         try:
-            docs.append(load_document(path, doc_id=str(path.relative_to(folder))))
+            docs.append(load_document(path, doc_id=str(path.relative_to(folder)), max_bytes=max_bytes))
         except UnreadableDocumentError as exc:
             skip(str(exc))
     return LoadedFolder(docs, skipped)

@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from .config import CRAGConfig
 from .domain import check_domain_name
+from .loaders import DEFAULT_MAX_DOCUMENT_MB
 from .validation import DEFAULT_MAX_QUESTION_CHARS
 
 __all__ = ["DEFAULT_DATA_DIR", "LOOPBACK_HOSTS", "MOST_TIMEOUT_S", "Settings", "default_cache_dir"]
@@ -148,6 +149,14 @@ class Settings(BaseSettings):
         description="How the internal knowledge is ranked: 'dense' (embedding cosine similarity), or "
         "'hybrid' (dense and BM25 over the same chunks fused by reciprocal rank, crag_dspy.hybrid: finds "
         "identifiers such as option names, error codes and versions that the embedder ranks poorly).",
+    )
+    max_document_mb: float = Field(
+        DEFAULT_MAX_DOCUMENT_MB,
+        gt=0,
+        allow_inf_nan=False,
+        description="The largest corpus-folder file read, in MB (2**20 bytes), and the most its text or a "
+        ".docx's parts may unpack to: a larger one is skipped by name, as an unreadable file is, so a file "
+        "from an upload or archive (a 5 GB log, a 3 MB zip bomb) cannot fill memory.",
     )
     max_question_chars: int = Field(
         DEFAULT_MAX_QUESTION_CHARS,
@@ -324,6 +333,11 @@ class Settings(BaseSettings):
     @property
     def resolved_domain_dir(self) -> Path:
         return self.domain_dir if self.domain_dir is not None else DEFAULT_DATA_DIR / self.domain
+
+    @property
+    def max_document_bytes(self) -> int:
+        """:attr:`max_document_mb` in bytes, as the loaders take it."""
+        return int(self.max_document_mb * 2**20)
 
     @property
     def resolved_chroma_path(self) -> Path:

@@ -363,7 +363,7 @@ def test_html_docx_and_markdown_sections_keep_their_heading_paths(tmp_path):
 
 
 def test_a_dependency_a_reader_imports_late_is_a_missing_extra_not_a_bad_file(domain, monkeypatch):
-    def reader(path):  # as trafilatura fails when justext cannot import lxml.html.clean
+    def reader(path, raw, max_bytes):  # as trafilatura fails when justext cannot import lxml.html.clean
         raise ImportError("lxml.html.clean module is now a separate project lxml_html_clean")
 
     monkeypatch.setitem(loaders.SUFFIXES, ".html", reader)
@@ -385,3 +385,99 @@ def test_loading_the_embedding_model_prints_no_progress_bar_of_its_own(monkeypat
     from transformers.utils import logging as hf_logging
 
     assert hf_logging.is_progress_bar_enabled()  # put back as it was
+
+
+def write_bomb_docx(path: Path, spaces: int, declared: int | None = None) -> None:
+    """A .docx whose word/document.xml is ``spaces`` spaces and one word, deflated to a few KB (a zip bomb
+    in small). With ``declared`` its headers state that size instead, with the CRC of that many bytes, as
+    a packer that lies about a part's size writes it: zipfile then checks nothing it would notice."""
+    import struct
+    import zipfile
+    import zlib
+
+    head = (
+        b'<?xml version="1.0"?><w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/'
+        b'2006/main"><w:body><w:p><w:r><w:t>'
+    )
+    xml = head + b" " * spaces + b"x</w:t></w:r></w:p></w:body></w:document>"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(
+            "[Content_Types].xml",
+            '<?xml version="1.0"?><Types xmlns="http://schemas.openxmlformats.org/package/2006/'
+            'content-types"><Default Extension="rels" ContentType="application/vnd.openxmlformats-'
+            'package.relationships+xml"/><Override PartName="/word/document.xml" ContentType="application/'
+            'vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml"/></Types>',
+        )
+        archive.writestr(
+            "_rels/.rels",
+            '<?xml version="1.0"?><Relationships xmlns="http://schemas.openxmlformats.org/package/2006/'
+            'relationships"><Relationship Id="rId1" Type="http://schemas.openxmlformats.org/officeDocument/'
+            '2006/relationships/officeDocument" Target="word/document.xml"/></Relationships>',
+        )
+        archive.writestr("word/document.xml", xml)
+    if declared is None:
+        return
+    raw = bytearray(path.read_bytes())
+    fields = struct.pack("<L", zlib.crc32(xml[:declared]))
+    with zipfile.ZipFile(path) as archive:
+        part = archive.getinfo("word/document.xml")
+    local = part.header_offset  # CRC at +14, sizes at +18 (compressed) and +22 (uncompressed)
+    raw[local + 14 : local + 18], raw[local + 22 : local + 26] = fields, struct.pack("<L", declared)
+    central = raw.rindex(b"word/document.xml") - 46  # its central directory entry: CRC +16, size +24
+    raw[central + 16 : central + 20], raw[central + 24 : central + 28] = fields, struct.pack("<L", declared)
+    path.write_bytes(bytes(raw))
+
+
+def test_a_file_over_the_size_limit_and_a_docx_zip_bomb_are_skipped_by_name_and_the_rest_is_ingested(
+    tmp_path, capsys, monkeypatch
+):
+    # Probe 3, H3: a 3 MB .docx unpacked to 3 GB, and a 5 GB sparse .txt was read whole; both filled
+    # memory. Here the limit is 10 KB (CRAG_MAX_DOCUMENT_MB=0.01), so neither file needs to be large.
+    corpus = tmp_path / "bombs" / "corpus"
+    corpus.mkdir(parents=True)
+    (corpus / "pumps.md").write_text("# Pumps\n\nThe P-40 pump moves 40 litres per minute.\n")
+    with open(corpus / "big.txt", "wb") as big:
+        os.truncate(big.fileno(), 20_000)  # sparse: no disk used
+    write_bomb_docx(corpus / "bomb.docx", spaces=3 * 2**20)
+    assert (corpus / "bomb.docx").stat().st_size < 5_000  # small on disk, 3 MB unpacked
+    monkeypatch.setenv("CRAG_MAX_DOCUMENT_MB", "0.01")
+    hashed = []
+    monkeypatch.setattr("crag_dspy.domain._sha256", lambda p: hashed.append(p.name) or "hash")
+    assert main(["ingest", str(corpus.parent), "--chroma-path", str(tmp_path / "chroma")]) == 0
+    out = capsys.readouterr().out
+    assert "bombs__kb: 1 documents" in out
+    limit = "(setting CRAG_MAX_DOCUMENT_MB"
+    assert out.rstrip().splitlines()[-3:] == [
+        "skipped 2 unreadable file(s):",
+        f"  {corpus / 'big.txt'}: corpus file is larger than 10485 bytes {limit}: 0.01 MB; not read)",
+        f"  {corpus / 'bomb.docx'}: its parts would unpack to more than 0.01 MB {limit}): not read",
+    ]
+    assert "big.txt" not in hashed  # a file that is not read is not hashed for the store's fingerprint either
+
+
+def test_the_default_size_limit_is_checked_before_a_byte_is_read_and_is_a_finite_setting(tmp_path):
+    from pydantic import ValidationError
+
+    from crag_dspy.settings import Settings
+
+    big = tmp_path / "big.txt"
+    with open(big, "wb") as file:
+        os.truncate(file.fileno(), 64 * 2**20)  # sparse, over the 50 MB default
+    with pytest.raises(UnreadableDocumentError, match=r"big.txt: corpus file is larger than 52428800 bytes"):
+        load_document(big)
+    assert Settings().max_document_bytes == 50 * 2**20
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ValidationError, match="max_document_mb"):
+            Settings(max_document_mb=bad)
+
+
+def test_a_docx_part_that_unpacks_to_more_than_it_declares_is_skipped(tmp_path):
+    # zipfile trusts a part's declared size: it inflates the whole stream at once and cuts the output
+    # there, so a part declaring 100 bytes (with the CRC of those 100) could still unpack to gigabytes.
+    write_bomb_docx(tmp_path / "liar.docx", spaces=2**20, declared=100)
+    with pytest.raises(
+        UnreadableDocumentError, match=r"liar.docx: part 'word/document.xml' unpacks to more than "
+    ):
+        load_document(tmp_path / "liar.docx")
+    write_bomb_docx(tmp_path / "honest.docx", spaces=1000)  # within the limit: read as any .docx
+    assert load_document(tmp_path / "honest.docx").text == "x"

@@ -56,7 +56,11 @@ def parses(monkeypatch):
     monkeypatch.setattr(
         crag_dspy.domain, "load_jsonl", lambda path, model: (seen.saw(path), load_jsonl(path, model))[1]
     )
-    monkeypatch.setattr(crag_dspy.domain, "load_folder", lambda path: (seen.saw(path), load_folder(path))[1])
+    monkeypatch.setattr(
+        crag_dspy.domain,
+        "load_folder",
+        lambda path, **limits: (seen.saw(path), load_folder(path, **limits))[1],
+    )
     return seen
 
 
