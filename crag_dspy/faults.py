@@ -64,6 +64,7 @@ __all__ = [
     "classify_lm_error",
     "describe_error",
     "raise_if_lm_down",
+    "reply_check",
     "watch_lm",
 ]
 
@@ -144,21 +145,40 @@ def _lm15_read_errors() -> tuple[type[Exception], type[Exception]]:
     return errors.ReadError, errors.ReadTimeout
 
 
-def _reply_check(started: float, limit_s: float) -> Callable[[bytes], None]:
-    """A check of each chunk of one reply body, in order: lm15's ``ReadError`` once the body has grown past
-    :data:`MAX_LM_REPLY_BYTES`, its ``ReadTimeout`` once ``limit_s`` seconds have passed since ``started``."""
-    ReadError, ReadTimeout = _lm15_read_errors()
+def reply_check(
+    started: float,
+    limit_s: float,
+    max_bytes: int,
+    too_big: Callable[[], Exception],
+    too_slow: Callable[[], Exception],
+) -> Callable[[bytes], None]:
+    """A check of each chunk of one reply, in order: raises ``too_big()`` once the chunks seen have grown
+    past ``max_bytes``, ``too_slow()`` once ``limit_s`` seconds have passed since ``started`` (the LM's
+    transport and the Chroma client's, ``crag_dspy.store``, each with its own limits and errors)."""
     size = 0
 
     def check(chunk: bytes) -> None:
         nonlocal size
         size += len(chunk)
-        if size > MAX_LM_REPLY_BYTES:
-            raise ReadError(f"the LM's reply exceeded {MAX_LM_REPLY_BYTES / 2**20:g} MB")
+        if size > max_bytes:
+            raise too_big()
         if time.monotonic() - started > limit_s:
-            raise ReadTimeout(f"the LM's reply did not finish within {limit_s:g} s (CRAG_LM_TIMEOUT_S)")
+            raise too_slow()
 
     return check
+
+
+def _reply_check(started: float, limit_s: float) -> Callable[[bytes], None]:
+    """A check of each chunk of one reply body, in order: lm15's ``ReadError`` once the body has grown past
+    :data:`MAX_LM_REPLY_BYTES`, its ``ReadTimeout`` once ``limit_s`` seconds have passed since ``started``."""
+    ReadError, ReadTimeout = _lm15_read_errors()
+    return reply_check(
+        started,
+        limit_s,
+        MAX_LM_REPLY_BYTES,
+        lambda: ReadError(f"the LM's reply exceeded {MAX_LM_REPLY_BYTES / 2**20:g} MB"),
+        lambda: ReadTimeout(f"the LM's reply did not finish within {limit_s:g} s (CRAG_LM_TIMEOUT_S)"),
+    )
 
 
 def _bounded_body(chunks: Iterable[bytes], started: float, limit_s: float) -> Iterator[bytes]:
