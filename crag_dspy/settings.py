@@ -122,8 +122,8 @@ class Settings(BaseSettings):
     store_timeout_s: float = Field(
         30.0,
         gt=0,
-        description="Seconds a Chroma server request may wait for a connection or for the next byte of "
-        "its answer before it fails (StoreError, 503 store), instead of hanging on a hung server.",
+        description="Seconds a Chroma server request may take in all (connect, headers and the whole reply) "
+        "before it fails (StoreError, 503 store), instead of hanging on a hung or dripping server.",
     )
     embedding_model: str | None = Field(
         None, description="sentence-transformers model path or name (default: the bundled all-MiniLM-L6-v2)."
