@@ -122,6 +122,12 @@ def _within(deadline: _Deadline) -> Iterator[None]:
         _DEADLINE.reset(token)
 
 
+def _clamped(timeout: float | None) -> float | None:
+    """``timeout`` (one socket operation's) cut to the time the current request has left (:class:`_Deadline`)."""
+    deadline = _DEADLINE.get()
+    return timeout if deadline is None else deadline.clamp(timeout)
+
+
 class _DeadlineStream(httpcore.NetworkStream):
     """A connection's socket whose every read and write is bounded by the request it serves now (a kept-alive
     connection serves several): the timeout httpcore passes is per operation, the request's is total."""
@@ -143,8 +149,7 @@ class _DeadlineStream(httpcore.NetworkStream):
         return data
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        deadline = _DEADLINE.get()
-        self._inner.write(buffer, timeout if deadline is None else deadline.clamp(timeout))
+        self._inner.write(buffer, _clamped(timeout))
 
     def close(self) -> None:
         self._inner.close()
@@ -162,15 +167,21 @@ class _DeadlineBackend(httpcore.NetworkBackend):
     def __init__(self, inner: httpcore.NetworkBackend) -> None:
         self._inner = inner
 
-    def connect_tcp(self, host: str, port: int, timeout: float | None = None, **kwargs: Any):
-        deadline = _DEADLINE.get()
-        timeout = timeout if deadline is None else deadline.clamp(timeout)
-        return _DeadlineStream(self._inner.connect_tcp(host, port, timeout, **kwargs))
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        connected = self._inner.connect_tcp(host, port, _clamped(timeout), local_address, socket_options)
+        return _DeadlineStream(connected)
 
-    def connect_unix_socket(self, path: str, timeout: float | None = None, **kwargs: Any):
-        deadline = _DEADLINE.get()
-        timeout = timeout if deadline is None else deadline.clamp(timeout)
-        return _DeadlineStream(self._inner.connect_unix_socket(path, timeout, **kwargs))
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.connect_unix_socket(path, _clamped(timeout), socket_options))
 
     def sleep(self, seconds: float) -> None:
         self._inner.sleep(seconds)
@@ -214,6 +225,7 @@ class _DeadlineTransport(httpx.BaseTransport):
             raise _ReplyRefused(
                 f"reply of the server {self._where} compressed ({encoding}) although none was asked for"
             )
+        assert isinstance(response.stream, httpx.SyncByteStream)  # a sync transport's reply
         response.stream = _DeadlineBody(response.stream, deadline)
         return response
 
