@@ -137,6 +137,7 @@ _patch_dspy_retries()
 # a reply size cap, and a final 2xx only: see crag_dspy/lm_transport.py).
 patch_lm_transport()
 
+
 _QUESTION: ContextVar[str | None] = ContextVar("crag_dspy_question", default=None)
 
 

@@ -39,6 +39,7 @@ from .store import (
     MANIFEST_HASH,
     content_hash,
     open_retrievable,
+    query_rows,
     store_errors,
     stored_passage,
 )
@@ -353,12 +354,7 @@ class HybridRetriever:
             result = self._collection.query(
                 query_embeddings=[vector], n_results=n, include=["documents", "metadatas", "distances"]
             )
-        dense = {
-            cid: (text, meta, 1.0 - float(distance))
-            for cid, text, meta, distance in zip(
-                result["ids"][0], result["documents"][0], result["metadatas"][0], result["distances"][0]
-            )
-        }
+        dense = {cid: (text, meta, sim) for cid, text, meta, sim in query_rows(self.collection_name, result)}
         index, tokens = self._index, tokenize(query)
         if not dense.keys() <= index.id_set and self.refresh():
             index = self._index  # chunks the index did not know: the collection changed under it

@@ -138,8 +138,8 @@ class Settings(BaseSettings):
         gt=0,
         le=MOST_TIMEOUT_S,
         allow_inf_nan=False,
-        description="Seconds a Chroma server request may wait for a connection or for the next byte of "
-        "its answer before it fails (StoreError, 503 store), instead of hanging on a hung server.",
+        description="Seconds a Chroma server request may take in all (connect, headers and the whole reply) "
+        "before it fails (StoreError, 503 store), instead of hanging on a hung or dripping server.",
     )
     embedding_model: str | None = Field(
         None, description="sentence-transformers model path or name (default: the bundled all-MiniLM-L6-v2)."

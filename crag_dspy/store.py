@@ -5,11 +5,17 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+import math
+import numbers
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import chromadb
+import httpcore
 import httpx
 from chromadb.api.client import Client as ChromaClient
 from chromadb.config import Settings as ChromaSettings
@@ -23,6 +29,7 @@ from .settings import Settings
 from .version import __version__
 
 __all__ = [
+    "MAX_STORE_REPLY_BYTES",
     "ChromaRetriever",
     "IngestReport",
     "StoreError",
@@ -36,6 +43,7 @@ __all__ = [
     "open_client",
     "open_retrievable",
     "planned_chunks",
+    "query_rows",
     "source_record",
     "store_errors",
     "stored_gap",
@@ -49,17 +57,238 @@ class StoreError(RuntimeError):
     """Chroma is unreachable, or a collection is missing or was built with another embedding model."""
 
 
+MAX_STORE_REPLY_BYTES = 128 * 1024 * 1024
+"""The largest reply read from a Chroma server (128 MB). The largest real one is the list of chunk ids an
+ingest reads (about 40 bytes a chunk: 3 million chunks); a query's k passages are a few hundred KB. A
+larger reply fails as a :class:`StoreError` instead of growing memory until the host runs out."""
+
+
+class _ReplyTooSlow(httpcore.ReadTimeout):
+    """A Chroma request that did not finish (connect, headers and body) within ``CRAG_STORE_TIMEOUT_S``."""
+
+
+class _ReplyRefused(httpcore.ReadError):
+    """A Chroma reply past :data:`MAX_STORE_REPLY_BYTES`, or compressed although none was asked for."""
+
+
+def _reply_check(
+    started: float,
+    limit_s: float,
+    max_bytes: int,
+    too_big: Callable[[], Exception],
+    too_slow: Callable[[], Exception],
+) -> Callable[[bytes], None]:
+    """A check of each chunk of one reply, in order: raises ``too_big()`` once the chunks seen have grown
+    past ``max_bytes``, ``too_slow()`` once ``limit_s`` seconds have passed since ``started`` ."""
+    size = 0
+
+    def check(chunk: bytes) -> None:
+        nonlocal size
+        size += len(chunk)
+        if size > max_bytes:
+            raise too_big()
+        if time.monotonic() - started > limit_s:
+            raise too_slow()
+
+    return check
+
+
+@dataclass
+class _Deadline:
+    """One Chroma request's limits: every byte of it within ``limit_s`` of its start, at most
+    :data:`MAX_STORE_REPLY_BYTES` read. Messages name the server (``where``) and the setting."""
+
+    where: str
+    limit_s: float
+    started: float
+
+    def __post_init__(self) -> None:
+        self.check = _reply_check(
+            self.started,
+            self.limit_s,
+            MAX_STORE_REPLY_BYTES,
+            lambda: _ReplyRefused(
+                f"reply of the server {self.where} larger than {MAX_STORE_REPLY_BYTES / 2**20:g} MB "
+                "(MAX_STORE_REPLY_BYTES)"
+            ),
+            self.too_slow,
+        )
+
+    def too_slow(self) -> _ReplyTooSlow:
+        return _ReplyTooSlow(
+            f"the server {self.where} gave no answer within {self.limit_s:g} s (CRAG_STORE_TIMEOUT_S)"
+        )
+
+    def left(self) -> float:
+        return self.started + self.limit_s - time.monotonic()
+
+    def clamp(self, timeout: float | None) -> float:
+        """``timeout`` (one socket operation's) cut to the time this request has left; past it, fail."""
+        left = self.left()
+        if left <= 0:
+            raise self.too_slow()
+        return left if timeout is None else min(timeout, left)
+
+
+_DEADLINE: ContextVar[_Deadline | None] = ContextVar("crag_dspy_store_deadline", default=None)
+"""The Chroma request whose bytes the socket operations in this context (thread or task) move."""
+
+
+@contextmanager
+def _within(deadline: _Deadline) -> Iterator[None]:
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def _clamped(timeout: float | None) -> float | None:
+    """``timeout`` (one socket operation's) cut to the time the current request has left (:class:`_Deadline`)."""
+    deadline = _DEADLINE.get()
+    return timeout if deadline is None else deadline.clamp(timeout)
+
+
+class _DeadlineStream(httpcore.NetworkStream):
+    """A connection's socket whose every read and write is bounded by the request it serves now (a kept-alive
+    connection serves several): the timeout httpcore passes is per operation, the request's is total."""
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        deadline = _DEADLINE.get()
+        if deadline is None:
+            return self._inner.read(max_bytes, timeout)
+        try:
+            data = self._inner.read(max_bytes, deadline.clamp(timeout))
+        except httpcore.ReadTimeout as exc:
+            if deadline.left() <= 0:  # the request's deadline, not the socket's own timeout: say which
+                raise deadline.too_slow() from exc
+            raise
+        deadline.check(data)  # raw bytes: head, body, chunk framing and trailers all count
+        return data
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, _clamped(timeout))
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None):
+        return _DeadlineStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _DeadlineBackend(httpcore.NetworkBackend):
+    """httpcore's network backend with its connections' socket operations bounded (:class:`_DeadlineStream`)."""
+
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        connected = self._inner.connect_tcp(host, port, _clamped(timeout), local_address, socket_options)
+        return _DeadlineStream(connected)
+
+    def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.NetworkStream:
+        return _DeadlineStream(self._inner.connect_unix_socket(path, _clamped(timeout), socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+class _DeadlineBody(httpx.SyncByteStream):
+    """A reply body read under its request's :class:`_Deadline` (httpx reads it after the transport returns)."""
+
+    def __init__(self, inner: httpx.SyncByteStream, deadline: _Deadline) -> None:
+        self._inner, self._deadline = inner, deadline
+
+    def __iter__(self) -> Iterator[bytes]:
+        chunks = iter(self._inner)
+        while True:
+            with _within(self._deadline):
+                chunk = next(chunks, None)
+            if chunk is None:
+                return
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _DeadlineTransport(httpx.BaseTransport):
+    """An httpx transport whose every request, connect, headers and body together, ends within
+    ``limit_s`` (:class:`_Deadline`), reads at most :data:`MAX_STORE_REPLY_BYTES`, and is never compressed
+    (the cap counts the bytes received: an inflated reply would escape it)."""
+
+    def __init__(self, inner: httpx.BaseTransport, where: str, limit_s: float) -> None:
+        self._inner, self._where, self._limit_s = inner, where, limit_s
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        deadline = _Deadline(self._where, self._limit_s, time.monotonic())
+        request.headers["Accept-Encoding"] = "identity"
+        with _within(deadline):
+            response = self._inner.handle_request(request)
+        encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if encoding != "identity":
+            response.close()
+            raise _ReplyRefused(
+                f"reply of the server {self._where} compressed ({encoding}) although none was asked for"
+            )
+        assert isinstance(response.stream, httpx.SyncByteStream)  # a sync transport's reply
+        response.stream = _DeadlineBody(response.stream, deadline)
+        return response
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _bound_session(session: httpx.Client, where: str, limit_s: float) -> None:
+    """Bound every request of chromadb's ``session`` (:class:`_DeadlineTransport`): its own transports, and
+    the proxies' that httpx mounts from the environment, are wrapped, their connection pools' sockets too."""
+    session._transport = _bound_transport(session._transport, where, limit_s)
+    for pattern, transport in list(session._mounts.items()):
+        if transport is not None:
+            session._mounts[pattern] = _bound_transport(transport, where, limit_s)
+
+
+def _bound_transport(transport: httpx.BaseTransport, where: str, limit_s: float) -> httpx.BaseTransport:
+    if isinstance(transport, _DeadlineTransport):
+        return transport
+    pool = getattr(transport, "_pool", None)
+    backend = getattr(pool, "_network_backend", None)
+    if backend is not None and not isinstance(backend, _DeadlineBackend):
+        pool._network_backend = _DeadlineBackend(backend)  # type: ignore[union-attr]
+    return _DeadlineTransport(transport, where, limit_s)
+
+
 class _TimedHttpClient(ChromaClient):
-    """``chromadb.HttpClient`` with a timeout on every request (connect, read, write, pool).
+    """``chromadb.HttpClient`` whose every request ends within ``store_timeout_s`` (connect, headers and
+    body together) and reads at most :data:`MAX_STORE_REPLY_BYTES`.
 
     chromadb's HTTP client sets ``httpx.Client(timeout=None)`` and has no setting for one: a server
     that accepts connections and never answers (hung, or stopped with SIGSTOP) held ``ask`` for ever
-    and wedged every ``serve`` worker. The client makes its first request while it is being built
-    (:meth:`get_user_identity`), so the timeout is set there, on the session all its requests share.
+    and wedged every ``serve`` worker. httpx's timeouts bound each socket operation, not the request: a
+    reply dripped a byte every 2 s ran past a 6 s timeout for ever, and one that never ended grew memory
+    to gigabytes. The client makes its first request while it is being built (:meth:`get_user_identity`),
+    so the limits are set there, on the session all its requests share.
     """
 
     def __init__(self, settings: Settings) -> None:
         self._crag_timeout = httpx.Timeout(settings.store_timeout_s)
+        self._crag_limit_s = settings.store_timeout_s
+        self._crag_where = f"{settings.chroma_host}:{settings.chroma_port}"
         chroma_settings = ChromaSettings(anonymized_telemetry=False)  # no telemetry from an offline machine
         # What chromadb.HttpClient sets (it offers no way to give the client another class).
         chroma_settings.chroma_api_impl = "chromadb.api.fastapi.FastAPI"
@@ -71,6 +300,7 @@ class _TimedHttpClient(ChromaClient):
         session = getattr(self._server, "_session", None)
         if isinstance(session, httpx.Client):
             session.timeout = self._crag_timeout
+            _bound_session(session, self._crag_where, self._crag_limit_s)
         return super().get_user_identity()
 
 
@@ -96,20 +326,36 @@ def open_client(settings: Settings) -> chromadb.ClientAPI:
         raise StoreError(f"Cannot open Chroma ({where}): {_reason(exc, settings)}") from exc
 
 
-def _timed_out(exc: BaseException) -> bool:
-    """Whether ``exc`` is, or was raised from, an HTTP timeout (chromadb re-raises some as others)."""
+def _in_chain(exc: BaseException, kinds: tuple[type[BaseException], ...]) -> BaseException | None:
+    """``exc``, or the exception it was raised from, that is one of ``kinds`` (chromadb re-raises some
+    transport errors as others), or None."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, httpx.TimeoutException):
-            return True
+        if isinstance(current, kinds):
+            return current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
-    return False
+    return None
+
+
+def _timed_out(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised from, an HTTP timeout."""
+    return _in_chain(exc, (httpx.TimeoutException, httpcore.TimeoutException)) is not None
+
+
+def _limit_hit(exc: BaseException) -> str | None:
+    """What a request's own limits (:class:`_Deadline`) refused, in ``exc``'s chain, or None: it says
+    which server, which limit and which setting, where httpx says only "timed out"."""
+    found = _in_chain(exc, (_ReplyTooSlow, _ReplyRefused))
+    return None if found is None else str(found)
 
 
 def _reason(exc: Exception, settings: Settings) -> str:
     # httpx says only "timed out": say what the limit was and which setting moves it.
+    limit = _limit_hit(exc)
+    if limit is not None:
+        return limit
     if _timed_out(exc):
         return f"no answer within {settings.store_timeout_s:g} s (CRAG_STORE_TIMEOUT_S)"
     return str(exc)
@@ -123,6 +369,9 @@ def store_errors(what: str) -> Iterator[None]:
     except StoreError:
         raise
     except Exception as exc:  # chroma raises different types per backend and transport
+        limit = _limit_hit(exc)
+        if limit is not None:
+            raise StoreError(f"Chroma failed while {what}: {limit}") from exc
         if _timed_out(exc):
             raise StoreError(
                 f"Chroma failed while {what}: the server gave no answer within the store timeout "
@@ -460,13 +709,61 @@ class ChromaRetriever:
     def retrieve(self, query: str, k: int) -> list[Passage]:
         if k < 1:
             return []
-        result = self._collection.query(
-            query_embeddings=self._embedder.encode([query]),
-            n_results=k,
-            include=["documents", "metadatas", "distances"],
-        )
-        found = zip(result["ids"][0], result["documents"][0], result["metadatas"][0], result["distances"][0])
+        with store_errors(f"querying collection {self._collection.name!r}"):
+            result = self._collection.query(
+                query_embeddings=self._embedder.encode([query]),
+                n_results=k,
+                include=["documents", "metadatas", "distances"],
+            )
         return [
-            stored_passage(cid, text, meta, rank, 1.0 - float(distance))
-            for rank, (cid, text, meta, distance) in enumerate(found)
+            stored_passage(cid, text, meta, rank, similarity)
+            for rank, (cid, text, meta, similarity) in enumerate(query_rows(self._collection.name, result))
         ]
+
+
+QueryRow = tuple[str, str, dict | None, float]
+"""One result of a Chroma query: chunk id, text, metadata and cosine similarity (1 - distance)."""
+
+
+def query_rows(collection: str, result: Any) -> list[QueryRow]:
+    """The results of a Chroma query of one embedding, checked: every one with an id, a text, metadata (an
+    object or null) and a finite distance, the columns of equal length. Anything else (a server, or a
+    proxy in front of it, sending nulls, strings for numbers, columns cut short) is a :class:`StoreError`
+    naming what is wrong: a passage with no text was graded, and a distance of ``"nan"`` ranked, as if
+    the store had answered."""
+
+    def malformed(why: str) -> StoreError:
+        return StoreError(f"Chroma sent a malformed query result for collection {collection!r}: {why}")
+
+    columns = []
+    for key in ("ids", "documents", "metadatas", "distances"):
+        value = result.get(key) if isinstance(result, dict) else None
+        if not isinstance(value, list) or len(value) != 1 or not isinstance(value[0], list):
+            raise malformed(f"{key} is not one list of results")
+        columns.append(value[0])
+    if len({len(column) for column in columns}) != 1:
+        raise malformed(f"ids, documents, metadatas and distances hold {[len(c) for c in columns]} results")
+    rows: list[QueryRow] = []
+    for number, (cid, text, meta, distance) in enumerate(zip(*columns), start=1):
+        if not isinstance(cid, str) or not cid:
+            raise malformed(f"result {number} has no id ({_shown(cid)})")
+        if not isinstance(text, str) or not text.strip():
+            raise malformed(f"result {number} ({cid!r}) has no text ({_shown(text)})")
+        if meta is not None and not isinstance(meta, dict):
+            raise malformed(f"result {number} ({cid!r}) has metadata that is no object ({_shown(meta)})")
+        if (
+            isinstance(distance, bool)
+            or not isinstance(distance, numbers.Real)
+            or not math.isfinite(distance)
+        ):
+            raise malformed(
+                f"result {number} ({cid!r}) has a distance that is no finite number ({_shown(distance)})"
+            )
+        rows.append((cid, text, meta, 1.0 - float(distance)))
+    return rows
+
+
+def _shown(value: object, limit: int = 60) -> str:
+    """``value`` as a message shows it: its repr, cut (a store may send anything, of any size)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}..."

@@ -1,4 +1,4 @@
-"""Real HTTP servers on loopback speaking OpenAI's and Tavily's protocols, with injectable faults.
+"""Real HTTP servers on loopback speaking OpenAI's, Tavily's and Chroma's protocols, with injectable faults.
 
 Faults are injected at the protocol boundary, so the real clients (``dspy.LM`` with its retries,
 backoff and error classification; ``tavily.TavilyClient``) run exactly as against hosted services.
@@ -86,13 +86,20 @@ class LoopbackServer:
                 else:
                     server._inject(self, fault, body)
 
+            def do_GET(self):
+                server.answer_get(self)
+
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
 
     @property
+    def port(self) -> int:
+        return self._httpd.server_address[1]
+
+    @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self):
         self._thread.start()
@@ -104,6 +111,9 @@ class LoopbackServer:
 
     def answer(self, handler, body: dict) -> None:
         raise NotImplementedError
+
+    def answer_get(self, handler) -> None:
+        self.send(handler, 404, {"error": f"no GET {handler.path}"})
 
     @staticmethod
     def send(
@@ -274,3 +284,74 @@ class FakeTavily(LoopbackServer):
 
     def answer(self, handler, body: dict) -> None:
         self.send(handler, 200, {"query": body.get("query"), "results": self.results})
+
+
+class FakeChroma(LoopbackServer):
+    """A Chroma server's HTTP API, as much of it as a client opening collection ``name`` and querying it
+    uses: the identity, tenant, database and heartbeat a client asks for while it opens, the collection
+    (embedded with ``embedding_model``, holding one chunk), and queries (POSTs) answered with ``result``
+    (any JSON, to test parsing) or a fault. With ``name=None`` it hangs once opened: every GET after the
+    opening ones waits ``hang_s`` without an answer."""
+
+    def __init__(
+        self,
+        result: object = None,
+        fault: Fault | None = None,
+        name: str | None = "t__kb",
+        embedding_model: str = "fake-embedder",
+        hang_s: float = 5.0,
+    ):
+        super().__init__(fault, hang_s)
+        self.result, self.name, self.embedding_model = result, name, embedding_model
+
+    def answer_get(self, handler) -> None:
+        path = handler.path.split("?")[0].rstrip("/")
+        uid = "00000000-0000-0000-0000-000000000001"
+        if path.endswith("/auth/identity"):
+            body: object = {"user_id": "", "tenant": "default_tenant", "databases": ["default_database"]}
+        elif path.endswith(("/tenants/default_tenant", "/databases/default_database")):
+            body = {"id": uid, "name": path.rsplit("/", 1)[-1], "tenant": "default_tenant"}
+        elif path.endswith("/heartbeat"):
+            body = {"nanosecond heartbeat": 1}
+        elif self.name is None:
+            time.sleep(self.hang_s)  # hung: the client must give up first
+            handler.close_connection = True
+            return
+        elif path.endswith(f"/collections/{self.name}"):
+            body = {
+                "id": uid,
+                "name": self.name,
+                "configuration_json": {"hnsw": {"space": "cosine"}},
+                "metadata": {"embedding_model": self.embedding_model},
+                "dimension": 3,
+                "tenant": "default_tenant",
+                "database": "default_database",
+            }
+        elif path.endswith("/count"):
+            body = 1
+        else:
+            super().answer_get(handler)
+            return
+        self.send(handler, 200, body)
+
+    def answer(self, handler, body: dict) -> None:
+        self.send(handler, 200, self.result)
+
+    def _inject(self, handler, fault: str) -> None:
+        """Also ``drip-head`` (the status line, then a header byte every 0.2 s, never ending the head) and
+        ``gzip`` (``result`` gzipped, although the client asked for no compression)."""
+        if fault == "drip-head":
+            handler.close_connection = True
+            try:
+                handler.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                for _ in range(150):
+                    handler.wfile.write(b"X")
+                    handler.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:  # the client gave up: what the test wants
+                pass
+        elif fault == "gzip":
+            data = gzip.compress(json.dumps(self.result).encode())
+            self.send(handler, 200, data, {"Content-Encoding": "gzip"})
+        else:
+            super()._inject(handler, fault)

@@ -4,16 +4,15 @@ test_store.py covers idempotent reruns, changed documents replacing their chunks
 collections; test_chroma_server.py covers a real Chroma server going away.
 """
 
-import json
+import re
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from fake_servers import FakeChroma
 from fakes import ListWebSearch, ScriptedLM
 
-from crag_dspy import CRAG
+from crag_dspy import CRAG, store
 from crag_dspy.app import open_backends
 from crag_dspy.domain import CorpusDoc, load_domain
 from crag_dspy.faults import RetrievalError
@@ -26,6 +25,7 @@ from crag_dspy.store import (
     ingest_gaps,
     open_client,
     planned_chunks,
+    query_rows,
 )
 
 DOCS = [
@@ -197,51 +197,108 @@ def test_a_chroma_server_that_never_answers_is_a_store_error_within_the_store_ti
     assert time.monotonic() - start < 10
 
 
-class ChromaThatHangsAfterOpening:
-    """Answers what a Chroma client asks while it opens (identity, tenant, database, heartbeat), then
-    never answers again: a server that hangs or is stopped while a service runs."""
-
-    def __enter__(self):
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                path = self.path.rstrip("/")
-                if path.endswith("/auth/identity"):
-                    body = {"user_id": "", "tenant": "default_tenant", "databases": ["default_database"]}
-                elif path.endswith(("/tenants/default_tenant", "/databases/default_database")):
-                    body = {"id": "00000000-0000-0000-0000-000000000000", "name": path.rsplit("/", 1)[-1]}
-                    body["tenant"] = "default_tenant"
-                elif path.endswith("/heartbeat"):
-                    body = {"nanosecond heartbeat": 1}
-                else:
-                    time.sleep(30)  # hung: the client must give up first
-                    return
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.port = self.httpd.server_address[1]
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-
 def test_a_chroma_server_that_hangs_after_opening_is_a_store_error_within_the_store_timeout(embedder):
-    with ChromaThatHangsAfterOpening() as server:
+    # A server that hangs or is stopped while a service runs: it answers what a client asks while it opens.
+    with FakeChroma(name=None, hang_s=30) as server:
         client = open_client(Settings(chroma_host="127.0.0.1", chroma_port=server.port, store_timeout_s=1))
         start = time.monotonic()
-        with pytest.raises(
-            StoreError, match=r"opening collection 'h__kb': .*no answer within the store timeout"
-        ):
+        with pytest.raises(StoreError, match=r"opening collection 'h__kb': .*no answer within 1 s"):
             ChromaRetriever(client, "h__kb", embedder)
         assert time.monotonic() - start < 10
+
+
+class FakeEmbedder:
+    """Three numbers per text: a query to a fake Chroma server needs an embedding, not a model."""
+
+    name = "fake-embedder"
+
+    def encode(self, texts, **kwargs):
+        return [[0.1, 0.2, 0.3] for _ in texts]
+
+
+ONE_PASSAGE = {
+    "ids": [["c1"]],
+    "documents": [["The ZP-40 moves 42 litres per minute."]],
+    "metadatas": [[{"doc_id": "pumps", "title": "Pumps"}]],
+    "distances": [[0.25]],
+}
+
+
+def query_fake_chroma(server: FakeChroma, timeout_s: float = 5.0):
+    """Open ``server``'s collection with CRAG's client and query it: the passages, or the error raised."""
+    client = open_client(
+        Settings(chroma_host="127.0.0.1", chroma_port=server.port, store_timeout_s=timeout_s)
+    )
+    return ChromaRetriever(client, "t__kb", FakeEmbedder()).retrieve("How fast is the ZP-40?", 1)
+
+
+def test_a_chroma_server_answers_queries_through_the_bounded_client():
+    with FakeChroma(ONE_PASSAGE) as server:
+        (passage,) = query_fake_chroma(server)
+    assert passage.title == "Pumps" and passage.similarity == 0.75
+    assert server.requests[-1]["path"].endswith("/query")
+
+
+@pytest.mark.parametrize(
+    ("fault", "timeout_s", "refused"),
+    [
+        # A byte every 0.2 s (of the body, or of the head): each read got its byte within the timeout, so
+        # the request ran for ever.
+        ("drip", 1, r"the server SERVER gave no answer within 1 s \(CRAG_STORE_TIMEOUT_S\)"),
+        ("drip-head", 1, r"the server SERVER gave no answer within 1 s \(CRAG_STORE_TIMEOUT_S\)"),
+        # Buffered whole: 3 GB, then MemoryError. A 1 MB cap keeps the test fast; the real one is 128 MB.
+        ("endless", 30, r"reply of the server SERVER larger than 1 MB \(MAX_STORE_REPLY_BYTES\)"),
+    ],
+)
+def test_a_chroma_reply_that_drips_or_never_ends_is_a_store_error_within_the_time_and_size_limits(
+    fault, timeout_s, refused, monkeypatch
+):
+    monkeypatch.setattr(store, "MAX_STORE_REPLY_BYTES", 2**20)
+    start = time.monotonic()
+    with FakeChroma(fault=lambda n, body: fault) as server, pytest.raises(StoreError) as info:
+        query_fake_chroma(server, timeout_s)
+    refused = refused.replace("SERVER", f"127.0.0.1:{server.port}")
+    assert re.search(f"^Chroma failed while querying collection 't__kb': {refused}$", str(info.value))
+    assert time.monotonic() - start < 5  # the 1 s limit, or 1 MB read, and the fake Chroma opening
+
+
+def test_a_compressed_chroma_reply_is_refused_as_the_size_cap_could_not_bound_it():
+    with (
+        FakeChroma(ONE_PASSAGE, fault=lambda n, body: "gzip") as server,
+        pytest.raises(StoreError, match=r"compressed \(gzip\) although none was asked for"),
+    ):
+        query_fake_chroma(server)
+    assert server.requests[-1]["path"].endswith("/query")
+
+
+def test_a_malformed_chroma_query_result_through_the_client_is_a_store_error():
+    # What probe 3 sent through a proxy: a passage with no text, a distance "nan"; it was graded 1.00.
+    malformed = {"ids": [["x"]], "documents": [[None]], "metadatas": [[{"a": 1}]], "distances": [["nan"]]}
+    with (
+        FakeChroma(malformed) as server,
+        pytest.raises(
+            StoreError, match=r"malformed query result for collection 't__kb': result 1 \('x'\) has no text"
+        ),
+    ):
+        query_fake_chroma(server)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"documents": [[""]]}, r"result 1 \('c1'\) has no text \(''\)"),
+        ({"distances": [["nan"]]}, r"result 1 \('c1'\) has a distance that is no finite number \('nan'\)"),
+        ({"distances": [[float("nan")]]}, r"distance that is no finite number \(nan\)"),
+        ({"distances": [[True]]}, r"distance that is no finite number \(True\)"),
+        ({"metadatas": [["title"]]}, r"metadata that is no object \('title'\)"),
+        ({"ids": [[None]]}, r"result 1 has no id \(None\)"),
+        ({"distances": [[]]}, r"hold \[1, 1, 1, 0\] results"),
+        ({"documents": None}, r"documents is not one list of results"),
+    ],
+)
+def test_malformed_query_rows_are_refused_naming_what_is_wrong(change, why):
+    with pytest.raises(StoreError, match=rf"malformed query result for collection 'c': .*{why}"):
+        query_rows("c", {**ONE_PASSAGE, **change})
+    assert query_rows("c", ONE_PASSAGE) == [
+        ("c1", ONE_PASSAGE["documents"][0][0], {"doc_id": "pumps", "title": "Pumps"}, 0.75)
+    ]
