@@ -337,7 +337,7 @@ class FakeChroma(LoopbackServer):
     def answer(self, handler, body: dict) -> None:
         self.send(handler, 200, self.result)
 
-    def _inject(self, handler, fault: str) -> None:
+    def _inject(self, handler, fault: str, body: dict | None = None) -> None:
         """Also ``drip-head`` (the status line, then a header byte every 0.2 s, never ending the head) and
         ``gzip`` (``result`` gzipped, although the client asked for no compression)."""
         if fault == "drip-head":
@@ -354,4 +354,4 @@ class FakeChroma(LoopbackServer):
             data = gzip.compress(json.dumps(self.result).encode())
             self.send(handler, 200, data, {"Content-Encoding": "gzip"})
         else:
-            super()._inject(handler, fault)
+            super()._inject(handler, fault, body or {})
