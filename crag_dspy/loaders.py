@@ -88,8 +88,14 @@ def _over_limit(path: Path, what: str, max_bytes: int) -> UnreadableDocumentErro
 
 
 def _text_file(path: Path, raw: bytes, max_bytes: int) -> Read:
-    # The first line is the title, as the corpus folder has always read .md/.txt. utf-8-sig: editors on
-    # Windows start UTF-8 files with a byte-order mark, which is no part of the text.
+    # The first line is the title, as the corpus folder has always read .md/.txt (CorpusDoc bounds its
+    # length). utf-8-sig: editors on Windows start UTF-8 files with a byte-order mark, which is no part
+    # of the text. A NUL byte is in no text file (it is valid UTF-8, so decoding lets it through): a
+    # binary file, a disk image or UTF-16 text without its byte-order mark, none of them readable here.
+    if b"\x00" in raw:
+        raise UnreadableDocumentError(
+            f"{path}: not text (it holds NUL bytes: a binary or UTF-16 file?): not read"
+        )
     try:
         text = raw.decode("utf-8-sig").strip()
     except UnicodeDecodeError as exc:

@@ -481,3 +481,36 @@ def test_a_docx_part_that_unpacks_to_more_than_it_declares_is_skipped(tmp_path):
         load_document(tmp_path / "liar.docx")
     write_bomb_docx(tmp_path / "honest.docx", spaces=1000)  # within the limit: read as any .docx
     assert load_document(tmp_path / "honest.docx").text == "x"
+
+
+def test_a_text_of_one_long_line_is_chunked_with_a_short_title_in_linear_work(tmp_path):
+    # Probe 4, H1: a .txt file's title is its first line, and every chunk carried it in its metadata and
+    # id hash: a 3 MB one-line file grew to 5.5 GB of memory. Titles and heading names are now cut.
+    from crag_dspy.store import planned_chunks
+
+    line = "zorblax " * 40_000  # 320 KB, no line break
+    (tmp_path / "line.txt").write_text(line)
+    (tmp_path / "heading.md").write_text(f"# Manual\n\n## {line}\n\nThe pump moves 42 velds.\n")
+    docs = load_folder(tmp_path).docs
+    line_doc, heading_doc = sorted(docs, key=lambda d: d.id != "line.txt")
+    cut = " ".join(["zorblax"] * 24) + "…"  # at most 200 characters, at a word boundary
+    assert line_doc.title == cut
+    planned = planned_chunks(docs, 120)
+    assert len(planned) > 300
+    for embedded, _, metadata in planned.values():
+        assert len(metadata["title"]) <= 200 and len(metadata.get("section", "")) <= 200
+        assert len(embedded) < 5_000  # the chunk's heading is the bounded title, not the whole line
+    sections = {meta.get("section") for _, _, meta in planned.values() if meta["doc_id"] == heading_doc.id}
+    assert sections == {cut}  # the long heading is cut as the title is
+
+
+def test_a_text_file_holding_nul_bytes_is_skipped_as_not_text(tmp_path):
+    # Probe 4, H1: a 49 MB all-NUL .txt (valid UTF-8) was one 49 MB "line" of title; no text file holds NUL.
+    (tmp_path / "zeros.txt").write_bytes(b"\x00" * 100_000)
+    (tmp_path / "ok.txt").write_text("Pumps\n\nThe pump moves 42 velds.\n")
+    folder = load_folder(tmp_path)
+    assert [d.id for d in folder.docs] == ["ok.txt"]
+    assert folder.skipped == [
+        f"{tmp_path / 'zeros.txt'}: not text (it holds NUL bytes: a binary or UTF-16 file?): not read"
+    ]
+
