@@ -514,3 +514,49 @@ def test_a_text_file_holding_nul_bytes_is_skipped_as_not_text(tmp_path):
         f"{tmp_path / 'zeros.txt'}: not text (it holds NUL bytes: a binary or UTF-16 file?): not read"
     ]
 
+
+def write_shared_stream_pdf(path: Path, pages: int, padding: int) -> None:
+    """A PDF of ``pages`` pages that all draw one content stream: "Hello pump" and ``padding`` bytes of
+    empty text objects, deflated (probe 4's gen/mkpdf2.py)."""
+    import zlib
+
+    content = zlib.compress(b"BT /F1 12 Tf (Hello pump) Tj ET\n" + b"BT ET\n" * (padding // 6), 9)
+    font = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"
+    page = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 3 0 R "
+    page += b"/Resources << /Font << /F1 4 0 R >> >> >>"
+    kids = " ".join(f"{5 + i} 0 R" for i in range(pages))
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode(),
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(content) + content + b"\nendstream",
+        font,
+        *[page] * pages,
+    ]
+    out, offsets = b"%PDF-1.4\n", []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    xref += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    trailer = b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, len(out))
+    path.write_bytes(out + xref + trailer)
+
+
+def test_a_pdf_whose_pages_content_is_over_the_limit_is_skipped_before_text_is_extracted(
+    tmp_path, monkeypatch
+):
+    # Probe 4, H2: 2000 pages sharing one 1.8 MB stream of operators with no text (a 317 KB file) cost
+    # about an hour of pypdf's CPU; no text came out, so the text limit never applied. Here the limit
+    # is 10 KB and the stream 2 KB: one page is read, twenty (40 KB of content to parse) are not.
+    write_shared_stream_pdf(tmp_path / "one.pdf", pages=1, padding=2_000)
+    assert load_document(tmp_path / "one.pdf", max_bytes=10_000).text == "Hello pump"
+    write_shared_stream_pdf(tmp_path / "many.pdf", pages=20, padding=2_000)
+    assert (tmp_path / "many.pdf").stat().st_size < 10_000  # the file itself is under the limit
+    extracted = []
+    monkeypatch.setattr("pypdf.PageObject.extract_text", lambda page, *a, **k: extracted.append(page) or "")
+    with pytest.raises(
+        UnreadableDocumentError,
+        match=r"many.pdf: its pages' content would be more than 0.01 MB \(setting CRAG_MAX_DOCUMENT_MB\)",
+    ):
+        load_document(tmp_path / "many.pdf", max_bytes=10_000)
+    assert extracted == []  # refused before any page was parsed for its text
