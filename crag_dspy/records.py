@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["CorpusDoc", "DocPart", "DomainDataError", "Record"]
+__all__ = ["MAX_TITLE_CHARS", "CorpusDoc", "DocPart", "DomainDataError", "Record", "short_title"]
 
 
 class DomainDataError(ValueError):
@@ -16,6 +16,21 @@ class Record(BaseModel):
     """A line of a domain's data: surrounding whitespace stripped, extra fields kept."""
 
     model_config = ConfigDict(extra="allow", str_strip_whitespace=True)
+
+
+MAX_TITLE_CHARS = 200
+"""The longest title or heading name kept: a .txt file's title is its first line, and a file of one 3 MB
+line once made every chunk carry 3 MB of title in its metadata and id hash (memory square in the size)."""
+
+
+def short_title(text: str, most: int = MAX_TITLE_CHARS) -> str:
+    """``text`` as is when it is at most ``most`` characters, else cut at the last word boundary before
+    that (or mid-word, for a run without spaces) and ended with "…", ``most`` characters in all."""
+    if len(text) <= most:
+        return text
+    cut = text[: most - 1]
+    space = cut.rfind(" ")
+    return f"{(cut[:space] if space > most // 2 else cut).rstrip()}…"
 
 
 def _not_blank(value: str) -> str:
@@ -45,3 +60,10 @@ class CorpusDoc(Record):
     )
 
     _blank = field_validator("id", "title", "text")(_not_blank)
+
+    @field_validator("title")
+    @classmethod
+    def _short(cls, value: str) -> str:
+        """Bounded wherever a title comes from (a file's first line, a PDF's metadata, corpus.jsonl):
+        every chunk carries it, so its size must not grow with the document's."""
+        return short_title(value)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from .records import DocPart
+from .records import DocPart, short_title
 
 __all__ = ["markdown_blocks", "markdown_parts", "sectioned"]
 
@@ -27,7 +27,8 @@ def _heading_text(line: str) -> str:
     match = _HEADING.match(line)
     text = match.group(2) if match else line
     # Markup and the permalink sign documentation generators put after a heading ("Options¶").
-    return " ".join(text.replace("*", "").replace("`", "").replace("\u00b6", "").split())
+    # Bounded as titles are: every chunk of the section carries its heading path.
+    return short_title(" ".join(text.replace("*", "").replace("`", "").replace("\u00b6", "").split()))
 
 
 def markdown_blocks(text: str) -> list[Block]:
@@ -64,7 +65,7 @@ def sectioned(blocks: Iterable[Block], title: str | None = None) -> list[DocPart
     blocks = list(blocks)
     if not any(level is not None for level, _ in blocks):
         return None
-    plain_title = " ".join((title or "").split()).casefold()
+    plain_title = short_title(" ".join((title or "").split())).casefold()  # as the headings are cut
     path: list[tuple[int, str]] = []
     parts: list[DocPart] = []
     pending: list[str] = []  # heading lines waiting for their body

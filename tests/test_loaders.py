@@ -481,3 +481,82 @@ def test_a_docx_part_that_unpacks_to_more_than_it_declares_is_skipped(tmp_path):
         load_document(tmp_path / "liar.docx")
     write_bomb_docx(tmp_path / "honest.docx", spaces=1000)  # within the limit: read as any .docx
     assert load_document(tmp_path / "honest.docx").text == "x"
+
+
+def test_a_text_of_one_long_line_is_chunked_with_a_short_title_in_linear_work(tmp_path):
+    # Probe 4, H1: a .txt file's title is its first line, and every chunk carried it in its metadata and
+    # id hash: a 3 MB one-line file grew to 5.5 GB of memory. Titles and heading names are now cut.
+    from crag_dspy.store import planned_chunks
+
+    line = "zorblax " * 40_000  # 320 KB, no line break
+    (tmp_path / "line.txt").write_text(line)
+    (tmp_path / "heading.md").write_text(f"# Manual\n\n## {line}\n\nThe pump moves 42 velds.\n")
+    docs = load_folder(tmp_path).docs
+    line_doc, heading_doc = sorted(docs, key=lambda d: d.id != "line.txt")
+    cut = " ".join(["zorblax"] * 24) + "…"  # at most 200 characters, at a word boundary
+    assert line_doc.title == cut
+    planned = planned_chunks(docs, 120)
+    assert len(planned) > 300
+    for embedded, _, metadata in planned.values():
+        assert len(metadata["title"]) <= 200 and len(metadata.get("section", "")) <= 200
+        assert len(embedded) < 5_000  # the chunk's heading is the bounded title, not the whole line
+    sections = {meta.get("section") for _, _, meta in planned.values() if meta["doc_id"] == heading_doc.id}
+    assert sections == {cut}  # the long heading is cut as the title is
+
+
+def test_a_text_file_holding_nul_bytes_is_skipped_as_not_text(tmp_path):
+    # Probe 4, H1: a 49 MB all-NUL .txt (valid UTF-8) was one 49 MB "line" of title; no text file holds NUL.
+    (tmp_path / "zeros.txt").write_bytes(b"\x00" * 100_000)
+    (tmp_path / "ok.txt").write_text("Pumps\n\nThe pump moves 42 velds.\n")
+    folder = load_folder(tmp_path)
+    assert [d.id for d in folder.docs] == ["ok.txt"]
+    assert folder.skipped == [
+        f"{tmp_path / 'zeros.txt'}: not text (it holds NUL bytes: a binary or UTF-16 file?): not read"
+    ]
+
+
+def write_shared_stream_pdf(path: Path, pages: int, padding: int) -> None:
+    """A PDF of ``pages`` pages that all draw one content stream: "Hello pump" and ``padding`` bytes of
+    empty text objects, deflated (probe 4's gen/mkpdf2.py)."""
+    import zlib
+
+    content = zlib.compress(b"BT /F1 12 Tf (Hello pump) Tj ET\n" + b"BT ET\n" * (padding // 6), 9)
+    font = b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"
+    page = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 3 0 R "
+    page += b"/Resources << /Font << /F1 4 0 R >> >> >>"
+    kids = " ".join(f"{5 + i} 0 R" for i in range(pages))
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        f"<< /Type /Pages /Kids [{kids}] /Count {pages} >>".encode(),
+        b"<< /Length %d /Filter /FlateDecode >>\nstream\n" % len(content) + content + b"\nendstream",
+        font,
+        *[page] * pages,
+    ]
+    out, offsets = b"%PDF-1.4\n", []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    xref += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    trailer = b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, len(out))
+    path.write_bytes(out + xref + trailer)
+
+
+def test_a_pdf_whose_pages_content_is_over_the_limit_is_skipped_before_text_is_extracted(
+    tmp_path, monkeypatch
+):
+    # Probe 4, H2: 2000 pages sharing one 1.8 MB stream of operators with no text (a 317 KB file) cost
+    # about an hour of pypdf's CPU; no text came out, so the text limit never applied. Here the limit
+    # is 10 KB and the stream 2 KB: one page is read, twenty (40 KB of content to parse) are not.
+    write_shared_stream_pdf(tmp_path / "one.pdf", pages=1, padding=2_000)
+    assert load_document(tmp_path / "one.pdf", max_bytes=10_000).text == "Hello pump"
+    write_shared_stream_pdf(tmp_path / "many.pdf", pages=20, padding=2_000)
+    assert (tmp_path / "many.pdf").stat().st_size < 10_000  # the file itself is under the limit
+    extracted = []
+    monkeypatch.setattr("pypdf.PageObject.extract_text", lambda page, *a, **k: extracted.append(page) or "")
+    with pytest.raises(
+        UnreadableDocumentError,
+        match=r"many.pdf: its pages' content would be more than 0.01 MB \(setting CRAG_MAX_DOCUMENT_MB\)",
+    ):
+        load_document(tmp_path / "many.pdf", max_bytes=10_000)
+    assert extracted == []  # refused before any page was parsed for its text
