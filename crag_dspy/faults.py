@@ -9,7 +9,8 @@ with :class:`LMUnavailableError` instead of spending minutes in backoff on every
 request the server refuses (HTTP 400 or 404: a wrong path in the base URL, a proxy refusing the model
 name) counts as a failed call too: an LM that refuses everything is down, not a model that knows nothing.
 So does a reply that is no chat completion at all (HTTP 2xx with an HTML page from a proxy or gateway,
-or JSON of another shape): an LM that answers only such pages is down too. A completion whose *text*
+or JSON of another shape), or an empty one (no choice, or a message whose content is null): an LM that
+answers only such replies is down too. A completion whose *text*
 the adapter cannot parse is another matter: the LM answered, and a new rollout may do better.
 
 A batch run (:func:`watch_lm`) applies the rule across questions, and needs the failures in a row to
@@ -188,7 +189,8 @@ def classify_lm_error(exc: BaseException) -> LMFault:
     """``fatal``: waiting will not help (bad key, billing, unknown model); ``unavailable``: transient
     and already retried with backoff by DSPy; ``refused``: the server refused the request (HTTP 400,
     404), which neither waiting nor a new rollout changes; ``unreadable``: the server said 2xx but its
-    reply is no chat completion (not JSON, or not a completion object: a proxy's HTML page), or the
+    reply is no chat completion (not JSON, or not a completion object: a proxy's HTML page; or an empty
+    one, without a choice or content: :mod:`crag_dspy.lm_transport`), or the
     final status is no reply at all (1xx, or a 3xx redirect, which is not followed), which a new rollout
     does not change either; ``output``: the LM answered but unusably (text the adapter
     cannot parse, or the prompt is too long for it), which a new rollout may fix, or which is this
@@ -289,8 +291,9 @@ class FailureStreak:
                 )
             if self._kinds == {"unreadable"}:
                 return (
-                    f"answered {calls} in a row with a reply that is no chat completion (an HTML page from a "
-                    "proxy or gateway, or another service at the base URL?)"
+                    f"answered {calls} in a row with a reply that is no chat completion or an empty one (an "
+                    "HTML page from a proxy or gateway, another service at the base URL, or a completion with "
+                    "no choice or no content?)"
                 )
             return f"failed {calls} in a row, each after retries with backoff"
         return None

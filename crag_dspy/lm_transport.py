@@ -20,6 +20,11 @@ gives no setting for any of these, so :func:`patch_lm_transport` wraps the trans
 - **Status.** A final status that is neither 2xx nor an error (1xx, 3xx: lm15 follows no redirect, and
   must not read a redirect's body as the answer) raises lm15's ``ProviderError`` carrying the status,
   which DSPy does not retry and CRAG counts as a failed call (:func:`crag_dspy.faults.classify_lm_error`).
+- **An empty completion.** A 2xx chat completion with no choice (``"choices": []``) or whose message has
+  no content (``null``, and no tool call or refusal) is read by lm15 as an empty answer, which DSPy's
+  adapter then fails to parse on every call: an outage reported as "I don't know". It raises the
+  ``TypeError`` lm15 raises for JSON that is no completion object (:func:`_empty_completion`), so it is the
+  same failed call (an unreadable reply) to DSPy and CRAG.
 
 lm15's errors reach DSPy, which maps and retries them (a timeout or size cap as a transport fault) and
 CRAG counts the failed call. Private vendored modules are imported by name at run time: type checkers
@@ -240,6 +245,23 @@ def _refusal(response: Any) -> Exception | None:
     )
 
 
+def _empty_completion(data: Any, choice: int | None) -> str | None:
+    """Why the chat completion ``data`` holds no answer at all (no choice, or a message without content,
+    tool call or refusal), or None. Error bodies and other shapes are left to lm15's own checks."""
+    if not isinstance(data, dict) or data.get("error") or not isinstance(data.get("choices", []), list):
+        return None
+    choices = data.get("choices") or []
+    if not choices:
+        return "the LM's reply is a chat completion without any choice"
+    chosen = choices[choice or 0] if (choice or 0) < len(choices) else None
+    message = chosen.get("message") if isinstance(chosen, dict) else None
+    if not isinstance(message, dict):
+        return None
+    if message.get("content") is None and not message.get("tool_calls") and not message.get("refusal"):
+        return "the LM's reply is a chat completion whose message has no content (null)"
+    return None
+
+
 def _drop(response: Any) -> None:
     """Close a sync ``response`` whose body is not wanted. lm15 frees the call's connection slot when its
     body generator ends, which a generator that never started does not do: it is started (one chunk
@@ -320,6 +342,16 @@ def patch_lm_transport() -> None:
         conn.sock = _DeadlineSocket(conn.sock)
         return conn
 
+    chat = importlib.import_module("dspy._vendor.lm15.providers.openai_chat")
+    original_read = chat._response_from_chat_body
+
+    def read_chat_body(provider: str, data: Any, *args: Any, choice: int | None, **kwargs: Any) -> Any:
+        empty = _empty_completion(data, choice)
+        if empty is not None:
+            raise TypeError(empty)  # as lm15 does for "choices must be an array": an unreadable reply
+        return original_read(provider, data, *args, choice=choice, **kwargs)
+
+    chat._response_from_chat_body = read_chat_body
     stream._crag_bounded = True  # type: ignore[attr-defined]
     transport.stream = stream
     transport._open = open_connection

@@ -41,15 +41,24 @@ _SECRET_SHAPES = re.compile(
     r"|(?<![^\s/'\"(<\[=,;])(?!mailto:)[^\s/:@'\"<>()\[\]]+:[^\s/@'\"<>]+(?=@[\w\[])"
 )
 _MIN_SECRET_LENGTH = 6  # shorter values ("1", "true") would redact ordinary words
+# A variable may hold a list of keys (CRAG_API_KEYS="key-a,key-b"): each item is a secret of its own, and
+# an LM that echoes one key must not show it. Items are cut at commas and whitespace, and only those of a
+# key's length count (CRAG refuses service keys under 16 characters), so the words of a passphrase held
+# whole ("open sesame 42") are not redacted everywhere one by one.
+_LIST_SEPARATORS = re.compile(r"[,\s]+")
+_MIN_LIST_ITEM_LENGTH = 16
 
 
 def secret_values() -> list[str]:
-    """The credential values currently in the environment, longest first."""
-    values = {
-        value
-        for name, value in os.environ.items()
-        if _SECRET_NAME.search(name) and len(value.strip()) >= _MIN_SECRET_LENGTH
-    }
+    """The credential values currently in the environment, and the items of the list-valued ones
+    (``_LIST_SEPARATORS``), longest first."""
+    values: set[str] = set()
+    for name, value in os.environ.items():
+        if not _SECRET_NAME.search(name):
+            continue
+        if len(value.strip()) >= _MIN_SECRET_LENGTH:
+            values.add(value)
+        values.update(i for i in _LIST_SEPARATORS.split(value) if len(i) >= _MIN_LIST_ITEM_LENGTH)
     return sorted(values, key=len, reverse=True)
 
 

@@ -159,6 +159,32 @@ def test_keys_an_lm_echoes_are_redacted_before_the_web_search_and_in_every_trace
     assert "Bearer ***" in (pred.trace.lm_answer or pred.trace.answer), pred.trace
 
 
+def test_every_key_of_a_list_valued_variable_is_redacted(monkeypatch):
+    # Probe 4: with CRAG_API_KEYS="key-a,key-b", the whole value was the only secret, so an LM echoing
+    # one service key showed it in clear in the answer, trace.fallbacks and the streamed tokens.
+    from fakes import ListRetriever, ListWebSearch
+
+    from crag_dspy import CRAG
+
+    first, second = "probe4-key-aaaaaaaaaaaaaaaa", "probe4-key-bbbbbbbbbbbbbbbb"
+    monkeypatch.setenv("CRAG_API_KEYS", f"{first},{second}")
+    monkeypatch.setenv("CRAG_DEBUG_API_KEYS", f" {first} ,\t{second}")
+    monkeypatch.setenv("DB_PASSWORD", "open sesame, 42")  # short items of a value are not secrets
+    echo = f"The range is 0 to 25 mg/L, key {second}"
+
+    def echoing(system: str, user: str):
+        return 0.9 if "You judge" in system else {"answer": echo}
+
+    crag = CRAG(
+        ListRetriever([("kb", "The range is 0 to 25 mg/L.")]), ListWebSearch([]), lm=ScriptedLM(echoing)
+    )
+    pred = crag(question="What is the range?")
+    shown = pred.answer + pred.trace.model_dump_json() + "".join(_streamed(echo, 3))
+    assert second not in shown and first not in shown and REDACTED in pred.trace.model_dump_json()
+    assert "".join(_streamed(echo, 3)) == redact(echo) == "The range is 0 to 25 mg/L, key ***"
+    assert redact("an open sesame") == "an open sesame"  # the whole value is redacted, not its words
+
+
 def test_program_json_and_compile_report_never_hold_keys(tmp_path, keys):
     from test_compile import make_domain
     from test_compile import script as compile_script
