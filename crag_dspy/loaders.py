@@ -151,9 +151,38 @@ def _check_content_size(path: Path, reader: pypdf.PdfReader, max_bytes: int) -> 
             raise _over_limit(path, "its pages' content would be more than", max_bytes)
 
 
+# libxml2, which parses HTML for trafilatura, stops building the tree at this depth without an error: the
+# text nested deeper and all that follows it were dropped while the file counted as read (probe 5).
+_MAX_HTML_DEPTH = 255
+
+
+def _html_depth(raw: bytes) -> int:
+    """How deep the elements of the HTML page ``raw`` nest (parsed without libxml2's depth limit, counted
+    in one walk, so a hostile nesting costs linear time)."""
+    import lxml.etree
+    import lxml.html
+
+    root = lxml.html.document_fromstring(raw, parser=lxml.html.HTMLParser(huge_tree=True))
+    depth = deepest = 0
+    for event, _ in lxml.etree.iterwalk(root, events=("start", "end")):
+        depth += 1 if event == "start" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
 def _html(path: Path, raw: bytes, max_bytes: int) -> Read:
+    import lxml.etree
     import trafilatura
 
+    try:
+        depth = _html_depth(raw)
+    except (lxml.etree.ParserError, ValueError):
+        depth = 0  # nothing to parse: trafilatura finds no text either, and the file is named as empty
+    if depth > _MAX_HTML_DEPTH:
+        raise UnreadableDocumentError(
+            f"{path}: elements nested deeper than {_MAX_HTML_DEPTH} levels ({depth}): the HTML reader would "
+            "drop the text below them: not read"
+        )
     # bytes: trafilatura detects the page's encoding itself (and bounds what it decompresses)
     metadata = trafilatura.extract_metadata(raw)
     # Markdown keeps paragraphs apart with blank lines (the chunker's paragraph boundary); the main-content

@@ -560,3 +560,20 @@ def test_a_pdf_whose_pages_content_is_over_the_limit_is_skipped_before_text_is_e
     ):
         load_document(tmp_path / "many.pdf", max_bytes=10_000)
     assert extracted == []  # refused before any page was parsed for its text
+
+
+@pytest.mark.parametrize("depth", [300, 200_000])
+def test_html_nested_deeper_than_its_reader_reads_is_named_not_read_in_part(tmp_path, depth):
+    # Probe 5: past 255 levels libxml2 stops building the tree without an error, so the nested text and all
+    # that followed it were dropped while the page counted as ingested.
+    nested = "<div>" * depth + "<p>Nested: the Quibble 3 weighs 4 kg.</p>" + "</div>" * depth
+    page = tmp_path / "deep.html"
+    page.write_text(f"<html><body><p>Top text.</p>{nested}<p>Tail text.</p></body></html>")
+    with pytest.raises(UnreadableDocumentError, match=r"deep\.html: elements nested deeper than 255 levels"):
+        load_document(page)
+    shallow = tmp_path / "shallow.html"
+    shallow.write_text(
+        page.read_text().replace("<div>" * depth, "<div>" * 100).replace("</div>" * depth, "</div>" * 100)
+    )
+    text = load_document(shallow).text
+    assert "Top text." in text and "Quibble 3 weighs 4 kg" in text and "Tail text." in text
