@@ -51,6 +51,11 @@ MOST_TIMEOUT_S = 86_400.0
 call of the client that got it (``ask`` answered "I don't know", exit 0)."""
 
 
+def _seconds(default: float, description: str) -> Any:
+    """A timeout setting: seconds, above 0 and finite, at most :data:`MOST_TIMEOUT_S`."""
+    return Field(default, gt=0, le=MOST_TIMEOUT_S, allow_inf_nan=False, description=description)
+
+
 def default_cache_dir() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "crag-dspy"
@@ -105,12 +110,9 @@ class Settings(BaseSettings):
     embedded_ctx: int = Field(
         8192, ge=1024, le=1_048_576, description="Context window of the embedded model, in tokens."
     )
-    lm_timeout_s: float = Field(
+    lm_timeout_s: float = _seconds(
         120.0,
-        gt=0,
-        le=MOST_TIMEOUT_S,
-        allow_inf_nan=False,
-        description="Seconds before an LM request is abandoned.",
+        "Seconds before an LM request is abandoned.",
     )
     lm_retries: int = Field(
         2, ge=0, le=5, description="Retries of a failed LM request, with backoff (DSPy's num_retries)."
@@ -133,12 +135,9 @@ class Settings(BaseSettings):
     )
     chroma_host: str | None = Field(None, description="Chroma server host; when set, HttpClient is used.")
     chroma_port: int = Field(8000, ge=1, le=65535, description="Chroma server port.")
-    store_timeout_s: float = Field(
+    store_timeout_s: float = _seconds(
         30.0,
-        gt=0,
-        le=MOST_TIMEOUT_S,
-        allow_inf_nan=False,
-        description="Seconds a Chroma server request may take in all (connect, headers and the whole reply) "
+        "Seconds a Chroma server request may take in all (connect, headers and the whole reply) "
         "before it fails (StoreError, 503 store), instead of hanging on a hung or dripping server.",
     )
     embedding_model: str | None = Field(
@@ -171,12 +170,9 @@ class Settings(BaseSettings):
         description="The CRAG program's settings (environment CRAG_CONFIG__K, CRAG_CONFIG__UPPER, "
         "CRAG_CONFIG__GRADER_VIEW__SENTENCES, ...); a compiled program brings its own.",
     )
-    web_timeout_s: float = Field(
+    web_timeout_s: float = _seconds(
         15.0,
-        gt=0,
-        le=MOST_TIMEOUT_S,
-        allow_inf_nan=False,
-        description="Seconds before a web search is abandoned.",
+        "Seconds before a web search is abandoned.",
     )
     web_domains: list[str] = Field(
         default_factory=list,
@@ -223,12 +219,9 @@ class Settings(BaseSettings):
         description="Requests per API key (per client address without keys) in the `limits` notation, "
         "e.g. '60/minute' or '10/second;500/hour'; 'none' turns it off.",
     )
-    request_timeout_s: float = Field(
+    request_timeout_s: float = _seconds(
         300.0,
-        gt=0,
-        le=MOST_TIMEOUT_S,
-        allow_inf_nan=False,
-        description="Seconds a request may take in all, queueing included, before a 504.",
+        "Seconds a request may take in all, queueing included, before a 504.",
     )
     serve_workers: int = Field(4, ge=1, le=1024, description="Questions the service runs at once.")
     serve_queue: int = Field(
@@ -240,20 +233,14 @@ class Settings(BaseSettings):
         "X-Forwarded-Proto the service believes, comma-separated; by default none: the client address is "
         "the connection's, so a forged header cannot change who a rate limit counts.",
     )
-    serve_header_timeout_s: float = Field(
+    serve_header_timeout_s: float = _seconds(
         10.0,
-        gt=0,
-        le=MOST_TIMEOUT_S,
-        allow_inf_nan=False,
-        description="Seconds a connection may take to send a request's headers, counted from its opening "
+        "Seconds a connection may take to send a request's headers, counted from its opening "
         "or its previous response; then it is closed (uvicorn has no such limit).",
     )
-    serve_body_timeout_s: float = Field(
+    serve_body_timeout_s: float = _seconds(
         30.0,
-        gt=0,
-        le=MOST_TIMEOUT_S,
-        allow_inf_nan=False,
-        description="Seconds a request's whole body may take to arrive after its headers; then it is "
+        "Seconds a request's whole body may take to arrive after its headers; then it is "
         "answered 408 and the connection closed (uvicorn has no such limit: a body that stops held the "
         "connection forever).",
     )
