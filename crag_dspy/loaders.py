@@ -13,8 +13,9 @@ which stops the load (every file of that format would fail the same way).
 Corpus files come from users' folders, uploads and archives, so what is read is bounded: a file over
 ``max_bytes`` (setting ``CRAG_MAX_DOCUMENT_MB``) is refused by its size before a byte is read, a .docx
 (a zip) whose parts would unpack to more than that is refused before it is unpacked, and a PDF's text
-stops being extracted there, as does a PDF whose pages' content streams add up to more: a 3 MB zip bomb once
-unpacked to 3 GB here.
+stops being extracted there, as does a PDF whose pages' content streams add up to more or whose extraction
+parses more operators than the limit allows (forms drawn again and again): a 3 MB zip bomb once unpacked to
+3 GB here.
 """
 
 from __future__ import annotations
@@ -128,8 +129,14 @@ def _pdf(path: Path, raw: bytes, max_bytes: int) -> Read:
     # of each page for the same reason). Inside a page pypdf breaks lines with single newlines, which
     # the chunker joins, so a sentence wrapped across lines stays one sentence.
     parts, size = [], 0
+    drawn = _OperatorBudget(max_bytes // _BYTES_PER_OPERATOR)
     for number, page in enumerate(reader.pages, 1):
-        text = (page.extract_text() or "").strip()
+        try:
+            text = (page.extract_text(visitor_operand_before=drawn.count) or "").strip()
+        except _BudgetExceeded:
+            pass  # drawn.exceeded is set
+        if drawn.exceeded:
+            raise _over_limit(path, "drawing its pages would parse more content than", max_bytes)
         size += len(text)
         if size > max_bytes:
             raise _over_limit(path, "its text would be longer than", max_bytes)
@@ -149,6 +156,33 @@ def _check_content_size(path: Path, reader: pypdf.PdfReader, max_bytes: int) -> 
         size += len(contents.get_data()) if contents is not None else 0
         if size > max_bytes:
             raise _over_limit(path, "its pages' content would be more than", max_bytes)
+
+
+# Real PDFs spend 15-30 bytes of content per operator (the owndocs PDFs, Debian's manuals); a budget of one
+# operator per 8 bytes of the document limit refuses none of them and stops a hostile file within about 45 s.
+_BYTES_PER_OPERATOR = 8
+
+
+class _BudgetExceeded(Exception):
+    """Raised inside pypdf's text extraction to stop it once the operator budget is spent."""
+
+
+class _OperatorBudget:
+    """Counts the content operators pypdf interprets while extracting text, form XObjects included each
+    time they are drawn, and stops extraction past ``most``. The page-content check cannot see this cost:
+    a page of a few bytes may draw one form 5000 times (pypdf's own cap per page), so an 867-byte file
+    drawing a form of 2000 empty text operators took 1.3 s a page, and hours for a few thousand pages."""
+
+    def __init__(self, most: int) -> None:
+        self.most, self.seen, self.exceeded = most, 0, False
+
+    def count(self, *_: object) -> None:
+        self.seen += 1
+        if self.seen > self.most:
+            # pypdf logs and skips an error raised inside a form, but the page's next operator raises
+            # again, outside any form; `exceeded` also covers a page whose last operator drew the form.
+            self.exceeded = True
+            raise _BudgetExceeded
 
 
 # libxml2, which parses HTML for trafilatura, stops building the tree at this depth without an error: the

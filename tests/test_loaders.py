@@ -562,6 +562,48 @@ def test_a_pdf_whose_pages_content_is_over_the_limit_is_skipped_before_text_is_e
     assert extracted == []  # refused before any page was parsed for its text
 
 
+def write_form_pdf(path: Path, draws: int, operators: int) -> None:
+    """A one-page PDF whose few bytes of page content draw one form XObject ``draws`` times; the form
+    shows "Hello pump" and ``operators`` empty text operators."""
+    form = b"BT /F1 12 Tf (Hello pump) Tj " + b"() Tj " * operators + b"ET"
+    page = b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 5 0 R "
+    page += b"/Resources << /Font << /F1 4 0 R >> /XObject << /X0 6 0 R >> >> >>"
+    objects = [
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        page,
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        b"<< /Length %d >>\nstream\n" % (7 * draws) + b"/X0 Do " * draws + b"\nendstream",
+        b"<< /Type /XObject /Subtype /Form /BBox [0 0 612 792] /Resources << /Font << /F1 4 0 R >> >> "
+        + b"/Length %d >>\nstream\n" % len(form)
+        + form
+        + b"\nendstream",
+    ]
+    out, offsets = b"%PDF-1.4\n", []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    xref += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    trailer = b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, len(out))
+    path.write_bytes(out + xref + trailer)
+
+
+def test_a_pdf_drawing_one_form_over_and_over_is_skipped_past_the_limit(tmp_path):
+    # A page's content can draw one form XObject thousands of times, and pypdf parses the form's content
+    # each time: an 867-byte file drawing a form of 2000 empty text operators 100 times took 1.3 s a page,
+    # past every size check. Here the limit is 10 KB (1250 operators) and the form 100 operators.
+    write_form_pdf(tmp_path / "few.pdf", draws=5, operators=100)
+    assert load_document(tmp_path / "few.pdf", max_bytes=10_000).text.split() == ["Hello", "pump"] * 5
+    write_form_pdf(tmp_path / "many.pdf", draws=50, operators=100)
+    assert (tmp_path / "many.pdf").stat().st_size < 2_000  # file and page content far under the limit
+    with pytest.raises(
+        UnreadableDocumentError,
+        match=r"many.pdf: drawing its pages would parse more content than 0.01 MB \(setting CRAG_MAX_DOC",
+    ):
+        load_document(tmp_path / "many.pdf", max_bytes=10_000)
+
+
 @pytest.mark.parametrize("depth", [300, 200_000])
 def test_html_nested_deeper_than_its_reader_reads_is_named_not_read_in_part(tmp_path, depth):
     # Probe 5: past 255 levels libxml2 stops building the tree without an error, so the nested text and all
