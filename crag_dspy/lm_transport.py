@@ -21,7 +21,7 @@ gives no setting for any of these, so :func:`patch_lm_transport` wraps the trans
   must not read a redirect's body as the answer) raises lm15's ``ProviderError`` carrying the status,
   which DSPy does not retry and CRAG counts as a failed call (:func:`crag_dspy.faults.classify_lm_error`).
 - **An empty completion.** A 2xx chat completion with no choice (``"choices": []``) or whose message has
-  no content (``null``, and no tool call or refusal) is read by lm15 as an empty answer, which DSPy's
+  no content (``null``, ``""`` or whitespace, and no tool call or refusal) is read by lm15 as an empty answer, which DSPy's
   adapter then fails to parse on every call: an outage reported as "I don't know". It raises the
   ``TypeError`` lm15 raises for JSON that is no completion object (:func:`_empty_completion`), so it is the
   same failed call (an unreadable reply) to DSPy and CRAG.
@@ -257,8 +257,13 @@ def _empty_completion(data: Any, choice: int | None) -> str | None:
     message = chosen.get("message") if isinstance(chosen, dict) else None
     if not isinstance(message, dict):
         return None
-    if message.get("content") is None and not message.get("tool_calls") and not message.get("refusal"):
-        return "the LM's reply is a chat completion whose message has no content (null)"
+    content = message.get("content")
+    # Servers differ in how they send an empty message (OpenAI null, others ""); whitespace is no answer
+    # either, and a reasoning model that spent max_tokens thinking sends "" too: all the same failed call.
+    empty = content is None or (isinstance(content, str) and not content.strip())
+    if empty and not message.get("tool_calls") and not message.get("refusal"):
+        shown = "null" if content is None else "empty" if not content else "only whitespace"
+        return f"the LM's reply is a chat completion whose message has no content ({shown})"
     return None
 
 

@@ -31,6 +31,7 @@ from fakes import render
 #   "json-list"            200 with JSON that is no completion object (another service's API)
 #   "no-choices"           200 with a chat completion whose "choices" is empty
 #   "null-content"         200 with a chat completion whose one message has "content": null
+#   "blank-content"        200 with a chat completion whose one message has "content": " " (whitespace)
 #   "reset"                close the connection without any response
 #   "endless"              200 whose chunked body never ends (64 KB chunks as fast as the client reads)
 #   "drip"                 200 whose chunked body is one byte every 0.2 s, never finishing
@@ -165,12 +166,12 @@ class LoopbackServer:
             self.send(handler, 200, page, content_type="text/html; charset=utf-8")
         elif fault == "json-list":
             self.send(handler, 200, [{"id": 1, "name": "not a completion"}])
-        elif fault in {"no-choices", "null-content"}:
+        elif fault in {"no-choices", "null-content", "blank-content"}:
             reply = self.completion("")
             if fault == "no-choices":
                 reply["choices"] = []
             else:
-                reply["choices"][0]["message"]["content"] = None
+                reply["choices"][0]["message"]["content"] = None if fault == "null-content" else " \n"
             self.send(handler, 200, reply)
         elif fault == "reset":
             handler.close_connection = True

@@ -471,7 +471,7 @@ def test_a_redirect_or_an_informational_status_is_a_failed_call_not_an_answer(fa
         )
 
 
-@pytest.mark.parametrize("fault", ["no-choices", "null-content"])
+@pytest.mark.parametrize("fault", ["no-choices", "null-content", "blank-content"])
 def test_an_lm_whose_every_reply_is_empty_is_down_not_a_model_that_knows_nothing(fault):
     # Probe 4: 200 {"choices": []} (or a null content) on every call gave "answered", "I don't know",
     # exit 0, three AdapterParseErrors in the trace; the same LM answering 500 gave exit 1.
@@ -481,10 +481,15 @@ def test_an_lm_whose_every_reply_is_empty_is_down_not_a_model_that_knows_nothing
         with pytest.raises(LMUnavailableError, match="no chat completion or an empty one") as info:
             ask(server)
     assert len(server.requests) == 2 + CONSECUTIVE_LM_FAILURES  # a failed call, not asked again
-    assert ("without any choice" if fault == "no-choices" else "has no content (null)") in str(info.value)
+    expected = {
+        "no-choices": "without any choice",
+        "null-content": "(null)",
+        "blank-content": "(only whitespace)",
+    }
+    assert expected[fault] in str(info.value)
 
 
-@pytest.mark.parametrize("fault", ["no-choices", "null-content"])
+@pytest.mark.parametrize("fault", ["no-choices", "null-content", "blank-content"])
 def test_one_empty_reply_is_a_failed_call_and_the_question_goes_on(fault):
     with FakeOpenAI(script, fault_on("grade", fault, times=1)) as server:
         pred = ask(server, [("kb-1", GOOD), ("kb-2", GOOD)])
