@@ -96,6 +96,41 @@ def test_a_title_falls_back_to_the_file_name(tmp_path):
     assert load_document(path).title == "untitled-note"
 
 
+def test_docx_tables_show_merged_cells_once_per_row_in_linear_work(tmp_path):
+    # Probe 6: python-docx's row.cells finds a vertical merge's top cell by recursing one row up at a time,
+    # so a 2 KB file of 900-row merged columns took 100 s and 3000 rows raised RecursionError. Here the
+    # recursion limit is 150 frames above this one, and a merge of 400 rows is read all the same.
+    import inspect
+    import sys
+
+    import docx
+    from docx.table import _Cell
+
+    document = docx.Document()
+    document.add_paragraph("Shift rota")
+    table = document.add_table(rows=400, cols=3)
+    for number, row in enumerate(table.rows):
+        merged, day, start = row._tr.tc_lst
+        merged.vMerge = "restart" if number == 0 else "continue"
+        _Cell(day, table).text, _Cell(start, table).text = f"day {number}", "06:00"
+    _Cell(table.rows[0]._tr.tc_lst[0], table).text = "Deck crew"
+    wide = document.add_table(rows=1, cols=3)
+    spanned, covered, last = wide.rows[0]._tr.tc_lst
+    spanned.grid_span = 2  # one cell over two grid columns
+    spanned.getparent().remove(covered)
+    _Cell(spanned, wide).text, _Cell(last, wide).text = "Spanned", "end"
+    document.save(tmp_path / "rota.docx")
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack()) + 150)
+    try:
+        text = load_document(tmp_path / "rota.docx").text
+    finally:
+        sys.setrecursionlimit(limit)
+    rows = text.split("\n\n")
+    assert rows[1] == "Deck crew | day 0 | 06:00" and rows[400] == "Deck crew | day 399 | 06:00"
+    assert rows[401] == "Spanned | end"
+
+
 def test_a_docx_without_a_default_paragraph_style_is_read(tmp_path):
     import re
     import zipfile
