@@ -53,14 +53,52 @@ def reply_limit(lm_kwargs: dict[str, Any], lm: Any = None) -> int:
     """The most characters a reply to a call with ``lm_kwargs`` (falling back to ``lm.kwargs``) may hold:
     ``max_tokens`` (or ``max_completion_tokens``) times :data:`MOST_CHARS_PER_TOKEN`, at least
     :data:`LEAST_REPLY_LIMIT`."""
+    return max((asked_tokens(lm_kwargs, lm) or DEFAULT_MAX_TOKENS) * MOST_CHARS_PER_TOKEN, LEAST_REPLY_LIMIT)
+
+
+def asked_tokens(lm_kwargs: dict[str, Any], lm: Any = None) -> int | None:
+    """The ``max_tokens`` (or ``max_completion_tokens``) a call with ``lm_kwargs`` asks for, falling back
+    to ``lm.kwargs``; None when neither sets one."""
     defaults = getattr(lm, "kwargs", None) or {}
     for source in (lm_kwargs, defaults):
         asked = source.get("max_tokens") or source.get("max_completion_tokens")
         if isinstance(asked, int) and asked > 0:
-            break
-    else:
-        asked = DEFAULT_MAX_TOKENS
-    return max(asked * MOST_CHARS_PER_TOKEN, LEAST_REPLY_LIMIT)
+            return asked
+    return None
+
+
+FINISH_REASON = "finish_reason"
+"""Key of a reply (an output dict) that did not stop by itself: why it stopped (:func:`mark_unfinished_replies`)."""
+_UNFINISHED = frozenset({"length", "content_filter"})
+
+
+def mark_unfinished_replies() -> None:
+    """Keep, on each reply DSPy returns, why the LM stopped when it did not stop by itself: cut at
+    ``max_tokens`` ("length") or by the provider's filter ("content_filter"). DSPy only logs a warning
+    for a cut reply and returns its text like any other, so a cut answer ("The Zorblax pump moves") was
+    shown as answered (probe 6). The reason goes into the output dict (:data:`FINISH_REASON`), which
+    DSPy's adapters read as they read ``logprobs``, and is cached with it. Idempotent; DSPy's
+    ``execution._result``, which turns each response into outputs, is private: dspy is pinned below 3.5."""
+    from dspy.clients import execution
+
+    original = execution._result
+    if getattr(original, "_crag_marked", False):
+        return
+
+    def result(lm: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
+        made = original(lm, response, *args, **kwargs)
+        reason = getattr(response, "finish_reason", None)
+        if reason in _UNFINISHED:
+            made.outputs = [
+                {**out, FINISH_REASON: reason}
+                if isinstance(out, dict)
+                else {"text": out, FINISH_REASON: reason}
+                for out in made.outputs
+            ]
+        return made
+
+    result._crag_marked = True  # type: ignore[attr-defined]
+    execution._result = result
 
 
 _FENCE = re.compile(r"^```[a-zA-Z]*\n(.*?)\n?```$", re.DOTALL)
@@ -96,6 +134,9 @@ class _FieldsAdapter(Adapter):
 
     # Whether fenced inputs are made inert here (judges read raw passages and strips); see TextAdapter.
     neutralize_inputs = True
+    # Whether a reply cut at max_tokens is unusable: yes for text, whose end is lost; a label is read
+    # from its first token, and judges ask for one to three tokens, so their replies are always "cut".
+    cut_reply_is_unusable = False
 
     def _fence(self, value: Any) -> str:
         text = neutralize(str(value)) if self.neutralize_inputs else str(value)
@@ -119,6 +160,14 @@ class _FieldsAdapter(Adapter):
         limit = reply_limit(lm_kwargs, lm)
         for output in outputs:
             text = output.get("text") if isinstance(output, dict) else output
+            reason = output.get(FINISH_REASON) if isinstance(output, dict) else None
+            if reason == "content_filter" or (reason == "length" and self.cut_reply_is_unusable):
+                why = (
+                    "the provider's content filter stopped the reply"
+                    if reason == "content_filter"
+                    else f"the reply was cut at max_tokens ({asked_tokens(lm_kwargs, lm) or 'the LM default'})"
+                )
+                raise self._unparsed(original_signature, str(text or "")[:200], f"Unusable reply: {why}.")
             if isinstance(text, str) and len(text) > limit:
                 raise self._unparsed(
                     original_signature,
@@ -219,6 +268,7 @@ class TextAdapter(_FieldsAdapter):
     """
 
     neutralize_inputs = False
+    cut_reply_is_unusable = True
 
     def format_field_structure(self, signature) -> str:
         name, desc = self._output(signature)

@@ -41,6 +41,7 @@ from dspy.utils.exceptions import (
     is_retryable_lm_error,
 )
 
+from .adapters import mark_unfinished_replies
 from .lm_transport import patch_lm_transport
 from .redaction import redact
 
@@ -137,6 +138,8 @@ _patch_dspy_retries()
 # At import, like the retry cap above: every LM call a CRAG program makes is bounded (a total deadline,
 # a reply size cap, and a final 2xx only: see crag_dspy/lm_transport.py).
 patch_lm_transport()
+# Likewise: a reply cut at max_tokens or by a content filter says so to CRAG's adapters.
+mark_unfinished_replies()
 
 
 _QUESTION: ContextVar[str | None] = ContextVar("crag_dspy_question", default=None)

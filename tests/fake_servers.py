@@ -32,6 +32,8 @@ from fakes import render
 #   "no-choices"           200 with a chat completion whose "choices" is empty
 #   "null-content"         200 with a chat completion whose one message has "content": null
 #   "blank-content"        200 with a chat completion whose one message has "content": " " (whitespace)
+#   "cut"                  200 with a partial answer whose finish_reason is "length" (cut at max_tokens)
+#   "filtered"             200 with a partial answer whose finish_reason is "content_filter"
 #   "reset"                close the connection without any response
 #   "endless"              200 whose chunked body never ends (64 KB chunks as fast as the client reads)
 #   "drip"                 200 whose chunked body is one byte every 0.2 s, never finishing
@@ -172,6 +174,10 @@ class LoopbackServer:
                 reply["choices"] = []
             else:
                 reply["choices"][0]["message"]["content"] = None if fault == "null-content" else " \n"
+            self.send(handler, 200, reply)
+        elif fault in {"cut", "filtered"}:
+            reply = self.completion("The AquaProbe 220 measures")
+            reply["choices"][0]["finish_reason"] = "length" if fault == "cut" else "content_filter"
             self.send(handler, 200, reply)
         elif fault == "reset":
             handler.close_connection = True

@@ -495,3 +495,29 @@ def test_one_empty_reply_is_a_failed_call_and_the_question_goes_on(fault):
         pred = ask(server, [("kb-1", GOOD), ("kb-2", GOOD)])
     assert by_stage(server)["grade"] == 2 and pred.trace.documents[0].score is None
     assert "chat completion" in pred.trace.documents[0].error and pred.answer == "0 to 25 mg/L"
+
+
+@pytest.mark.parametrize(
+    "fault, why", [("cut", "cut at max_tokens (64)"), ("filtered", "the provider's content filter")]
+)
+def test_an_answer_cut_at_max_tokens_or_by_a_filter_is_not_shown_as_answered(fault, why):
+    # Probe 6: a reply with finish_reason "length" ("The AquaProbe 220 measures") was the answer, status
+    # answered, not degraded; DSPy only logged a warning. It is unusable output now: new rollouts, and
+    # when none finishes, no answer, as for any unusable answer (no made-up "I don't know").
+    refused = pytest.raises(LMUnavailableError, match="gave no usable answer after 3 attempts")
+    with FakeOpenAI(script, fault_on("answer", fault)) as server, refused as info:
+        ask(server)
+    assert by_stage(server)["answer"] == 3  # a new rollout may finish; three did not
+    assert why in str(info.value) and info.value.trace.answer != "The AquaProbe 220 measures"
+    with FakeOpenAI(script, fault_on("answer", fault, times=1)) as server:
+        assert ask(server).answer == "0 to 25 mg/L"  # the next rollout finished
+
+
+def test_a_label_cut_at_its_one_token_is_read_as_usual():
+    # A judge asks for one to three tokens, so its reply always stops at max_tokens: that is its answer.
+    from crag_dspy.adapters import FINISH_REASON, LabelAdapter
+    from signatures.grading import GradeDocument
+
+    outputs = [{"text": "Yes", FINISH_REASON: "length"}]
+    parsed = LabelAdapter()._call_postprocess(GradeDocument, GradeDocument, outputs, None, {"max_tokens": 1})
+    assert parsed[0][next(iter(GradeDocument.output_fields))] is True
