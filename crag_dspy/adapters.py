@@ -68,17 +68,40 @@ def asked_tokens(lm_kwargs: dict[str, Any], lm: Any = None) -> int | None:
 
 
 FINISH_REASON = "finish_reason"
-"""Key of a reply (an output dict) that did not stop by itself: why it stopped (:func:`mark_unfinished_replies`)."""
+"""Key of a reply given as a dict (with ``logprobs``) that did not stop by itself: why it stopped."""
 _UNFINISHED = frozenset({"length", "content_filter"})
+
+
+class UnfinishedText(str):
+    """A reply's text that did not stop by itself; :attr:`finish_reason` says why. A ``str``, so a caller
+    of ``dspy.LM`` that expects text gets text."""
+
+    finish_reason: str
+
+
+def finish_reason(output: Any) -> str | None:
+    """Why the reply ``output`` (text or DSPy's output dict) stopped, when not by itself; else None."""
+    if isinstance(output, dict):
+        return output.get(FINISH_REASON)
+    return getattr(output, "finish_reason", None)
+
+
+def _unfinished(output: Any, reason: str) -> Any:
+    if isinstance(output, dict):
+        return {**output, FINISH_REASON: reason}
+    if isinstance(output, str):
+        text = UnfinishedText(output)
+        text.finish_reason = reason
+        return text
+    return output
 
 
 def mark_unfinished_replies() -> None:
     """Keep, on each reply DSPy returns, why the LM stopped when it did not stop by itself: cut at
-    ``max_tokens`` ("length") or by the provider's filter ("content_filter"). DSPy only logs a warning
-    for a cut reply and returns its text like any other, so a cut answer ("The Zorblax pump moves") was
-    shown as answered (probe 6). The reason goes into the output dict (:data:`FINISH_REASON`), which
-    DSPy's adapters read as they read ``logprobs``, and is cached with it. Idempotent; DSPy's
-    ``execution._result``, which turns each response into outputs, is private: dspy is pinned below 3.5."""
+    ``max_tokens`` ("length") or by the provider's filter ("content_filter") (:func:`finish_reason`).
+    DSPy only logs a warning for a cut reply and returns its text like any other, so a cut answer ("The
+    Zorblax pump moves") was shown as answered (probe 6). Idempotent; DSPy's ``execution._result``, which
+    turns each response into outputs, is private: dspy is pinned below 3.5."""
     from dspy.clients import execution
 
     original = execution._result
@@ -89,12 +112,7 @@ def mark_unfinished_replies() -> None:
         made = original(lm, response, *args, **kwargs)
         reason = getattr(response, "finish_reason", None)
         if reason in _UNFINISHED:
-            made.outputs = [
-                {**out, FINISH_REASON: reason}
-                if isinstance(out, dict)
-                else {"text": out, FINISH_REASON: reason}
-                for out in made.outputs
-            ]
+            made.outputs = [_unfinished(out, reason) for out in made.outputs]
         return made
 
     result._crag_marked = True  # type: ignore[attr-defined]
@@ -160,7 +178,7 @@ class _FieldsAdapter(Adapter):
         limit = reply_limit(lm_kwargs, lm)
         for output in outputs:
             text = output.get("text") if isinstance(output, dict) else output
-            reason = output.get(FINISH_REASON) if isinstance(output, dict) else None
+            reason = finish_reason(output)
             if reason == "content_filter" or (reason == "length" and self.cut_reply_is_unusable):
                 why = (
                     "the provider's content filter stopped the reply"

@@ -17,6 +17,7 @@ from fake_servers import GZIP_BOMB_MB, FakeOpenAI, gzip_bomb
 from fakes import ListRetriever, ListWebSearch
 
 from crag_dspy import CRAG, lm_transport
+from crag_dspy.adapters import finish_reason
 from crag_dspy.faults import CONSECUTIVE_LM_FAILURES, LMUnavailableError, classify_lm_error
 from crag_dspy.protocols import WebResult
 
@@ -515,9 +516,19 @@ def test_an_answer_cut_at_max_tokens_or_by_a_filter_is_not_shown_as_answered(fau
 
 def test_a_label_cut_at_its_one_token_is_read_as_usual():
     # A judge asks for one to three tokens, so its reply always stops at max_tokens: that is its answer.
-    from crag_dspy.adapters import FINISH_REASON, LabelAdapter
+    from crag_dspy.adapters import FINISH_REASON, LabelAdapter, UnfinishedText
     from signatures.grading import GradeDocument
 
-    outputs = [{"text": "Yes", FINISH_REASON: "length"}]
+    text = UnfinishedText("Yes")
+    text.finish_reason = "length"
+    outputs = [{"text": "Yes", FINISH_REASON: "length"}, text]
     parsed = LabelAdapter()._call_postprocess(GradeDocument, GradeDocument, outputs, None, {"max_tokens": 1})
-    assert parsed[0][next(iter(GradeDocument.output_fields))] is True
+    assert [p[next(iter(GradeDocument.output_fields))] for p in parsed] == [True, True]
+
+
+def test_a_cut_reply_is_still_text_to_a_caller_of_the_lm():
+    # Importing crag_dspy must not change what dspy.LM returns to a library user's own calls.
+    with FakeOpenAI(script, lambda n, body: "cut") as server:
+        (reply,) = make_lm(server)("hello")
+    assert isinstance(reply, str) and reply == "The AquaProbe 220 measures"
+    assert finish_reason(reply) == "length"
