@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import threading
 import unicodedata
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,9 @@ from .store import (
     content_hash,
     open_retrievable,
     query_rows,
+    reply_rows,
     store_errors,
+    stored_pages,
     stored_passage,
 )
 
@@ -261,7 +263,7 @@ class HybridRetriever:
         cache_dir: Path | None = None,
         rrf_k: int = RRF_K,
         candidates: int = 20,
-        page_size: int = 2000,
+        page_size: int | None = None,
     ):
         self.name = f"hybrid:{collection}"
         self.collection_name = collection
@@ -288,17 +290,7 @@ class HybridRetriever:
         found = collection.metadata or {}
         if MANIFEST_HASH in found and found.get(MANIFEST_CHUNKS) == collection.count():
             return str(found[MANIFEST_HASH])
-        return content_hash(cid for page in self._pages(include=[]) for cid in page["ids"])
-
-    def _pages(self, include: list) -> Iterator[dict]:
-        # Paged: one get of a large collection is one huge response (and a server may cap it).
-        offset = 0
-        while True:
-            page = self._collection.get(include=include, limit=self.page_size, offset=offset)
-            if not page["ids"]:
-                return
-            yield page
-            offset += len(page["ids"])
+        return content_hash(cid for page in stored_pages(self._collection, include=[]) for cid in page["ids"])
 
     def _folder(self, key: str) -> Path | None:
         return None if self.cache_dir is None else self.cache_dir / f"{self.collection_name}-{key[:16]}"
@@ -312,7 +304,7 @@ class HybridRetriever:
                 log.debug("BM25 index of %r loaded from %s", self.collection_name, folder)
                 return index
         ids, texts = [], []
-        for page in self._pages(include=["documents", "metadatas"]):
+        for page in stored_pages(self._collection, ["documents", "metadatas"], self.page_size):
             for cid, text, meta in zip(page["ids"], page["documents"], page["metadatas"]):
                 ids.append(cid)
                 # What the dense side embeds (planned_chunks): the heading gives a chunk its subject.
@@ -350,7 +342,7 @@ class HybridRetriever:
             return []
         n = max(self.candidates, 4 * k)
         vector = self._embedder.encode([query])[0]
-        with store_errors(f"querying collection {self.collection_name!r}"):
+        with store_errors(f"querying collection {self.collection_name!r}"), reply_rows(n):
             result = self._collection.query(
                 query_embeddings=[vector], n_results=n, include=["documents", "metadatas", "distances"]
             )

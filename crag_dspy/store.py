@@ -9,7 +9,7 @@ import math
 import numbers
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +30,7 @@ from .version import __version__
 
 __all__ = [
     "MAX_STORE_REPLY_BYTES",
+    "MAX_STORE_ROW_BYTES",
     "ChromaRetriever",
     "IngestReport",
     "StoreError",
@@ -44,9 +45,11 @@ __all__ = [
     "open_retrievable",
     "planned_chunks",
     "query_rows",
+    "reply_rows",
     "source_record",
     "store_errors",
     "stored_gap",
+    "stored_pages",
     "stored_passage",
 ]
 
@@ -57,10 +60,27 @@ class StoreError(RuntimeError):
     """Chroma is unreachable, or a collection is missing or was built with another embedding model."""
 
 
-MAX_STORE_REPLY_BYTES = 128 * 1024 * 1024
-"""The largest reply read from a Chroma server (128 MB). The largest real one is the list of chunk ids an
-ingest reads (about 40 bytes a chunk: 3 million chunks); a query's k passages are a few hundred KB. A
-larger reply fails as a :class:`StoreError` instead of growing memory until the host runs out."""
+MAX_STORE_REPLY_BYTES = 16 * 1024 * 1024
+"""The largest reply read from a Chroma server (16 MB), unless the request bounds it lower
+(:func:`reply_rows`). Parsing a reply costs up to about 25 times its size (a 124 MB reply of tiny strings
+took 3 GB, and crashed a capped process), so the cap is what bounds memory: 400 MB at worst. No real
+reply comes near it: a collection's chunks are read in pages (:func:`stored_pages`), a query's k passages
+are a few hundred KB. A larger reply fails as a :class:`StoreError` naming the server and the limit."""
+
+MAX_STORE_ROW_BYTES = 128 * 1024
+"""The most one stored chunk takes in a reply (128 KB): its text (at most 24,000 characters, the chunker's
+bound at the largest ``chunk_words``, 4 bytes each in UTF-8), its metadata, id and distance. A query of
+``k`` results, or a page of ``k`` chunks, reads at most ``k`` times this (:func:`reply_rows`)."""
+
+_REPLY_ENVELOPE_BYTES = 64 * 1024
+"""What a reply of rows holds besides the rows (the column names, the ``included`` list, framing)."""
+
+ID_PAGE_ROWS = 50_000
+"""Chunk ids listed a request (:func:`stored_pages` without documents): about 2 MB a reply."""
+
+CHUNK_PAGE_ROWS = MAX_STORE_REPLY_BYTES // MAX_STORE_ROW_BYTES
+"""Chunks read a request with their texts (:func:`stored_pages`): a page of the largest chunks fits in the
+reply cap."""
 
 
 class _ReplyTooSlow(httpcore.ReadTimeout):
@@ -95,21 +115,23 @@ def _reply_check(
 
 @dataclass
 class _Deadline:
-    """One Chroma request's limits: every byte of it within ``limit_s`` of its start, at most
-    :data:`MAX_STORE_REPLY_BYTES` read. Messages name the server (``where``) and the setting."""
+    """One Chroma request's limits: every byte of it within ``limit_s`` of its start, at most ``max_bytes``
+    read (:data:`MAX_STORE_REPLY_BYTES`, or a lower bound the request set: :func:`reply_rows`). Messages
+    name the server (``where``), the limit and the setting."""
 
     where: str
     limit_s: float
     started: float
+    max_bytes: int
+    bound: str
 
     def __post_init__(self) -> None:
         self.check = _reply_check(
             self.started,
             self.limit_s,
-            MAX_STORE_REPLY_BYTES,
+            self.max_bytes,
             lambda: _ReplyRefused(
-                f"reply of the server {self.where} larger than {MAX_STORE_REPLY_BYTES / 2**20:g} MB "
-                "(MAX_STORE_REPLY_BYTES)"
+                f"reply of the server {self.where} larger than {self.max_bytes / 2**20:.3g} MB ({self.bound})"
             ),
             self.too_slow,
         )
@@ -128,6 +150,29 @@ class _Deadline:
         if left <= 0:
             raise self.too_slow()
         return left if timeout is None else min(timeout, left)
+
+
+_REPLY_BOUND: ContextVar[tuple[int, str] | None] = ContextVar("crag_dspy_store_reply_bound", default=None)
+"""The reply size (bytes, and what sets it) of the Chroma requests made in this context, when lower than
+:data:`MAX_STORE_REPLY_BYTES`."""
+
+
+@contextmanager
+def reply_rows(rows: int) -> Iterator[None]:
+    """Bound the replies of the Chroma requests in the block to ``rows`` stored chunks
+    (:data:`MAX_STORE_ROW_BYTES` each): a query of ``rows`` results, a page of ``rows`` chunks."""
+    most = rows * MAX_STORE_ROW_BYTES + _REPLY_ENVELOPE_BYTES
+    bound = f"{rows} results of {MAX_STORE_ROW_BYTES // 1024} KB: MAX_STORE_ROW_BYTES"
+    token = _REPLY_BOUND.set((most, bound) if most < MAX_STORE_REPLY_BYTES else None)
+    try:
+        yield
+    finally:
+        _REPLY_BOUND.reset(token)
+
+
+def _reply_bound() -> tuple[int, str]:
+    """The most bytes a Chroma reply made now may have, and what sets it (the setting a message names)."""
+    return _REPLY_BOUND.get() or (MAX_STORE_REPLY_BYTES, "MAX_STORE_REPLY_BYTES")
 
 
 _DEADLINE: ContextVar[_Deadline | None] = ContextVar("crag_dspy_store_deadline", default=None)
@@ -229,14 +274,14 @@ class _DeadlineBody(httpx.SyncByteStream):
 
 class _DeadlineTransport(httpx.BaseTransport):
     """An httpx transport whose every request, connect, headers and body together, ends within
-    ``limit_s`` (:class:`_Deadline`), reads at most :data:`MAX_STORE_REPLY_BYTES`, and is never compressed
+    ``limit_s`` (:class:`_Deadline`), reads at most :func:`_reply_bound`, and is never compressed
     (the cap counts the bytes received: an inflated reply would escape it)."""
 
     def __init__(self, inner: httpx.BaseTransport, where: str, limit_s: float) -> None:
         self._inner, self._where, self._limit_s = inner, where, limit_s
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        deadline = _Deadline(self._where, self._limit_s, time.monotonic())
+        deadline = _Deadline(self._where, self._limit_s, time.monotonic(), *_reply_bound())
         request.headers["Accept-Encoding"] = "identity"
         with _within(deadline):
             response = self._inner.handle_request(request)
@@ -557,7 +602,7 @@ def _ingest(
 ) -> IngestReport:
     collection = get_collection(client, name, embedder, create=True)
     wanted = planned_chunks(docs, chunk_words)
-    existing = set(collection.get(include=[])["ids"])
+    existing = {cid for page in stored_pages(collection, include=[]) for cid in page["ids"]}
     stale = sorted(existing - wanted.keys())
     new_ids = [cid for cid in wanted if cid not in existing]
     if new_ids or stale:
@@ -651,6 +696,21 @@ def ingest_gaps(client: chromadb.ClientAPI, domain: Domain) -> list[str]:
     return gaps
 
 
+def stored_pages(collection, include: list, rows: int | None = None) -> Iterator[dict]:
+    """The collection's chunks (``include`` says what of them), a reply of ``rows`` at a time: one reply of
+    a large collection would pass the reply cap (:data:`MAX_STORE_REPLY_BYTES`). By default, pages of
+    :data:`ID_PAGE_ROWS` ids, or of :data:`CHUNK_PAGE_ROWS` chunks with their texts or metadata."""
+    rows = rows or (CHUNK_PAGE_ROWS if include else ID_PAGE_ROWS)
+    offset = 0
+    while True:
+        with reply_rows(rows) if include else nullcontext():
+            page = collection.get(include=include, limit=rows, offset=offset)
+        if not page["ids"]:
+            return
+        yield page
+        offset += len(page["ids"])
+
+
 def stored_gap(collection) -> str | None:
     """Why ``collection`` is not complete by its manifest alone (no documents to compare with), or None."""
     found, count = collection.metadata or {}, collection.count()
@@ -709,7 +769,7 @@ class ChromaRetriever:
     def retrieve(self, query: str, k: int) -> list[Passage]:
         if k < 1:
             return []
-        with store_errors(f"querying collection {self._collection.name!r}"):
+        with store_errors(f"querying collection {self._collection.name!r}"), reply_rows(k):
             result = self._collection.query(
                 query_embeddings=self._embedder.encode([query]),
                 n_results=k,

@@ -246,8 +246,12 @@ def test_a_chroma_server_answers_queries_through_the_bounded_client():
         # the request ran for ever.
         ("drip", 1, r"the server SERVER gave no answer within 1 s \(CRAG_STORE_TIMEOUT_S\)"),
         ("drip-head", 1, r"the server SERVER gave no answer within 1 s \(CRAG_STORE_TIMEOUT_S\)"),
-        # Buffered whole: 3 GB, then MemoryError. A 1 MB cap keeps the test fast; the real one is 128 MB.
-        ("endless", 30, r"reply of the server SERVER larger than 1 MB \(MAX_STORE_REPLY_BYTES\)"),
+        # Buffered whole: 3 GB, then MemoryError. A query of 1 result reads at most 1 row's bound.
+        (
+            "endless",
+            30,
+            r"reply of the server SERVER larger than 0.188 MB \(1 results of 128 KB: MAX_STORE_ROW_BYTES\)",
+        ),
     ],
 )
 def test_a_chroma_reply_that_drips_or_never_ends_is_a_store_error_within_the_time_and_size_limits(
@@ -260,6 +264,40 @@ def test_a_chroma_reply_that_drips_or_never_ends_is_a_store_error_within_the_tim
     refused = refused.replace("SERVER", f"127.0.0.1:{server.port}")
     assert re.search(f"^Chroma failed while querying collection 't__kb': {refused}$", str(info.value))
     assert time.monotonic() - start < 5  # the 1 s limit, or 1 MB read, and the fake Chroma opening
+
+
+def test_a_query_reply_past_its_results_bound_is_refused_under_the_reply_cap():
+    # Probe 6: 124 MB of tiny strings, under the 128 MB cap, answering a query of 5 results: parsing it took
+    # 3.8 GB and the capped process crashed. A query reads at most k rows of the largest stored chunk.
+    flood = {**ONE_PASSAGE, "ids": [["c1"] * 40_000]}  # 240 KB: past one result's 192 KB, under 16 MB
+    with FakeChroma(flood) as server, pytest.raises(StoreError) as info:
+        query_fake_chroma(server)
+    assert str(info.value).endswith(
+        f"reply of the server 127.0.0.1:{server.port} larger than 0.188 MB (1 results of 128 KB: MAX_STORE_ROW_BYTES)"
+    )
+
+
+def test_a_reply_without_a_results_bound_is_refused_past_the_reply_cap(monkeypatch):
+    monkeypatch.setattr(store, "MAX_STORE_REPLY_BYTES", 100_000)
+    with (
+        FakeChroma({"ids": ["c"] * 40_000}) as server,
+        pytest.raises(StoreError, match="MAX_STORE_REPLY_BYTES"),
+    ):
+        client = open_client(Settings(chroma_host="127.0.0.1", chroma_port=server.port))
+        with store.store_errors("reading"):
+            client.get_collection("t__kb").get(ids=["c"])
+
+
+def test_a_collection_is_read_in_pages_each_under_the_reply_cap(tmp_path, embedder, monkeypatch):
+    # One get of every chunk id of a large collection was the reply the old 128 MB cap was sized for.
+    monkeypatch.setattr(store, "ID_PAGE_ROWS", 2)
+    client = open_client(Settings(chroma_path=tmp_path / "chroma"))
+    docs = [CorpusDoc(id=f"d{i}", title=f"D{i}", text=f"Fact number {i}.") for i in range(5)]
+    ingest_documents(client, "t__kb", docs, embedder, chunk_words=120, progress=False)
+    report = ingest_documents(client, "t__kb", docs[1:], embedder, chunk_words=120, progress=False)
+    assert (report.added, report.unchanged, report.removed) == (0, 4, 1)
+    pages = list(store.stored_pages(client.get_collection("t__kb"), include=[]))
+    assert [len(page["ids"]) for page in pages] == [2, 2]
 
 
 def test_a_compressed_chroma_reply_is_refused_as_the_size_cap_could_not_bound_it():
