@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 from .files import link_outside, not_regular, read_regular_file
 from .records import CorpusDoc, DocPart, DomainDataError
-from .sections import markdown_parts, sectioned
+from .sections import TooManyPartsError, markdown_parts, sectioned
 
 if TYPE_CHECKING:
     import docx.table
@@ -64,6 +64,10 @@ the most its text or a .docx's parts may unpack to. Generous: a 50 MB PDF is tho
 _MB = 2**20
 _LIMIT_SETTING = "CRAG_MAX_DOCUMENT_MB"
 _INFLATE_STEP = 1 << 20  # bytes a zip part is inflated by at a time when its real size is checked
+# A document may have one part (page or section) per this many bytes of the limit: 204800 at 50 MB. Each
+# part is at least one chunk (~1.5 KB held while ingesting), and a 10 MB file of one-line sections made
+# 900k parts and 1.3 GB. Real documents are far from it: the owndocs benchmark has ~1 KB of file a part.
+_BYTES_PER_PART = 256
 
 
 class MissingExtraError(DomainDataError):
@@ -94,6 +98,27 @@ def _over_limit(path: Path, what: str, max_bytes: int) -> UnreadableDocumentErro
     )
 
 
+def _most_parts(max_bytes: int) -> int:
+    """The most pages or sections a document may have under the limit ``max_bytes``."""
+    return max(1, max_bytes // _BYTES_PER_PART)
+
+
+def _too_many_parts(path: Path, what: str, max_bytes: int) -> UnreadableDocumentError:
+    """The skip of a document of more ``what`` ("sections") than :func:`_most_parts` allows."""
+    most = _most_parts(max_bytes)
+    return _over_limit(path, f"it has more than {most} {what}, one per {_BYTES_PER_PART} bytes of", max_bytes)
+
+
+def _sections(
+    path: Path, parts: Callable[[int], list[DocPart] | None], max_bytes: int
+) -> list[DocPart] | None:
+    """``parts(most)`` (a sectioning bounded to ``most`` parts), or the file's skip when it has more."""
+    try:
+        return parts(_most_parts(max_bytes))
+    except TooManyPartsError:
+        raise _too_many_parts(path, "sections", max_bytes) from None
+
+
 def _text_file(path: Path, raw: bytes, max_bytes: int) -> Read:
     # The first line is the title, as the corpus folder has always read .md/.txt (CorpusDoc bounds its
     # length). utf-8-sig: editors on Windows start UTF-8 files with a byte-order mark, which is no part
@@ -113,7 +138,7 @@ def _text_file(path: Path, raw: bytes, max_bytes: int) -> Read:
 
 def _markdown(path: Path, raw: bytes, max_bytes: int) -> Read:
     title, text, _ = _text_file(path, raw, max_bytes)
-    return title, text, markdown_parts(text, title)
+    return title, text, _sections(path, lambda most: markdown_parts(text, title, most=most), max_bytes)
 
 
 def _pdf(path: Path, raw: bytes, max_bytes: int) -> Read:
@@ -125,6 +150,8 @@ def _pdf(path: Path, raw: bytes, max_bytes: int) -> Read:
     if reader.is_encrypted:
         reader.decrypt("")  # many PDFs are "encrypted" with an empty user password; others raise below
     title = reader.metadata.title if reader.metadata else None
+    if len(reader.pages) > _most_parts(max_bytes):  # before any page is read: each is a part
+        raise _too_many_parts(path, "pages", max_bytes)
     _check_content_size(path, reader, max_bytes)
     # One part per page, so every chunk has its page to cite (LlamaIndex's PDF reader makes a document
     # of each page for the same reason). Inside a page pypdf breaks lines with single newlines, which
@@ -228,7 +255,11 @@ def _html(path: Path, raw: bytes, max_bytes: int) -> Read:
         raw, output_format="markdown", include_tables=True, include_comments=False, favor_recall=True
     )
     title = metadata.title if metadata else None
-    return title, text or "", markdown_parts(text or "", title)
+    return (
+        title,
+        text or "",
+        _sections(path, lambda most: markdown_parts(text or "", title, most=most), max_bytes),
+    )
 
 
 def _heading_level(style_name: str | None) -> int | None:
@@ -311,7 +342,7 @@ def _docx(path: Path, raw: bytes, max_bytes: int) -> Read:
             merged[-1] = (None, f"{merged[-1][1]}\n\n{b}")
         else:
             merged.append((level, b))
-    return title, text, sectioned(merged, title)
+    return title, text, _sections(path, lambda most: sectioned(merged, title, most=most), max_bytes)
 
 
 def _table_rows(table: docx.table.Table) -> Iterator[str]:

@@ -1,7 +1,9 @@
 """Citations and section paths: pure functions, no LM."""
 
+import pytest
+
 from crag_dspy.citations import MAX_CITATIONS, Citation, cite
-from crag_dspy.sections import markdown_blocks, markdown_parts, sectioned
+from crag_dspy.sections import TooManyPartsError, markdown_blocks, markdown_parts, sectioned
 from crag_dspy.trace import StripRecord
 
 
@@ -108,7 +110,7 @@ def test_a_web_strip_is_cited_by_its_url():
 
 def test_markdown_blocks_split_headings_outside_code_fences():
     text = "# Guide\n\nIntro.\n\n## Install\n\n```\n# a comment\n```\n\nText ## not a heading\n"
-    assert markdown_blocks(text) == [
+    assert list(markdown_blocks(text)) == [
         (1, "# Guide"),
         (None, "Intro."),
         (2, "## Install"),
@@ -137,3 +139,20 @@ def test_sectioned_heading_paths():
     assert sectioned(blocks)[0].section == "Manual"  # without a title, the top heading is a step
     assert [p.section for p in markdown_parts("## Only `code` **here**\n\nBody.")] == ["Only code here"]
     assert markdown_parts("## Lonely heading")[0].text == "## Lonely heading"
+
+
+def test_sectioned_stops_at_the_part_past_its_bound_without_reading_further_blocks():
+    # Probe 6, D5: the loader bounds a document's sections; the blocks of a file of a million one-line
+    # sections are read lazily and no further than the part past the bound.
+    read = []
+
+    def blocks():
+        for i in range(1_000_000):
+            read.append(i)
+            yield 1, f"# h{i}"
+            yield None, "x"
+
+    with pytest.raises(TooManyPartsError):
+        sectioned(blocks(), most=3)
+    assert len(read) == 4
+    assert len(sectioned(markdown_blocks("# a\nx\n# b\ny\n# c\nz"), most=3)) == 3

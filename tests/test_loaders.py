@@ -654,3 +654,22 @@ def test_html_nested_deeper_than_its_reader_reads_is_named_not_read_in_part(tmp_
     )
     text = load_document(shallow).text
     assert "Top text." in text and "Quibble 3 weighs 4 kg" in text and "Tail text." in text
+
+
+def test_a_document_of_more_sections_or_pages_than_the_limit_allows_is_skipped_by_name(tmp_path):
+    # Probe 6, D5: a 10.7 MB Markdown file of one-line sections ("# h\nx\n") made 900k sections, each a
+    # chunk, and 1.3 GB held while ingesting. A document may have one section or page per 256 bytes of the
+    # limit: here 40 at 10 KB, so the first is read whole and the second, under the size limit, is not.
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "few.md").write_text("".join(f"# h{i}\nx\n" for i in range(40)))
+    (corpus / "many.md").write_text("".join(f"# h{i}\nx\n" for i in range(41)))
+    folder = load_folder(corpus, max_bytes=10_240)
+    assert [doc.id for doc in folder.docs] == ["few.md"] and len(folder.docs[0].parts) == 40
+    shown = "it has more than 40 sections, one per 256 bytes of 0.01 MB (setting CRAG_MAX_DOCUMENT_MB)"
+    assert folder.skipped == [f"{corpus / 'many.md'}: {shown}: not read"]
+    write_shared_stream_pdf(tmp_path / "many.pdf", pages=41, padding=0)
+    with pytest.raises(
+        UnreadableDocumentError, match=r"many.pdf: it has more than 40 pages, one per 256 byt"
+    ):
+        load_document(tmp_path / "many.pdf", max_bytes=10_240)
