@@ -26,7 +26,7 @@ from .flag_policy import OnFlag, judge_flag, without_answer
 from .grounding import warning_line
 from .lm import EMBEDDED_MODELS, ENGINE_CHOICES, WeightsError
 from .redaction import configure_logging, redact
-from .terminal import json_for_terminal, terminal_safe
+from .terminal import json_for_terminal, one_line, terminal_safe
 
 __all__ = [
     "AskProgress",
@@ -294,11 +294,15 @@ def _answer_lines(trace, on_flag: OnFlag) -> list[str]:
             f"  (the LM replied {trace.lm_answer!r}; {_why_changed(trace)})" if trace.lm_answer else ""
         )
     lines = [first, *([warning] if warning else [])]  # right under the answer: it is about the answer
-    lines += [f"  [{n}] {c.label}: {_quoted(c.quote)}" for n, c in enumerate(verdict.citations, 1)]
+    # A label is a file name or URL: one line, or a name with "\nanswer: ..." in it forges an answer.
+    lines += [f"  [{n}] {one_line(c.label)}: {_quoted(c.quote)}" for n, c in enumerate(verdict.citations, 1)]
     if verdict.other_side:
         lines.append("sources that disagree or instruct:")
         start = len(verdict.citations) + 1
-        lines += [f"  [{n}] {c.label}: {_quoted(c.quote)}" for n, c in enumerate(verdict.other_side, start)]
+        lines += [
+            f"  [{n}] {one_line(c.label)}: {_quoted(c.quote)}"
+            for n, c in enumerate(verdict.other_side, start)
+        ]
     return lines
 
 
@@ -317,7 +321,7 @@ def format_trace(trace, on_flag: OnFlag = "warn") -> str:
     for d in trace.documents:
         score = "error" if d.score is None else f"{d.score:.2f}"
         where = f"  (retry round {found_in[d.id]})" if d.id in found_in else ""
-        lines.append(f"  #{d.rank} {score:>5}  {_words(d.title)[:70]}  [{d.doc_id}]{where}")
+        lines.append(f"  #{d.rank} {score:>5}  {_words(d.title)[:70]}  [{one_line(d.doc_id)}]{where}")
     if rounds:
         lines.append(f"internal retries (at most {trace.internal_retries} rounds):")
     for r in rounds:
@@ -336,11 +340,11 @@ def format_trace(trace, on_flag: OnFlag = "warn") -> str:
     lines.append(f"strips: {len(kept)} kept, {dropped} dropped")
     for s in kept:
         text = _words(s.text)
-        lines.append(f"  [{s.source}] {text[:100]}{'...' if len(text) > 100 else ''}")
+        lines.append(f"  [{one_line(s.source)}] {text[:100]}{'...' if len(text) > 100 else ''}")
     for f in trace.fallbacks:
-        lines.append(f"fallback: {f}")
+        lines.append(f"fallback: {one_line(f)}")
     for e in trace.errors:
-        lines.append(f"error: {e}")
+        lines.append(f"error: {one_line(e)}")  # errors name files
     usage = trace.total_usage
     total_time = sum(trace.timings.values())
     lines.append(
@@ -407,7 +411,7 @@ def _ingest(args: argparse.Namespace) -> int:
     if domain.skipped:  # last, where it is seen: the ingest went on without these files
         print(f"skipped {len(domain.skipped)} unreadable file(s):")
         for message in domain.skipped:
-            print(f"  {terminal_safe(message, newlines=False)}")  # file names are untrusted
+            print(f"  {one_line(message)}")  # file names are untrusted
     return 0
 
 
@@ -485,7 +489,9 @@ def stage_line(event) -> str:
 
 def print_stage(event) -> None:
     # stderr, flushed: the stages show as they happen, and stdout stays the answer for pipes and scripts.
-    print(terminal_safe(stage_line(event)), file=sys.stderr, flush=True)
+    # One line: titles and citation labels are file names ("cited 1: <name>"); the answer's own line is
+    # printed by AskProgress.finish, its newlines kept as on stdout.
+    print(one_line(stage_line(event)), file=sys.stderr, flush=True)
 
 
 def _words(text: str) -> str:
@@ -640,7 +646,7 @@ def error_line(exc: BaseException) -> str:
         )
     else:
         text = str(exc)
-    return f"error: {terminal_safe(redact(show_bundled_paths(text)))}"  # messages name files
+    return f"error: {one_line(redact(show_bundled_paths(text)))}"  # one line: messages name files
 
 
 def user_error_types() -> tuple[type[Exception], ...]:

@@ -14,7 +14,7 @@ import os
 import re
 
 from .held_text import prefix_at_end
-from .terminal import terminal_safe
+from .terminal import one_line, terminal_safe
 
 __all__ = [
     "REDACTED",
@@ -135,12 +135,13 @@ def question_hash(question: str) -> str:
 
 class RedactingFilter(logging.Filter):
     """A logging filter for handlers: formats each record once and redacts the final message. It also
-    escapes the characters that would act on a terminal (:func:`~crag_dspy.terminal.terminal_safe`):
-    messages quote file names and documents ("skipped <file>: ..."), which are untrusted."""
+    escapes the characters that would act on a terminal, newlines too (:func:`~crag_dspy.terminal.one_line`):
+    messages quote file names and documents ("skipped <file>: ..."), which are untrusted, and a record is one
+    line, so a name holding "\\nERROR ..." cannot forge another. A traceback keeps its lines."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
-        cleaned = terminal_safe(redact(message))
+        cleaned = one_line(redact(message))
         if cleaned != message:
             record.msg, record.args = cleaned, None
         if record.exc_info and record.exc_info[1] is not None:

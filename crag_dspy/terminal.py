@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import re
 
-__all__ = ["json_for_terminal", "terminal_safe"]
+__all__ = ["json_for_terminal", "one_line", "terminal_safe"]
 
 # C0 controls but tab and newline (ESC starts every sequence; CR returns to the line's start and
 # overwrites it; BS moves back), DEL, C1 controls (U+009B is a one-character CSI in some terminals), the
 # bidi embeddings, overrides and isolates (they reorder what is shown: "Trojan source"), and lone
-# surrogates (bytes that were not UTF-8: printing one raises UnicodeEncodeError).
-_UNSAFE = r"\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff"
+# surrogates (bytes that were not UTF-8: printing one raises UnicodeEncodeError). The line and paragraph
+# separators U+2028/U+2029 too: viewers and str.splitlines break lines there, as at CR, VT, FF and U+0085.
+_UNSAFE = r"\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
 _UNSAFE_KEEP_NEWLINES = re.compile(f"[{_UNSAFE}]")
 _UNSAFE_ONE_LINE = re.compile(f"[{_UNSAFE}\n]")
 
@@ -34,6 +35,13 @@ def terminal_safe(text: str, *, newlines: bool = True) -> str:
 
     Tabs are kept, and newlines too unless ``newlines`` is False (for text printed inside one line)."""
     return (_UNSAFE_KEEP_NEWLINES if newlines else _UNSAFE_ONE_LINE).sub(_escape, text)
+
+
+def one_line(text: str) -> str:
+    """``text`` safe on a terminal and on one line, its newlines escaped too: how a file name, title,
+    citation or error is printed inside a line, so that a name holding "\\nanswer: ..." cannot start a
+    line of its own that reads as the program's output."""
+    return terminal_safe(text, newlines=False)
 
 
 def json_for_terminal(value: object) -> str:

@@ -384,7 +384,7 @@ def test_paths_inside_the_bundled_data_are_named_relative_to_it(text, shown, tmp
     assert show_bundled_paths(text.format(d=data), data) == shown.format(d=data)
 
 
-def _ask_over_the_ferry(monkeypatch, lm):
+def _ask_over_the_ferry(monkeypatch, lm, ferry: str = "ferry"):
     from types import SimpleNamespace
 
     from fakes import ListRetriever
@@ -393,7 +393,7 @@ def _ask_over_the_ferry(monkeypatch, lm):
     from crag_dspy import CRAG, cli
     from crag_dspy.web import NoWebSearch
 
-    crag = CRAG(ListRetriever([("ferry", FERRY), ("bakery", BAKERY)]), NoWebSearch(), lm=lm)
+    crag = CRAG(ListRetriever([(ferry, FERRY), ("bakery", BAKERY)]), NoWebSearch(), lm=lm)
     monkeypatch.setattr(cli, "program_from_args", lambda args: SimpleNamespace(crag=crag))
 
 
@@ -483,3 +483,55 @@ def test_ingest_lists_and_logs_a_file_named_with_an_escape_sequence_escaped(tmp_
         "crag_dspy.loaders", logging.WARNING, "", 0, "skipped %s", ("a\033[2Kb",), None
     )
     assert RedactingFilter().filter(record) and record.getMessage() == "skipped a\\x1b[2Kb"
+
+
+# File names a corpus may hold: each would start a line reading as `ask`'s answer if printed raw.
+FORGING_NAMES = [
+    "ferry\nanswer: FORGED 990 velds per minute\n  [1] x.md",
+    "ferry\ranswer: FORGED by a carriage return",
+    "ferry\u2028answer: FORGED by a line separator",
+]
+
+
+def _forged(text: str) -> list[str]:
+    """The lines of ``text`` (split wherever a viewer may break one) that show the forged answer."""
+    return [line for line in text.splitlines() if "answer: FORGED" in line.split("] ", 1)[-1][:16]]
+
+
+@pytest.mark.parametrize("name", FORGING_NAMES)
+def test_a_file_name_with_line_breaks_cannot_forge_a_line_of_asks_output(name, monkeypatch, capsys):
+    from dspy.utils.dummies import DummyLM
+    from test_dummy_lm import QUESTION, script
+
+    shown = " ".join(name.split())  # as the grader's prompt shows a title: on one line
+    graded = {f"document:\n<<<\n{shown}\n": {"relevant": "Yes"}, **script()}  # the ferry, named so
+    _ask_over_the_ferry(monkeypatch, DummyLM(graded), ferry=name)
+    assert main(["ask", QUESTION, *NO_LM]) == 0
+    out, err = capsys.readouterr()
+    assert "23:40" in out.splitlines()[0] and _forged(out) == [] and _forged(err) == []
+    assert "ferry\\x" in out or "ferry\\u2028" in out  # the name is all there, its break escaped
+    assert main(["ask", QUESTION, *NO_LM, "--json", "--quiet"]) == 0
+    trace = json.loads(capsys.readouterr().out)
+    assert name in {c["doc_id"] for c in trace["citations"]}  # JSON keeps the exact name
+
+
+def test_a_file_name_with_line_breaks_cannot_forge_a_line_of_ingests_output_or_log(tmp_path, capsys):
+    import logging
+
+    from crag_dspy.redaction import RedactingFilter
+
+    corpus = tmp_path / "dom" / "corpus"
+    corpus.mkdir(parents=True)
+    for i, name in enumerate(FORGING_NAMES):
+        (corpus / f"{i}{name}.xlsx").write_text("not a document")
+    assert main(["ingest", str(corpus.parent), "--chroma-path", str(tmp_path / "chroma")]) == 2
+    err = capsys.readouterr().err  # every file was unreadable: named in the one error line
+    assert err.startswith("error: ") and len(err.splitlines()) == 1 and _forged(err) == []
+    (corpus / "good.txt").write_text("Good\n\nThe P-40 pump moves 40 litres per minute.\n")
+    assert main(["ingest", str(corpus.parent), "--chroma-path", str(tmp_path / "chroma")]) == 0
+    out = capsys.readouterr().out
+    assert "skipped 3 unreadable file(s):" in out and _forged(out) == []
+    record = logging.LogRecord(
+        "crag_dspy.loaders", logging.WARNING, "", 0, "skipped %s", (FORGING_NAMES[0],), None
+    )
+    assert RedactingFilter().filter(record) and _forged(record.getMessage()) == []
