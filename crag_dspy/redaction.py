@@ -30,8 +30,11 @@ __all__ = [
 REDACTED = "***"
 
 # Variables whose values are credentials: the providers' own (OPENAI_API_KEY, TAVILY_API_KEY, ...) and
-# anything named like one.
-_SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|ACCESS_KEY)", re.IGNORECASE)
+# anything named like one, Chroma's client credentials too (CHROMA_CLIENT_AUTH_CREDENTIALS: a Chroma
+# server that echoes its token in an error put it in clear in traces and logs, probe 6).
+_SECRET_NAME = re.compile(
+    r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|ACCESS_KEY|PRIVATE_KEY)", re.IGNORECASE
+)
 _SECRET_SHAPES = re.compile(
     r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]{8,}"  # Authorization header values
     r"|\b(sk|tvly|gsk|xai|pk|rk)-[A-Za-z0-9_-]{8,}"  # OpenAI/Anthropic, Tavily, Groq, xAI-style keys

@@ -384,3 +384,11 @@ def test_a_long_value_in_an_error_message_is_redacted_before_it_is_cut():
         Model(url="http://user:" + "supersecretpassword" * 3 + "@host.example/v1")
     message = describe_validation_error(caught.value)
     assert "supersecret" not in message and "***" in message
+
+
+@pytest.mark.parametrize("name", ["CHROMA_CLIENT_AUTH_CREDENTIALS", "SMTP_PASSWD", "SIGNING_PASSPHRASE"])
+def test_credential_variables_named_otherwise_are_redacted_too(monkeypatch, name):
+    # Probe 6: a Chroma server echoing the X-Chroma-Token it was sent (CHROMA_CLIENT_AUTH_CREDENTIALS)
+    # reached ask's stderr, --json trace, serve's 503 detail and its log in clear.
+    monkeypatch.setenv(name, "chroma-token-0123456789abcdef")
+    assert redact("403: bad token chroma-token-0123456789abcdef") == "403: bad token ***"
