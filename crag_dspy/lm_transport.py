@@ -34,12 +34,17 @@ undefined in users' code).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from typing import Any, TypeVar
+
+from .validation import replace_surrogates
 
 __all__ = ["MAX_LM_REPLY_BYTES", "patch_lm_transport"]
 
@@ -267,6 +272,23 @@ def _empty_completion(data: Any, choice: int | None) -> str | None:
     return None
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate (one of a pair, or a lone one)."""
+
+
+def _valid_event(raw_event: Any) -> Any:
+    """A streamed reply's server-sent event whose JSON ``data`` escapes a lone surrogate, with each one
+    made U+FFFD (:func:`crag_dspy.validation.replace_surrogates`); other events as they are."""
+    data = raw_event.data
+    if not isinstance(data, str) or not _SURROGATE_ESCAPE.search(data):
+        return raw_event
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        return raw_event  # lm15 reports it as it does any malformed event
+    return dataclasses.replace(raw_event, data=json.dumps(replace_surrogates(payload)))
+
+
 def _drop(response: Any) -> None:
     """Close a sync ``response`` whose body is not wanted. lm15 frees the call's connection slot when its
     body generator ends, which a generator that never started does not do: it is started (one chunk
@@ -351,12 +373,19 @@ def patch_lm_transport() -> None:
     original_read = chat._response_from_chat_body
 
     def read_chat_body(provider: str, data: Any, *args: Any, choice: int | None, **kwargs: Any) -> Any:
+        data = replace_surrogates(data)
         empty = _empty_completion(data, choice)
         if empty is not None:
             raise TypeError(empty)  # as lm15 does for "choices must be an array": an unreadable reply
         return original_read(provider, data, *args, choice=choice, **kwargs)
 
+    original_events = chat.OpenAIChatLM.parse_stream_events
+
+    def parse_stream_events(self: Any, request: Any, raw_event: Any) -> Any:
+        return original_events(self, request, _valid_event(raw_event))
+
     chat._response_from_chat_body = read_chat_body
+    chat.OpenAIChatLM.parse_stream_events = parse_stream_events
     stream._crag_bounded = True  # type: ignore[attr-defined]
     transport.stream = stream
     transport._open = open_connection

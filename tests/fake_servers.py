@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -259,7 +260,27 @@ class FakeOpenAI(LoopbackServer):
         user = messages[-1]["content"] if messages else ""
         text, logprobs = render(self.script(system, user), bool(body.get("logprobs")))
         prompt_tokens = len(system.split()) + len(user.split())
-        self.send(handler, status, self.completion(text, logprobs, body.get("model", "fake"), prompt_tokens))
+        reply = self.completion(text, logprobs, body.get("model", "fake"), prompt_tokens)
+        if body.get("stream") and status == 200:
+            self.send_stream(handler, reply)
+        else:
+            self.send(handler, status, reply)
+
+    @staticmethod
+    def send_stream(handler, reply: dict) -> None:
+        """``reply`` (a chat completion) as OpenAI streams it: server-sent chunks, one delta a word (with the spaces before it), then
+        the finish reason with the usage, and ``[DONE]``. JSON escapes stay as they are (``\\ud800``)."""
+        choice = reply["choices"][0]
+        text = choice["message"]["content"] or ""
+        words = re.findall(r"\s*\S+", text) or [text]
+        frames = [{"delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+        frames += [{"delta": {"content": word}, "finish_reason": None} for word in words]
+        frames.append({"delta": {}, "finish_reason": choice["finish_reason"]})
+        base = {key: reply[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+        events = [base | {"choices": [{"index": 0, **frame}]} for frame in frames]
+        events[-1]["usage"] = reply["usage"]
+        data = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in events)
+        LoopbackServer.send(handler, 200, data + b"data: [DONE]\n\n", content_type="text/event-stream")
 
     @staticmethod
     def completion(text: str, logprobs: object = None, model: str = "fake", prompt_tokens: int = 0) -> dict:
