@@ -33,6 +33,9 @@ from fakes import render
 #   "no-choices"           200 with a chat completion whose "choices" is empty
 #   "null-content"         200 with a chat completion whose one message has "content": null
 #   "blank-content"        200 with a chat completion whose one message has "content": " " (whitespace)
+#   "number-content"       200 with a chat completion whose message content is 42 (no text)
+#   "object-content"       200 with a chat completion whose message content is {"text": ...} (no text part)
+#   "image-content"        200 with a chat completion whose message content is a list holding an image part
 #   "reset"                close the connection without any response
 #   "endless"              200 whose chunked body never ends (64 KB chunks as fast as the client reads)
 #   "drip"                 200 whose chunked body is one byte every 0.2 s, never finishing
@@ -43,6 +46,15 @@ from fakes import render
 #   "302-completion"       302 whose body is a chat completion (another server's answer)
 #   "102"                  HTTP 102 Processing, then nothing
 Fault = Callable[[int, dict], str | None]
+
+EMPTY_CONTENTS: dict[str, object] = {
+    "null-content": None,
+    "blank-content": " \n",
+    "number-content": 42,
+    "object-content": {"text": "0 to 25 mg/L"},
+    "image-content": [{"type": "image_url", "image_url": {"url": "https://x.example/a.png"}}],
+}
+"""The message content of each fault whose chat completion holds no text."""
 
 GZIP_BOMB_MB = 64
 """What the "gzip-bomb" fault inflates to (its body is a few KB)."""
@@ -167,12 +179,12 @@ class LoopbackServer:
             self.send(handler, 200, page, content_type="text/html; charset=utf-8")
         elif fault == "json-list":
             self.send(handler, 200, [{"id": 1, "name": "not a completion"}])
-        elif fault in {"no-choices", "null-content", "blank-content"}:
+        elif fault in EMPTY_CONTENTS or fault == "no-choices":
             reply = self.completion("")
             if fault == "no-choices":
                 reply["choices"] = []
             else:
-                reply["choices"][0]["message"]["content"] = None if fault == "null-content" else " \n"
+                reply["choices"][0]["message"]["content"] = EMPTY_CONTENTS[fault]
             self.send(handler, 200, reply)
         elif fault == "reset":
             handler.close_connection = True
