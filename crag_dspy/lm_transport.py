@@ -17,11 +17,15 @@ gives no setting for any of these, so :func:`patch_lm_transport` wraps the trans
 - **Decoded size.** A compressed reply (lm15 asks for ``identity``, but gateways ignore that) is inflated
   at most :data:`MAX_LM_REPLY_BYTES` per coding layer, chunk by chunk (:class:`_BoundedInflater`), so
   memory stays bounded whatever the compression ratio.
+- **Text.** A lone surrogate a reply's JSON escapes (``"\\ud800"``, in a full reply or a streamed delta) is
+  U+FFFD (:func:`crag_dspy.validation.replace_surrogates`): decoded as is, it is text no response, log
+  line or file can hold as UTF-8.
 - **Status.** A final status that is neither 2xx nor an error (1xx, 3xx: lm15 follows no redirect, and
   must not read a redirect's body as the answer) raises lm15's ``ProviderError`` carrying the status,
   which DSPy does not retry and CRAG counts as a failed call (:func:`crag_dspy.faults.classify_lm_error`).
 - **An empty completion.** A 2xx chat completion with no choice (``"choices": []``) or whose message has
-  no content (``null``, ``""`` or whitespace, and no tool call or refusal) is read by lm15 as an empty answer, which DSPy's
+  no content (``null``, ``""`` or whitespace, and no tool call or refusal), or content that is no text
+  (a number, an object, parts that are not text parts), is read by lm15 as an empty answer, which DSPy's
   adapter then fails to parse on every call: an outage reported as "I don't know". It raises the
   ``TypeError`` lm15 raises for JSON that is no completion object (:func:`_empty_completion`), so it is the
   same failed call (an unreadable reply) to DSPy and CRAG.
@@ -34,12 +38,17 @@ undefined in users' code).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import json
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import contextmanager, suppress
 from contextvars import ContextVar
 from typing import Any, TypeVar
+
+from .validation import replace_surrogates
 
 __all__ = ["MAX_LM_REPLY_BYTES", "patch_lm_transport"]
 
@@ -247,7 +256,7 @@ def _refusal(response: Any) -> Exception | None:
 
 def _empty_completion(data: Any, choice: int | None) -> str | None:
     """Why the chat completion ``data`` holds no answer at all (no choice, or a message without content,
-    tool call or refusal), or None. Error bodies and other shapes are left to lm15's own checks."""
+    tool call or refusal, or whose content is neither text nor OpenAI's text parts), or None. Error bodies and other shapes are left to lm15's own checks."""
     if not isinstance(data, dict) or data.get("error") or not isinstance(data.get("choices", []), list):
         return None
     choices = data.get("choices") or []
@@ -258,6 +267,17 @@ def _empty_completion(data: Any, choice: int | None) -> str | None:
     if not isinstance(message, dict):
         return None
     content = message.get("content")
+    if isinstance(content, list):
+        # OpenAI's content parts: text parts are the answer, a refusal part is the LM's (see the docs).
+        if any(_part_type(part) == "refusal" for part in content):
+            return None
+        texts = [part.get("text") for part in content if _part_type(part) == "text"]
+        if not all(isinstance(text, str) for text in texts) or len(texts) < len(content):
+            return "the LM's reply is a chat completion whose message content holds parts that are not text"
+        content = "".join(texts)
+    elif content is not None and not isinstance(content, str):
+        # 42 or {"text": ...}: lm15 reads no text from it, and DSPy's adapter fails on every call.
+        return f"the LM's reply is a chat completion whose message content is no text (a {type(content).__name__})"
     # Servers differ in how they send an empty message (OpenAI null, others ""); whitespace is no answer
     # either, and a reasoning model that spent max_tokens thinking sends "" too: all the same failed call.
     empty = content is None or (isinstance(content, str) and not content.strip())
@@ -265,6 +285,28 @@ def _empty_completion(data: Any, choice: int | None) -> str | None:
         shown = "null" if content is None else "empty" if not content else "only whitespace"
         return f"the LM's reply is a chat completion whose message has no content ({shown})"
     return None
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate (one of a pair, or a lone one)."""
+
+
+def _valid_event(raw_event: Any) -> Any:
+    """A streamed reply's server-sent event whose JSON ``data`` escapes a lone surrogate, with each one
+    made U+FFFD (:func:`crag_dspy.validation.replace_surrogates`); other events as they are."""
+    data = raw_event.data
+    if not isinstance(data, str) or not _SURROGATE_ESCAPE.search(data):
+        return raw_event
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        return raw_event  # lm15 reports it as it does any malformed event
+    return dataclasses.replace(raw_event, data=json.dumps(replace_surrogates(payload)))
+
+
+def _part_type(part: Any) -> Any:
+    """The ``type`` of one content part of a chat completion's message (None when it is no object)."""
+    return part.get("type") if isinstance(part, dict) else None
 
 
 def _drop(response: Any) -> None:
@@ -351,12 +393,19 @@ def patch_lm_transport() -> None:
     original_read = chat._response_from_chat_body
 
     def read_chat_body(provider: str, data: Any, *args: Any, choice: int | None, **kwargs: Any) -> Any:
+        data = replace_surrogates(data)
         empty = _empty_completion(data, choice)
         if empty is not None:
             raise TypeError(empty)  # as lm15 does for "choices must be an array": an unreadable reply
         return original_read(provider, data, *args, choice=choice, **kwargs)
 
+    original_events = chat.OpenAIChatLM.parse_stream_events
+
+    def parse_stream_events(self: Any, request: Any, raw_event: Any) -> Any:
+        return original_events(self, request, _valid_event(raw_event))
+
     chat._response_from_chat_body = read_chat_body
+    chat.OpenAIChatLM.parse_stream_events = parse_stream_events
     stream._crag_bounded = True  # type: ignore[attr-defined]
     transport.stream = stream
     transport._open = open_connection

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from typing import TypeVar
 
 from .untrusted import neutralize
 
-__all__ = ["DEFAULT_MAX_QUESTION_CHARS", "QuestionError", "normalize_question"]
+__all__ = ["DEFAULT_MAX_QUESTION_CHARS", "QuestionError", "normalize_question", "replace_surrogates"]
 
 DEFAULT_MAX_QUESTION_CHARS = 2000
 """Default limit (characters as typed, and again after normalisation): far above any real question, far below the
@@ -27,6 +28,22 @@ _BIDI_CONTROLS = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
 # Lone surrogates are no text: Python makes them of bytes that are not UTF-8 (sys.argv, os.fsdecode),
 # and they cannot be encoded for the store, the embedder or the LM.
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_J = TypeVar("_J")
+
+
+def replace_surrogates(value: _J) -> _J:
+    """``value`` (decoded JSON: strings, lists and dicts, keys included) with each lone surrogate made
+    U+FFFD. A server's JSON may escape one (``"\\ud800"``), which ``json.loads`` decodes into a string
+    that cannot be encoded as UTF-8: every response, log line or file holding it would fail. Text from
+    a server is cleaned where it enters (the LM's replies, web search results); a question holding one is
+    refused instead (:func:`normalize_question`), since it is the user's to fix."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)  # type: ignore[return-value]
+    if isinstance(value, list):
+        return [replace_surrogates(item) for item in value]  # type: ignore[return-value]
+    if isinstance(value, dict):
+        return {replace_surrogates(k): replace_surrogates(v) for k, v in value.items()}  # type: ignore[return-value]
+    return value
 
 
 class QuestionError(ValueError):

@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 
 from .protocols import Passage, Retriever, WebResult, WebSearchError
+from .validation import replace_surrogates
 
 __all__ = ["NoWebSearch", "OfflineWebSearch", "TavilyWebSearch", "tavily_api_key", "web_is_off"]
 
@@ -41,6 +42,7 @@ class TavilyWebSearch:
         options = {"include_domains": self._prefer, "include_domains_mode": "prefer"} if self._prefer else {}
         try:
             response = self._client.search(query, max_results=max_results, timeout=self._timeout_s, **options)
+            response = replace_surrogates(response)  # "\ud800" in its JSON: text that is no UTF-8
             # A proxy or outage page can answer 200 with anything: read defensively, as untrusted data.
             results = [
                 WebResult(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,9 @@ from fakes import render
 #   "no-choices"           200 with a chat completion whose "choices" is empty
 #   "null-content"         200 with a chat completion whose one message has "content": null
 #   "blank-content"        200 with a chat completion whose one message has "content": " " (whitespace)
+#   "number-content"       200 with a chat completion whose message content is 42 (no text)
+#   "object-content"       200 with a chat completion whose message content is {"text": ...} (no text part)
+#   "image-content"        200 with a chat completion whose message content is a list holding an image part
 #   "cut"                  200 with a partial answer whose finish_reason is "length" (cut at max_tokens)
 #   "filtered"             200 with a partial answer whose finish_reason is "content_filter"
 #   "reset"                close the connection without any response
@@ -44,6 +48,15 @@ from fakes import render
 #   "302-completion"       302 whose body is a chat completion (another server's answer)
 #   "102"                  HTTP 102 Processing, then nothing
 Fault = Callable[[int, dict], str | None]
+
+EMPTY_CONTENTS: dict[str, object] = {
+    "null-content": None,
+    "blank-content": " \n",
+    "number-content": 42,
+    "object-content": {"text": "0 to 25 mg/L"},
+    "image-content": [{"type": "image_url", "image_url": {"url": "https://x.example/a.png"}}],
+}
+"""The message content of each fault whose chat completion holds no text."""
 
 GZIP_BOMB_MB = 64
 """What the "gzip-bomb" fault inflates to (its body is a few KB)."""
@@ -168,12 +181,12 @@ class LoopbackServer:
             self.send(handler, 200, page, content_type="text/html; charset=utf-8")
         elif fault == "json-list":
             self.send(handler, 200, [{"id": 1, "name": "not a completion"}])
-        elif fault in {"no-choices", "null-content", "blank-content"}:
+        elif fault in EMPTY_CONTENTS or fault == "no-choices":
             reply = self.completion("")
             if fault == "no-choices":
                 reply["choices"] = []
             else:
-                reply["choices"][0]["message"]["content"] = None if fault == "null-content" else " \n"
+                reply["choices"][0]["message"]["content"] = EMPTY_CONTENTS[fault]
             self.send(handler, 200, reply)
         elif fault in {"cut", "filtered"}:
             reply = self.completion("The AquaProbe 220 measures")
@@ -265,7 +278,27 @@ class FakeOpenAI(LoopbackServer):
         user = messages[-1]["content"] if messages else ""
         text, logprobs = render(self.script(system, user), bool(body.get("logprobs")))
         prompt_tokens = len(system.split()) + len(user.split())
-        self.send(handler, status, self.completion(text, logprobs, body.get("model", "fake"), prompt_tokens))
+        reply = self.completion(text, logprobs, body.get("model", "fake"), prompt_tokens)
+        if body.get("stream") and status == 200:
+            self.send_stream(handler, reply)
+        else:
+            self.send(handler, status, reply)
+
+    @staticmethod
+    def send_stream(handler, reply: dict) -> None:
+        """``reply`` (a chat completion) as OpenAI streams it: server-sent chunks, one delta a word (with the spaces before it), then
+        the finish reason with the usage, and ``[DONE]``. JSON escapes stay as they are (``\\ud800``)."""
+        choice = reply["choices"][0]
+        text = choice["message"]["content"] or ""
+        words = re.findall(r"\s*\S+", text) or [text]
+        frames = [{"delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+        frames += [{"delta": {"content": word}, "finish_reason": None} for word in words]
+        frames.append({"delta": {}, "finish_reason": choice["finish_reason"]})
+        base = {key: reply[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+        events = [base | {"choices": [{"index": 0, **frame}]} for frame in frames]
+        events[-1]["usage"] = reply["usage"]
+        data = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in events)
+        LoopbackServer.send(handler, 200, data + b"data: [DONE]\n\n", content_type="text/event-stream")
 
     @staticmethod
     def completion(text: str, logprobs: object = None, model: str = "fake", prompt_tokens: int = 0) -> dict:

@@ -472,7 +472,10 @@ def test_a_redirect_or_an_informational_status_is_a_failed_call_not_an_answer(fa
         )
 
 
-@pytest.mark.parametrize("fault", ["no-choices", "null-content", "blank-content"])
+NO_TEXT = ["no-choices", "null-content", "blank-content", "number-content", "object-content", "image-content"]
+
+
+@pytest.mark.parametrize("fault", NO_TEXT)
 def test_an_lm_whose_every_reply_is_empty_is_down_not_a_model_that_knows_nothing(fault):
     # Probe 4: 200 {"choices": []} (or a null content) on every call gave "answered", "I don't know",
     # exit 0, three AdapterParseErrors in the trace; the same LM answering 500 gave exit 1.
@@ -486,11 +489,15 @@ def test_an_lm_whose_every_reply_is_empty_is_down_not_a_model_that_knows_nothing
         "no-choices": "without any choice",
         "null-content": "(null)",
         "blank-content": "(only whitespace)",
+        # Probe 6: content of another type or non-text parts gave "I don't know", answered, exit 0.
+        "number-content": "content is no text (a int)",
+        "object-content": "content is no text (a dict)",
+        "image-content": "holds parts that are not text",
     }
     assert expected[fault] in str(info.value)
 
 
-@pytest.mark.parametrize("fault", ["no-choices", "null-content", "blank-content"])
+@pytest.mark.parametrize("fault", NO_TEXT)
 def test_one_empty_reply_is_a_failed_call_and_the_question_goes_on(fault):
     with FakeOpenAI(script, fault_on("grade", fault, times=1)) as server:
         pred = ask(server, [("kb-1", GOOD), ("kb-2", GOOD)])

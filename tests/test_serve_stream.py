@@ -232,3 +232,30 @@ def test_a_bug_inside_the_run_ends_the_stream_with_an_error_event_not_a_broken_r
     name, error = events_of(response.text.splitlines())[-1]
     assert response.status_code == 200 and name == "error" and error["status"] == 500
     assert error["detail"] == "internal error: AttributeError: 'str' object has no attribute 'copy'"
+
+
+def test_a_lone_surrogate_the_lm_sends_is_u_fffd_in_the_answer_the_tokens_and_post_ask():
+    # Probe 6: an LM may escape a lone surrogate ("\ud800") in its JSON; decoded, it cannot be encoded as
+    # UTF-8: /ask answered 500 and /ask/stream broke off without an error event.
+    from fake_servers import FakeOpenAI
+
+    def odd(system: str, user: str):
+        return script(system, user) if "You judge" in system else {"answer": "0 to 25 mg/L \ud800 at most"}
+
+    with FakeOpenAI(odd) as server:
+        lm = dspy.LM("openai/fake", api_base=server.api_base, api_key="k", cache=False, num_retries=0)
+        client = local_client(create_app(make_service(lm=lm, retries=0)))
+        plain = client.post("/ask", json={"question": QUESTION})
+        events = events_of(client.post("/ask/stream", json={"question": QUESTION}).text.splitlines())
+    assert plain.status_code == 200 and plain.json()["answer"] == "0 to 25 mg/L \ufffd at most"
+    assert events[-1][0] == "answer" and events[-1][1]["answer"] == "0 to 25 mg/L \ufffd at most"
+    assert "\ufffd" in "".join(data["text"] for name, data in events if name == "token")
+    assert server.requests[-1]["body"].get("stream")  # the streamed deltas' path
+
+
+def test_a_lone_surrogate_in_an_event_or_a_json_response_never_fails_to_encode():
+    # The second line of defence, for text that enters some other way.
+    from crag_dspy.serve.api import JSONResponse, _sse
+
+    assert "\ufffd" in _sse("token", {"text": "a\ud800"}).encode().decode()
+    assert JSONResponse({"answer": "a\udc00"}).body == '{"answer":"a\ufffd"}'.encode()

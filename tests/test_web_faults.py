@@ -90,3 +90,16 @@ def test_tavily_asked_for_without_a_key_is_refused_before_any_work_naming_the_va
         "error: web search 'tavily': Tavily needs an API key: set the environment variable TAVILY_API_KEY, "
         "or choose another (--web-search offline or none, CRAG_WEB_SEARCH)\n"
     )
+
+
+def test_a_lone_surrogate_in_a_result_is_made_u_fffd_where_it_enters():
+    # Probe 6: JSON may escape a lone surrogate ("\ud800"); decoded, it is text no response or file can
+    # hold as UTF-8.
+    hit = {
+        "title": "Leave \ud800 law",
+        "url": "https://law.example/leave",
+        "content": "At least 20 \udfff days.",
+    }
+    with FakeTavily([hit]) as server:
+        results = tavily(server).search("leave", 3)
+    assert [(r.title, r.content) for r in results] == [("Leave \ufffd law", "At least 20 \ufffd days.")]

@@ -25,7 +25,8 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse as _JSONResponse
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -34,7 +35,7 @@ from ..events import StageEvent
 from ..faults import describe_error
 from ..flag_policy import WITHHELD_ANSWER, OnFlag, without_answer
 from ..trace import CRAGTrace
-from ..validation import QuestionError, normalize_question
+from ..validation import QuestionError, normalize_question, replace_surrogates
 from ..version import __version__
 from .access_log import AccessLog, question_hash
 from .admission import DeadlineExceeded, ModelQueue, QueueFull
@@ -110,13 +111,22 @@ def _snapshot(trace: CRAGTrace) -> CRAGTrace:
     return CRAGTrace.model_validate(trace.model_dump())
 
 
+class JSONResponse(_JSONResponse):
+    """A JSON response that never fails to encode: a lone surrogate (in text an LM or a web page sent,
+    which the clients clean where it enters) is U+FFFD, not a UnicodeEncodeError and a 500."""
+
+    def render(self, content: object) -> bytes:
+        return super().render(replace_surrogates(content))
+
+
 def _error(status: int, body: ErrorResponse, headers: dict[str, str] | None = None) -> JSONResponse:
     return JSONResponse(status_code=status, content=body.model_dump(mode="json"), headers=headers)
 
 
 def _sse(event: str, data: dict) -> str:
     """One server-sent event: its name and one line of JSON."""
-    return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+    # Sent as UTF-8: a lone surrogate would end the stream with an encoding error (see JSONResponse).
+    return f"event: {event}\ndata: {json.dumps(replace_surrogates(data), ensure_ascii=False)}\n\n"
 
 
 def _answer_body(answer: AskResponse, caller: Caller, debug: bool) -> dict:
