@@ -70,6 +70,9 @@ def asked_tokens(lm_kwargs: dict[str, Any], lm: Any = None) -> int | None:
 FINISH_REASON = "finish_reason"
 """Key of a reply given as a dict (with ``logprobs``) that did not stop by itself: why it stopped."""
 _UNFINISHED = frozenset({"length", "content_filter"})
+REFUSAL = "refusal"
+"""The :func:`finish_reason` of a reply that is the LM's refusal (OpenAI's ``message.refusal`` or a refusal
+content part) and holds no text; its text is the refusal."""
 
 
 class UnfinishedText(str):
@@ -96,9 +99,21 @@ def _unfinished(output: Any, reason: str) -> Any:
     return output
 
 
+def _refusal_text(response: Any) -> str | None:
+    """The refusal an lm15 ``response`` holds instead of any text, or None."""
+    from dspy._vendor.lm15.types import RefusalPart, TextPart
+
+    parts = getattr(getattr(response, "message", None), "parts", ()) or ()
+    if any(isinstance(part, TextPart) and part.text.strip() for part in parts):
+        return None
+    refusals = [part.text for part in parts if isinstance(part, RefusalPart)]
+    return " ".join(refusals) if refusals else None
+
+
 def mark_unfinished_replies() -> None:
     """Keep, on each reply DSPy returns, why the LM stopped when it did not stop by itself: cut at
-    ``max_tokens`` ("length") or by the provider's filter ("content_filter") (:func:`finish_reason`).
+    ``max_tokens`` ("length"), by the provider's filter ("content_filter"), or refusing (:data:`REFUSAL`,
+    the refusal as its text) (:func:`finish_reason`).
     DSPy only logs a warning for a cut reply and returns its text like any other, so a cut answer ("The
     Zorblax pump moves") was shown as answered (probe 6). Idempotent; DSPy's ``execution._result``, which
     turns each response into outputs, is private: dspy is pinned below 3.5."""
@@ -111,7 +126,14 @@ def mark_unfinished_replies() -> None:
     def result(lm: Any, response: Any, *args: Any, **kwargs: Any) -> Any:
         made = original(lm, response, *args, **kwargs)
         reason = getattr(response, "finish_reason", None)
-        if reason in _UNFINISHED:
+        refused = _refusal_text(response)
+        if refused is not None:
+            # DSPy drops the refusal and reads no text: "The LM returned an empty or null response".
+            made.outputs = [
+                _unfinished(({**out, "text": refused} if isinstance(out, dict) else refused), REFUSAL)
+                for out in made.outputs
+            ]
+        elif reason in _UNFINISHED:
             made.outputs = [_unfinished(out, reason) for out in made.outputs]
         return made
 
@@ -179,10 +201,12 @@ class _FieldsAdapter(Adapter):
         for output in outputs:
             text = output.get("text") if isinstance(output, dict) else output
             reason = finish_reason(output)
-            if reason == "content_filter" or (reason == "length" and self.cut_reply_is_unusable):
+            if reason in ("content_filter", REFUSAL) or (reason == "length" and self.cut_reply_is_unusable):
                 why = (
                     "the provider's content filter stopped the reply"
                     if reason == "content_filter"
+                    else f"the LM refused: {str(text)[:200]}"
+                    if reason == REFUSAL
                     else f"the reply was cut at max_tokens ({asked_tokens(lm_kwargs, lm) or 'the LM default'})"
                 )
                 raise self._unparsed(original_signature, str(text or "")[:200], f"Unusable reply: {why}.")

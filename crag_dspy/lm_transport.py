@@ -287,6 +287,22 @@ def _empty_completion(data: Any, choice: int | None) -> str | None:
     return None
 
 
+def _refusal_parts_as_refusal(data: Any, choice: int | None) -> Any:
+    """``data`` with a message whose content is only refusal parts (``[{"type": "refusal", "refusal":
+    ...}]``) given as OpenAI's ``refusal`` field instead, which lm15 reads (it drops refusal parts), so
+    that CRAG names the refusal (:data:`crag_dspy.adapters.REFUSAL`) rather than reading no text."""
+    try:
+        message = data["choices"][choice or 0]["message"]
+        parts = message["content"]
+    except (KeyError, IndexError, TypeError):
+        return data
+    if not isinstance(parts, list) or not parts or any(_part_type(part) != "refusal" for part in parts):
+        return data
+    said = " ".join(str(part.get("refusal") or "") for part in parts).strip()
+    message.update(content=None, refusal=said or message.get("refusal") or "(no reason given)")
+    return data
+
+
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 """A JSON escape of a UTF-16 surrogate (one of a pair, or a lone one)."""
 
@@ -393,7 +409,7 @@ def patch_lm_transport() -> None:
     original_read = chat._response_from_chat_body
 
     def read_chat_body(provider: str, data: Any, *args: Any, choice: int | None, **kwargs: Any) -> Any:
-        data = replace_surrogates(data)
+        data = _refusal_parts_as_refusal(replace_surrogates(data), choice)
         empty = _empty_completion(data, choice)
         if empty is not None:
             raise TypeError(empty)  # as lm15 does for "choices must be an array": an unreadable reply

@@ -38,6 +38,8 @@ from fakes import render
 #   "image-content"        200 with a chat completion whose message content is a list holding an image part
 #   "cut"                  200 with a partial answer whose finish_reason is "length" (cut at max_tokens)
 #   "filtered"             200 with a partial answer whose finish_reason is "content_filter"
+#   "refusal"              200 with a message whose content is null and "refusal" says the LM will not help
+#   "refusal-part"         200 with a message whose content is one refusal part
 #   "reset"                close the connection without any response
 #   "endless"              200 whose chunked body never ends (64 KB chunks as fast as the client reads)
 #   "drip"                 200 whose chunked body is one byte every 0.2 s, never finishing
@@ -187,6 +189,14 @@ class LoopbackServer:
                 reply["choices"] = []
             else:
                 reply["choices"][0]["message"]["content"] = EMPTY_CONTENTS[fault]
+            self.send(handler, 200, reply)
+        elif fault in {"refusal", "refusal-part"}:
+            reply = self.completion("")
+            message = reply["choices"][0]["message"]
+            if fault == "refusal":
+                message.update(content=None, refusal="I can't help with that request.")
+            else:
+                message["content"] = [{"type": "refusal", "refusal": "I can't help with that request."}]
             self.send(handler, 200, reply)
         elif fault in {"cut", "filtered"}:
             reply = self.completion("The AquaProbe 220 measures")

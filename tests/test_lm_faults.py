@@ -539,3 +539,17 @@ def test_a_cut_reply_is_still_text_to_a_caller_of_the_lm():
         (reply,) = make_lm(server)("hello")
     assert isinstance(reply, str) and reply == "The AquaProbe 220 measures"
     assert finish_reason(reply) == "length"
+
+
+@pytest.mark.parametrize("fault", ["refusal", "refusal-part"])
+def test_a_refusal_is_named_in_the_trace_and_the_lm_is_not_down(fault):
+    # Probe 6: a refusal reached DSPy as an empty answer ("The LM returned an empty or null response"),
+    # the refusal's words lost. The LM answered: that stage's output is unusable, and the run goes on.
+    with FakeOpenAI(script, fault_on("grade", fault)) as server:
+        pred = ask(server, [("kb-1", GOOD), ("kb-2", GOOD)])
+    for doc in pred.trace.documents:  # every grade unknown, with why; the question still answered
+        assert doc.score is None and "the LM refused: I can't help with that request." in doc.error
+    assert pred.answer and pred.trace.lm_model
+    refused = pytest.raises(LMUnavailableError, match="no usable answer.*the LM refused: I can't help")
+    with FakeOpenAI(script, fault_on("answer", fault)) as server, refused:
+        ask(server)
