@@ -13,6 +13,7 @@ given) writes them, and a model tuned on DSPy's formats may do the same.
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 from typing import Any
@@ -101,8 +102,9 @@ def _unfinished(output: Any, reason: str) -> Any:
 
 def _refusal_text(response: Any) -> str | None:
     """The refusal an lm15 ``response`` holds instead of any text, or None."""
-    from dspy._vendor.lm15.types import RefusalPart, TextPart
-
+    # By name at run time, as crag_dspy.lm_transport does: type checkers stay out of DSPy's vendored lm15.
+    types = importlib.import_module("dspy._vendor.lm15.types")
+    RefusalPart, TextPart = types.RefusalPart, types.TextPart
     parts = getattr(getattr(response, "message", None), "parts", ()) or ()
     if any(isinstance(part, TextPart) and part.text.strip() for part in parts):
         return None
