@@ -329,9 +329,10 @@ def _docx(path: Path, raw: bytes, max_bytes: int) -> Read:
         None,
     )
     blocks: list[tuple[int | None, str]] = []
+    budget = _TextBudget(path, max_bytes, max_bytes)
     for block in document.iter_inner_content():  # paragraphs and tables in document order
         if isinstance(block, docx.table.Table):
-            blocks.extend((None, row) for row in _table_rows(block) if row.strip(" |"))
+            blocks.extend((None, row) for row in _table_rows(block, budget) if row.strip(" |"))
         elif block.text.strip():
             blocks.append((_heading_level(getattr(block.style, "name", None)), block.text.strip()))
     text = "\n\n".join(b for _, b in blocks)
@@ -345,11 +346,28 @@ def _docx(path: Path, raw: bytes, max_bytes: int) -> Read:
     return title, text, _sections(path, lambda most: sectioned(merged, title, most=most), max_bytes)
 
 
-def _table_rows(table: docx.table.Table) -> Iterator[str]:
+@dataclass
+class _TextBudget:
+    """The characters a document's text may still take (``left``); past them the file is not read."""
+
+    path: Path
+    max_bytes: int
+    left: int
+
+    def spend(self, text: str) -> str:
+        self.left -= len(text)
+        if self.left < 0:
+            raise _over_limit(self.path, "its text would be longer than", self.max_bytes)
+        return text
+
+
+def _table_rows(table: docx.table.Table, budget: _TextBudget) -> Iterator[str]:
     """Each row of the .docx ``table`` as its cells' text joined by " | ", read in one pass. A cell that
     continues a vertical merge shows the text of the cell that starts it, and a cell spanning columns is
     shown once. (python-docx's ``row.cells`` finds a merge's top cell by recursing up one row at a time:
-    a 2 KB file of 900-row merged columns took 100 s, and 3000 rows raised RecursionError.)"""
+    a 2 KB file of 900-row merged columns took 100 s, and 3000 rows raised RecursionError; and it repeats
+    a spanning cell per column: a 987-byte file spanning 10 million columns made 210 MB of text.) A merge
+    repeats its text down its rows, so the text is counted against ``budget`` cell by cell."""
     from docx.table import _Cell
 
     started: dict[int, str] = {}  # grid column -> text of the vertical merge that starts there
@@ -362,7 +380,7 @@ def _table_rows(table: docx.table.Table) -> Iterator[str]:
                 text = _Cell(tc, table).text.strip()
                 if tc.vMerge == "restart":
                     started[column] = text
-            cells.append(text)
+            cells.append(budget.spend(text))
             column += tc.grid_span
         yield " | ".join(cells)
 

@@ -131,6 +131,24 @@ def test_docx_tables_show_merged_cells_once_per_row_in_linear_work(tmp_path):
     assert rows[401] == "Spanned | end"
 
 
+def test_a_docx_merge_repeating_its_text_past_the_limit_is_skipped_by_name(tmp_path):
+    # A vertical merge shows its first cell's text in every row it covers: 100 KB of text merged down 200
+    # rows would be 20 MB of text from a file of a few KB. With a 1 MB limit it is skipped by name.
+    import docx
+    from docx.table import _Cell
+
+    document = docx.Document()
+    table = document.add_table(rows=200, cols=1)
+    for number, row in enumerate(table.rows):
+        (cell,) = row._tr.tc_lst
+        cell.vMerge = "restart" if number == 0 else "continue"
+    _Cell(table.rows[0]._tr.tc_lst[0], table).text = "pump " * 20_000
+    document.save(tmp_path / "merged.docx")
+    assert (tmp_path / "merged.docx").stat().st_size < 50_000
+    with pytest.raises(UnreadableDocumentError, match=r"merged.docx: its text would be longer than 0.95 MB"):
+        load_document(tmp_path / "merged.docx", max_bytes=1_000_000)
+
+
 def test_a_docx_without_a_default_paragraph_style_is_read(tmp_path):
     import re
     import zipfile
