@@ -287,6 +287,21 @@ def _empty_completion(data: Any, choice: int | None) -> str | None:
     return None
 
 
+def _without_bad_usage(data: Any) -> Any:
+    """``data`` without its ``usage`` when lm15 cannot read it (a negative or non-numeric count): token
+    counts are bookkeeping, and lm15 refused the whole completion over them, so a server reporting odd
+    counts failed every call, reported as "no chat completion" (probe 6)."""
+    usage = data.get("usage") if isinstance(data, dict) else None
+    if not usage:
+        return data
+    chat = importlib.import_module("dspy._vendor.lm15.providers.openai_chat")
+    try:
+        chat._usage_from_chat(usage)
+    except (TypeError, ValueError, AttributeError, OverflowError):
+        data["usage"] = {}
+    return data
+
+
 def _refusal_parts_as_refusal(data: Any, choice: int | None) -> Any:
     """``data`` with a message whose content is only refusal parts (``[{"type": "refusal", "refusal":
     ...}]``) given as OpenAI's ``refusal`` field instead, which lm15 reads (it drops refusal parts), so
@@ -409,7 +424,7 @@ def patch_lm_transport() -> None:
     original_read = chat._response_from_chat_body
 
     def read_chat_body(provider: str, data: Any, *args: Any, choice: int | None, **kwargs: Any) -> Any:
-        data = _refusal_parts_as_refusal(replace_surrogates(data), choice)
+        data = _without_bad_usage(_refusal_parts_as_refusal(replace_surrogates(data), choice))
         empty = _empty_completion(data, choice)
         if empty is not None:
             raise TypeError(empty)  # as lm15 does for "choices must be an array": an unreadable reply

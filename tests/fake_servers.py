@@ -38,6 +38,7 @@ from fakes import render
 #   "image-content"        200 with a chat completion whose message content is a list holding an image part
 #   "cut"                  200 with a partial answer whose finish_reason is "length" (cut at max_tokens)
 #   "filtered"             200 with a partial answer whose finish_reason is "content_filter"
+#   "bad-usage"            200 with the scripted answer and a usage whose counts are negative or not numbers
 #   "refusal"              200 with a message whose content is null and "refusal" says the LM will not help
 #   "refusal-part"         200 with a message whose content is one refusal part
 #   "reset"                close the connection without any response
@@ -189,6 +190,10 @@ class LoopbackServer:
                 reply["choices"] = []
             else:
                 reply["choices"][0]["message"]["content"] = EMPTY_CONTENTS[fault]
+            self.send(handler, 200, reply)
+        elif fault == "bad-usage":
+            reply = self.completion("0 to 25 mg/L")
+            reply["usage"] = {"prompt_tokens": -1e11, "completion_tokens": "many", "total_tokens": None}
             self.send(handler, 200, reply)
         elif fault in {"refusal", "refusal-part"}:
             reply = self.completion("")

@@ -553,3 +553,11 @@ def test_a_refusal_is_named_in_the_trace_and_the_lm_is_not_down(fault):
     refused = pytest.raises(LMUnavailableError, match="no usable answer.*the LM refused: I can't help")
     with FakeOpenAI(script, fault_on("answer", fault)) as server, refused:
         ask(server)
+
+
+def test_a_reply_whose_token_counts_are_nonsense_is_still_an_answer():
+    # Probe 6 L2: "prompt_tokens": -1e11 failed every call (lm15: input_tokens must be >= 0), blamed on
+    # "a reply that is no chat completion"; the counts are bookkeeping, the answer is there.
+    with FakeOpenAI(script, fault_on("answer", "bad-usage")) as server:
+        pred = ask(server)
+    assert pred.answer == "0 to 25 mg/L" and not pred.trace.errors
