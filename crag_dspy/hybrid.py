@@ -37,6 +37,7 @@ from .settings import Settings
 from .store import (
     MANIFEST_CHUNKS,
     MANIFEST_HASH,
+    check_none_held,
     content_hash,
     open_retrievable,
     query_rows,
@@ -347,6 +348,8 @@ class HybridRetriever:
                 query_embeddings=[vector], n_results=n, include=["documents", "metadatas", "distances"]
             )
         dense = {cid: (text, meta, sim) for cid, text, meta, sim in query_rows(self.collection_name, result)}
+        if not dense:
+            check_none_held(self._collection)
         index, tokens = self._index, tokenize(query)
         if not dense.keys() <= index.id_set and self.refresh():
             index = self._index  # chunks the index did not know: the collection changed under it

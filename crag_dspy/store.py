@@ -34,6 +34,7 @@ __all__ = [
     "ChromaRetriever",
     "IngestReport",
     "StoreError",
+    "check_none_held",
     "collection_names",
     "content_hash",
     "get_collection",
@@ -775,10 +776,27 @@ class ChromaRetriever:
                 n_results=k,
                 include=["documents", "metadatas", "distances"],
             )
+        rows = query_rows(self._collection.name, result)
+        if not rows:
+            check_none_held(self._collection)
         return [
             stored_passage(cid, text, meta, rank, similarity)
-            for rank, (cid, text, meta, similarity) in enumerate(query_rows(self._collection.name, result))
+            for rank, (cid, text, meta, similarity) in enumerate(rows)
         ]
+
+
+def check_none_held(collection: Any) -> None:
+    """After a query of ``collection`` found nothing: raise :class:`StoreError` unless it holds no chunk.
+    A query returns ``min(k, count)`` rows, so none from a filled collection is the server failing (a broken
+    index, a proxy answering for it), which was shown as an answered "I don't know", its trace saying every
+    passage was graded low when none was retrieved (probe 7)."""
+    with store_errors(f"counting collection {collection.name!r}"):
+        held = collection.count()
+    if held:
+        raise StoreError(
+            f"Chroma returned no passage from collection {collection.name!r}, which holds {held} chunks: its "
+            "query failed on the server (a broken index, or a proxy answering for it?)"
+        )
 
 
 QueryRow = tuple[str, str, dict | None, float]

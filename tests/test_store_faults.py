@@ -239,6 +239,15 @@ def test_a_chroma_server_answers_queries_through_the_bounded_client():
     assert server.requests[-1]["path"].endswith("/query")
 
 
+def test_no_passage_from_a_collection_that_holds_chunks_is_a_store_error():
+    # Probe 7: a server (here a proxy) answering a query of a filled collection with no rows gave an answered
+    # "I don't know", exit 0, its trace saying every passage was graded low when none was retrieved.
+    empty = {"ids": [[]], "documents": [[]], "metadatas": [[]], "distances": [[]]}
+    with FakeChroma(empty) as server, pytest.raises(StoreError) as info:
+        query_fake_chroma(server)
+    assert "returned no passage from collection 't__kb', which holds 1 chunks" in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("fault", "timeout_s", "refused"),
     [
