@@ -346,6 +346,8 @@ def test_a_password_in_the_lm_api_base_is_refused_before_any_call_and_never_show
             "https://***@llm.example/v1 holds a user name and password",
         ),
         ("file:///srv/model/v1", "file:///srv/model/v1 is not an http:// or https:// URL"),
+        (f"http://127.0.0.1:9/v1?api-key={URL_PASSWORD}", "http://127.0.0.1:9/v1?*** holds a query string"),
+        ("http://127.0.0.1:9/v1#models", "http://127.0.0.1:9/v1?*** holds a query string or fragment"),
         ("127.0.0.1:8000/v1", "127.0.0.1:8000/v1 is not an http:// or https:// URL"),
     ],
 )

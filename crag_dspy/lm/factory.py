@@ -47,7 +47,8 @@ def checked_api_base(url: str) -> str:
     do, never repeating a password.
 
     LiteLLM sends neither a ``user:password@`` part (the host then resolves as ``user:password@host``,
-    "Name or service not known" on every call) nor anything but HTTP: a ``file://`` or scheme-less URL
+    "Name or service not known" on every call), nor a query string in its place (the path is appended
+    after it), nor anything but HTTP: a ``file://`` or scheme-less URL
     fails on every call, which would look like an LM that knows nothing rather than a setup error.
     """
     parts = urlsplit(url.strip())
@@ -59,6 +60,14 @@ def checked_api_base(url: str) -> str:
             "(the host would be read as 'user:password@host'): drop them from --lm-api-base / "
             "CRAG_LM_API_BASE; a server that wants a key gets it from OPENAI_API_KEY (sent as 'Authorization: "
             "Bearer'); one behind HTTP basic authentication needs a proxy in front of it that adds the header"
+        )
+    if parts.query or parts.fragment:
+        # The client appends "/chat/completions" to the whole URL: "/v1?api-key=X/chat/completions", a 404
+        # on every call, reported only as "the LM is down" (probe 7). The query may hold a key: not shown.
+        raise LMConfigError(
+            f"LM base URL {parts.scheme}://{parts.netloc}{parts.path}?*** holds a query string or fragment, "
+            "which the client would put before the '/chat/completions' it appends: drop it from --lm-api-base / "
+            "CRAG_LM_API_BASE; a key goes in OPENAI_API_KEY (sent as 'Authorization: Bearer')"
         )
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise LMConfigError(
