@@ -243,8 +243,9 @@ def _html_shape(raw: bytes, most: int) -> tuple[int, int]:
         else:
             depth -= 1
             element.clear()
-            while element.getprevious() is not None:  # its ended elder siblings, cleared already
-                del element.getparent()[0]
+            parent = element.getparent()  # None at the top (a comment before <html>)
+            while parent is not None and element.getprevious() is not None:  # ended elder siblings
+                del parent[0]
     return deepest, elements
 
 

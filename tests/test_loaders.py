@@ -667,6 +667,12 @@ def test_an_html_page_of_more_elements_than_the_limit_allows_is_skipped_before_e
 
     (tmp_path / "few.html").write_text(page(97))  # with html, body and div: 100 elements
     assert load_document(tmp_path / "few.html", max_bytes=20_000).text.startswith("x **y**")
+    # Nodes beside the root (a comment before <html>, as generators write) have no parent to be dropped from.
+    head = "<!-- made by a tool -->\n"
+    (tmp_path / "commented.html").write_text(
+        head + "<html><body><p>The pump moves 42 velds.</p></body></html>"
+    )
+    assert load_document(tmp_path / "commented.html", max_bytes=20_000).text == "The pump moves 42 velds."
     (tmp_path / "many.html").write_text(page(98))
     extracted = []
     monkeypatch.setattr("trafilatura.extract", lambda *a, **k: extracted.append(a) or "")
