@@ -193,16 +193,19 @@ def test_the_web_reserve_never_holds_an_unjudged_strip():
     assert any("strip filter failed" in e for e in pred.trace.errors)
 
 
-def test_a_route_with_no_strip_judged_answers_unknown_without_an_lm_call():
+def test_a_route_with_no_strip_judged_stops_the_question():
+    from crag_dspy.faults import LMUnavailableError
+
+    # Nothing to trust, not even in reserve; and no "I don't know" either, which would pass an LM that can
+    # judge nothing (probe 8: a reasoning model's "<think>") off as an answered question.
     def script(system, user):
         if "You judge short knowledge strips" in system:
-            return "perhaps"  # no strip could be judged: nothing to trust, not even in reserve
+            return "perhaps"
         return make_script({}, {}, answer="every 90 days")(system, user)
 
-    pred, lm = run([("kb-1", BAD)], script, web=ListWebSearch(WEB_TWO), retries=0)
-    assert pred.action == Action.INCORRECT.value and pred.answer == "I don't know"
-    assert answer_contexts(lm) == []
-    assert any("no knowledge survived refinement" in f for f in pred.trace.fallbacks)
+    with pytest.raises(LMUnavailableError, match=r"no usable judgement of any of the 2 strips") as info:
+        run([("kb-1", BAD)], script, web=ListWebSearch(WEB_TWO), retries=0)
+    assert info.value.trace.action == Action.INCORRECT.value and info.value.stage == "strip_filter"
 
 
 def test_trace_shows_the_evidence_a_compiled_grader_and_strip_filter_weighed():

@@ -335,12 +335,13 @@ def test_a_watched_batch_tells_one_bad_question_from_an_lm_outage():
 
     with FakeOpenAI(script, down_after_the_first) as server, watch_lm():
         crag = CRAG(ListRetriever([("kb-1", GOOD)]), ListWebSearch([WEB]), lm=make_lm(server))
-        with pytest.raises(LMDownError, match="failed 4 calls of 2 questions in a row.*the run stopped"):
+        with pytest.raises(LMDownError, match="failed 2 calls of 2 questions in a row.*the run stopped"):
             precompute_routes(crag, questions, progress=False)
     failed = [r for r in server.requests if QUESTION not in r["body"]["messages"][-1]["content"]]
-    # Two questions, each stopped after 2 calls x (1 + num_retries): the second one's failures tell an
-    # outage from one bad question, then the run stopped.
-    assert len(failed) == 2 * CONSECUTIVE_LM_FAILURES * 3
+    # Two questions, each stopped after its one grade call x (1 + num_retries): with no passage graded and
+    # no strip judged the question cannot go on; the second one's failure tells an outage from one bad
+    # question, then the run stopped.
+    assert len(failed) == CONSECUTIVE_LM_FAILURES * 3
 
 
 @pytest.mark.parametrize("status", ["400", "404"])
@@ -561,3 +562,15 @@ def test_a_reply_whose_token_counts_are_nonsense_is_still_an_answer():
     with FakeOpenAI(script, fault_on("answer", "bad-usage")) as server:
         pred = ask(server)
     assert pred.answer == "0 to 25 mg/L" and not pred.trace.errors
+
+
+def test_an_lm_that_judges_no_strip_usably_stops_the_question_not_an_answered_i_dont_know():
+    # Probe 8: a reasoning model's first tokens ("<think>\nOkay") for every judgement: every grade and strip
+    # unusable, then "I don't know", exit 0 (HTTP 200 "answered"). The knowledge was there; the LM failed it.
+    def thinking(system, user):
+        return "<think>\nOkay" if stage_of(system) in ("grade", "strip") else script(system, user)
+
+    refused = pytest.raises(LMUnavailableError, match=r"gave no usable judgement of any of the \d+ strips")
+    with FakeOpenAI(thinking) as server, refused as info:
+        ask(server)
+    assert "AdapterParseError" in str(info.value) and "answer" not in by_stage(server)

@@ -108,6 +108,15 @@ def answer_from(
     context = format_context(*strips)
     records = [*run.trace.internal_strips, *run.trace.external_strips]
     unjudged = 0 if context else sum(r.score is None for r in records)
+    if records and unjudged == len(records):  # nothing kept, and not one strip judged usably
+        # As for the answer: knowledge was there and the LM could judge none of it (a reasoning model whose
+        # first tokens are "<think>", a wrong model): an "I don't know" would hide a fault (probe 8).
+        raise LMUnavailableError(
+            f"the LM {run.trace.lm_model} gave no usable judgement of any of the {len(records)} strips it was "
+            f"asked about (last: {run.trace.errors[-1] if run.trace.errors else 'no reply'})",
+            run.trace,
+            "strip_filter",
+        )
     answered = Answer(program, run)(question=question, context=context, unjudged=unjudged)
     grounding = run.trace.grounding
     if program.config.abstain_ungrounded and grounding is not None and grounding.ungrounded:
