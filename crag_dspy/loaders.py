@@ -37,8 +37,10 @@ from .records import CorpusDoc, DocPart, DomainDataError
 from .sections import TooManyPartsError, markdown_parts, sectioned
 
 if TYPE_CHECKING:
-    import docx.table
+    import docx.document
     import pypdf
+    from docx.oxml.table import CT_Tbl
+    from docx.oxml.xmlchemy import BaseOxmlElement
 
 __all__ = [
     "DEFAULT_MAX_DOCUMENT_MB",
@@ -336,27 +338,15 @@ def _check_unpacked_size(path: Path, raw: bytes, max_bytes: int) -> None:
 
 def _docx(path: Path, raw: bytes, max_bytes: int) -> Read:
     import docx
-    import docx.table
 
     _check_unpacked_size(path, raw, max_bytes)
     document = docx.Document(io.BytesIO(raw))
-    # A paragraph's style is None where the file defines no default paragraph style (some converters
-    # write such files); its text is as readable as any other.
-    title = document.core_properties.title or next(
-        (
-            p.text
-            for p in document.paragraphs
-            if getattr(p.style, "name", None) in ("Title", "Heading 1") and p.text.strip()
-        ),
-        None,
-    )
-    blocks: list[tuple[int | None, str]] = []
     budget = _TextBudget(path, max_bytes, max_bytes)
-    for block in document.iter_inner_content():  # paragraphs and tables in document order
-        if isinstance(block, docx.table.Table):
-            blocks.extend((None, row) for row in _table_rows(block, budget) if row.strip(" |"))
-        elif block.text.strip():
-            blocks.append((_heading_level(getattr(block.style, "name", None)), block.text.strip()))
+    styled = list(_docx_blocks(document.element.body, document, budget))
+    title = document.core_properties.title or next(
+        (text for style, text in styled if style in ("Title", "Heading 1")), None
+    )
+    blocks = [(_heading_level(style), text) for style, text in styled]
     text = "\n\n".join(b for _, b in blocks)
     # Body paragraphs of one section are one block, paragraphs apart, as the chunker reads them.
     merged: list[tuple[int | None, str]] = []
@@ -366,6 +356,88 @@ def _docx(path: Path, raw: bytes, max_bytes: int) -> Read:
         else:
             merged.append((level, b))
     return title, text, _sections(path, lambda most: sectioned(merged, title, most=most), max_bytes)
+
+
+_W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+_PARAGRAPH, _TABLE, _RUN, _TEXT_BOX = _W + "p", _W + "tbl", _W + "r", _W + "txbxContent"
+# Elements whose children are paragraphs and tables as if they stood in the body, cell or text box holding
+# them: block content controls (how form-like templates hold their text) and custom XML.
+_BLOCK_WRAPPERS = frozenset({_W + "sdt", _W + "sdtContent", _W + "customXml"})
+# What in a paragraph is not its current text: deleted and moved-away runs (tracked changes), the
+# paragraph's properties, and markup-compatibility fallbacks (Word writes a text box twice, as DrawingML and
+# as a VML fallback, and the second copy would read it twice).
+_NOT_TEXT = frozenset(
+    {
+        _W + "del",
+        _W + "moveFrom",
+        _W + "pPr",
+        "{http://schemas.openxmlformats.org/markup-compatibility/2006}Fallback",
+    }
+)
+
+
+def _descendants(element: BaseOxmlElement, tag: str, skipped: frozenset[str]) -> Iterator[BaseOxmlElement]:
+    """The descendants of ``element`` tagged ``tag``, in document order, looking inside neither them nor the
+    elements tagged one of ``skipped``. A loop, not recursion: lxml already caps the depth, but cheaply."""
+    stack = list(reversed(element))
+    while stack:
+        child = stack.pop()
+        if child.tag == tag:
+            yield child
+        elif child.tag not in skipped:
+            stack.extend(reversed(child))
+
+
+def _block_items(container: BaseOxmlElement) -> Iterator[BaseOxmlElement]:
+    """The paragraphs and tables of a body, cell or text box in document order, those wrapped in content
+    controls or custom XML included (python-docx's ``iter_inner_content`` sees only the direct ones)."""
+    stack = list(reversed(container))
+    while stack:
+        child = stack.pop()
+        if child.tag in (_PARAGRAPH, _TABLE):
+            yield child
+        elif child.tag in _BLOCK_WRAPPERS:
+            stack.extend(reversed(child))
+
+
+def _paragraph_text(p: BaseOxmlElement) -> str:
+    """The current text of paragraph ``p``: every run's text (python-docx's ``CT_R.text``, which writes tabs
+    and breaks as ``\\t`` and ``\\n``), whether the run stands in the paragraph or in a tracked insertion,
+    hyperlink, field, smart tag, inline content control or custom XML (python-docx's ``Paragraph.text``
+    reads only direct runs and hyperlinks); not deleted text, and not the text boxes a run anchors."""
+    return "".join(run.text for run in _descendants(p, _RUN, _NOT_TEXT))
+
+
+def _docx_blocks(
+    container: BaseOxmlElement, document: docx.document.Document, budget: _TextBudget
+) -> Iterator[tuple[str | None, str]]:
+    """(paragraph style name, text) of each paragraph of ``container`` with text, and (None, row) of each
+    table row with text, in document order. A text box's paragraphs are blocks of their own right
+    after the paragraph anchoring it: a box is a flow of its own (a sidebar, a callout), and spliced into
+    the anchoring paragraph its text would cut that paragraph's sentence in two."""
+    from docx.text.paragraph import Paragraph
+
+    for item in _block_items(container):
+        if item.tag == _TABLE:
+            yield from ((None, row) for row in _table_rows(item, budget) if row.strip(" |"))
+            continue
+        text = budget.spend(_paragraph_text(item).strip())
+        if text:
+            # A paragraph's style is None where the file defines no default paragraph style (some
+            # converters write such files); its text is as readable as any other.
+            yield getattr(Paragraph(item, document).style, "name", None), text
+        for box in _descendants(item, _TEXT_BOX, _NOT_TEXT):
+            yield from _docx_blocks(box, document, budget)
+
+
+def _cell_lines(container: BaseOxmlElement) -> Iterator[str]:
+    """The text of each paragraph in a table cell (or a text box in one), those in content controls and
+    text boxes included; tables nested in the cell are not read, as python-docx's ``_Cell.text`` reads none."""
+    for item in _block_items(container):
+        if item.tag == _PARAGRAPH:
+            yield _paragraph_text(item)
+            for box in _descendants(item, _TEXT_BOX, _NOT_TEXT):
+                yield from _cell_lines(box)
 
 
 @dataclass
@@ -383,23 +455,21 @@ class _TextBudget:
         return text
 
 
-def _table_rows(table: docx.table.Table, budget: _TextBudget) -> Iterator[str]:
+def _table_rows(table: CT_Tbl, budget: _TextBudget) -> Iterator[str]:
     """Each row of the .docx ``table`` as its cells' text joined by " | ", read in one pass. A cell that
     continues a vertical merge shows the text of the cell that starts it, and a cell spanning columns is
     shown once. (python-docx's ``row.cells`` finds a merge's top cell by recursing up one row at a time:
     a 2 KB file of 900-row merged columns took 100 s, and 3000 rows raised RecursionError; and it repeats
     a spanning cell per column: a 987-byte file spanning 10 million columns made 210 MB of text.) A merge
     repeats its text down its rows, so the text is counted against ``budget`` cell by cell."""
-    from docx.table import _Cell
-
     started: dict[int, str] = {}  # grid column -> text of the vertical merge that starts there
-    for tr in table._tbl.tr_lst:
+    for tr in table.tr_lst:
         column, cells = tr.grid_before, []
         for tc in tr.tc_lst:
             if tc.vMerge == "continue":
                 text = started.get(column, "")
             else:
-                text = _Cell(tc, table).text.strip()
+                text = "\n".join(_cell_lines(tc)).strip()  # its paragraphs a line apart, as _Cell.text
                 if tc.vMerge == "restart":
                     started[column] = text
             cells.append(budget.spend(text))

@@ -171,6 +171,54 @@ def test_a_docx_without_a_default_paragraph_style_is_read(tmp_path):
     assert doc.title == "converted-note" and doc.text == "Pier four opens at 06:10 on weekdays."
 
 
+def test_docx_text_in_content_controls_tracked_changes_fields_and_text_boxes_is_read_once(tmp_path):
+    # Probe 8 F3: python-docx reads only the body's direct paragraphs and tables, and a paragraph's direct
+    # runs and hyperlinks: text in content controls, tracked insertions, fields, smart tags, custom XML and
+    # text boxes was dropped while the file counted as read. Deleted text and the VML copy Word writes of
+    # each DrawingML text box (mc:Fallback) are still not read.
+    import docx
+    from docx.oxml import parse_xml
+
+    ns = (
+        'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main" '
+        'xmlns:mc="http://schemas.openxmlformats.org/markup-compatibility/2006"'
+    )
+
+    def run(text: str) -> str:
+        return f'<w:r><w:t xml:space="preserve">{text}</w:t></w:r>'
+
+    def box(text: str) -> str:
+        return f"<w:txbxContent><w:p>{run(text)}</w:p></w:txbxContent>"
+
+    change = 'w:author="a" w:date="2026-01-01T00:00:00Z"'
+    body = (
+        f'<w:sdt><w:sdtPr/><w:sdtContent><w:p><w:pPr><w:pStyle w:val="Heading1"/></w:pPr>'
+        f"{run('Pump rules')}</w:p></w:sdtContent></w:sdt>"
+        f'<w:p>{run("The warranty is ")}<w:ins w:id="1" {change}>{run("5 years.")}</w:ins>'
+        f'<w:del w:id="2" {change}><w:r><w:delText>2 years.</w:delText></w:r></w:del></w:p>'
+        f"<w:p><w:sdt><w:sdtPr/><w:sdtContent>{run('The price is 300 velds.')}</w:sdtContent></w:sdt></w:p>"
+        f'<w:p>{run("Page ")}<w:fldSimple w:instr="PAGE">{run("77")}</w:fldSimple></w:p>'
+        f'<w:p><w:smartTag w:uri="x" w:element="y">{run("The pump is blue.")}</w:smartTag></w:p>'
+        f'<w:customXml w:element="z"><w:p><w:customXml w:element="q">{run("It is quiet.")}</w:customXml>'
+        "</w:p></w:customXml>"
+        f"<w:tbl><w:tr><w:tc><w:p>{run('Pressure')}</w:p></w:tc><w:tc><w:p>{run('5 bar')}</w:p><w:sdt>"
+        f"<w:sdtContent><w:p>{run('6 bar at peak')}</w:p></w:sdtContent></w:sdt></w:tc></w:tr></w:tbl>"
+        f'<w:p>{run("See the box.")}<w:r><mc:AlternateContent><mc:Choice Requires="wps"><w:drawing>'
+        f"{box('Maximum depth 60 m.')}</w:drawing></mc:Choice><mc:Fallback><w:pict>{box('Maximum depth 60 m.')}"
+        "</w:pict></mc:Fallback></mc:AlternateContent></w:r></w:p>"
+    )
+    document = docx.Document()
+    for element in list(parse_xml(f"<w:body {ns}>{body}</w:body>")):
+        document.element.body.sectPr.addprevious(element)
+    document.save(str(tmp_path / "form.docx"))
+    doc = load_document(tmp_path / "form.docx")
+    assert doc.title == "Pump rules"  # the heading's style is read inside the content control too
+    assert doc.text == (
+        "Pump rules\n\nThe warranty is 5 years.\n\nThe price is 300 velds.\n\nPage 77\n\nThe pump is blue."
+        "\n\nIt is quiet.\n\nPressure | 5 bar\n6 bar at peak\n\nSee the box.\n\nMaximum depth 60 m."
+    )
+
+
 def test_a_corrupt_pdf_is_named_and_skipped_and_the_ingest_goes_on_and_stays_idempotent(
     domain, tmp_path, capsys
 ):
