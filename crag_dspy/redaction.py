@@ -12,6 +12,8 @@ import hashlib
 import logging
 import os
 import re
+import stat
+from pathlib import Path
 
 from .held_text import prefix_at_end
 from .terminal import one_line, terminal_safe
@@ -52,11 +54,34 @@ _LIST_SEPARATORS = re.compile(r"[,\s]+")
 _MIN_LIST_ITEM_LENGTH = 16
 
 
+_DOTENV: list = [None, {}]  # (where and when ./.env was read, its variables)
+
+
+def _dotenv_variables() -> dict[str, str]:
+    """The variables of ``.env`` in the working folder, which CRAG's settings and chromadb's read besides
+    the environment: a credential kept there (``CHROMA_CLIENT_AUTH_CREDENTIALS``, ``CRAG_API_KEYS``) was
+    used but not redacted (probe 8). Read again only when the file changes; a non-regular file (a pipe)
+    is never opened."""
+    path = Path(".env")
+    try:
+        status = path.stat()
+    except OSError:
+        return {}
+    if not stat.S_ISREG(status.st_mode):
+        return {}
+    key = (str(path.resolve()), status.st_mtime_ns, status.st_size)
+    if _DOTENV[0] != key:
+        from dotenv import dotenv_values  # pydantic-settings' own reader of the same file
+
+        _DOTENV[:] = [key, {name: value for name, value in dotenv_values(path).items() if value}]
+    return _DOTENV[1]
+
+
 def secret_values() -> list[str]:
-    """The credential values currently in the environment, and the items of the list-valued ones
-    (``_LIST_SEPARATORS``), longest first."""
+    """The credential values currently in the environment or in ``.env`` (:func:`_dotenv_variables`),
+    and the items of the list-valued ones (``_LIST_SEPARATORS``), longest first."""
     values: set[str] = set()
-    for name, value in os.environ.items():
+    for name, value in (*_dotenv_variables().items(), *os.environ.items()):
         if not _SECRET_NAME.search(name):
             continue
         if len(value.strip()) >= _MIN_SECRET_LENGTH:

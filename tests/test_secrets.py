@@ -394,3 +394,20 @@ def test_credential_variables_named_otherwise_are_redacted_too(monkeypatch, name
     # reached ask's stderr, --json trace, serve's 503 detail and its log in clear.
     monkeypatch.setenv(name, "chroma-token-0123456789abcdef")
     assert redact("403: bad token chroma-token-0123456789abcdef") == "403: bad token ***"
+
+
+def test_credentials_kept_in_dot_env_are_redacted_like_the_environments(tmp_path, monkeypatch):
+    # Probe 8: CRAG's settings and chromadb also read ./.env; a Chroma token and service keys kept there
+    # were used, and shown in clear when a store or an LM echoed them.
+    token, first, second = (
+        "probe8-chroma-token-QWERTY1234",
+        "svc-key-aaaaaaaaaaaaaaaa",
+        "svc-key-bbbbbbbbbbbbbbbb",
+    )
+    (tmp_path / ".env").write_text(
+        f"CHROMA_CLIENT_AUTH_CREDENTIALS={token}\nCRAG_API_KEYS={first},{second}\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert redact(f"403 X-Chroma-Token: {token}; echoed {second}") == "403 X-Chroma-Token: ***; echoed ***"
+    (tmp_path / ".env").write_text("CRAG_K=4\n")  # read again once it changes
+    assert redact(f"echoed {second}") == f"echoed {second}"
