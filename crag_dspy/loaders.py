@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .files import link_outside, not_regular, read_regular_file
 from .records import CorpusDoc, DocPart, DomainDataError
@@ -336,6 +336,17 @@ def _check_unpacked_size(path: Path, raw: bytes, max_bytes: int) -> None:
             )
 
 
+def _core_title(document: Any) -> str | None:
+    """The title in the .docx's document properties, or None when it has none: python-docx makes up
+    properties titled "Word Document" for a file without them (probe 8), which is no document's title."""
+    from docx.opc.constants import RELATIONSHIP_TYPE
+
+    rels = document.part.package.rels.values()
+    if not any(rel.reltype == RELATIONSHIP_TYPE.CORE_PROPERTIES for rel in rels):
+        return None
+    return document.core_properties.title or None
+
+
 def _docx(path: Path, raw: bytes, max_bytes: int) -> Read:
     import docx
 
@@ -343,7 +354,7 @@ def _docx(path: Path, raw: bytes, max_bytes: int) -> Read:
     document = docx.Document(io.BytesIO(raw))
     budget = _TextBudget(path, max_bytes, max_bytes)
     styled = list(_docx_blocks(document.element.body, document, budget))
-    title = document.core_properties.title or next(
+    title = _core_title(document) or next(
         (text for style, text in styled if style in ("Title", "Heading 1")), None
     )
     blocks = [(_heading_level(style), text) for style, text in styled]

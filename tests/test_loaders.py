@@ -149,6 +149,29 @@ def test_a_docx_merge_repeating_its_text_past_the_limit_is_skipped_by_name(tmp_p
         load_document(tmp_path / "merged.docx", max_bytes=1_000_000)
 
 
+def test_a_docx_without_document_properties_is_titled_by_its_file_name(tmp_path):
+    # Probe 8: python-docx makes up properties titled "Word Document" for a file without docProps/core.xml,
+    # and every such file had that title instead of its name.
+    import io
+    import re
+    import zipfile
+
+    import docx
+
+    document = docx.Document()
+    document.add_paragraph("The pump moves 42 velds.")
+    made = io.BytesIO()
+    document.save(made)
+    with zipfile.ZipFile(made) as source, zipfile.ZipFile(tmp_path / "pump-notes.docx", "w") as target:
+        for info in source.infolist():
+            data = source.read(info.filename)
+            if info.filename == "_rels/.rels":
+                data = re.sub(rb"<Relationship [^>]*core-properties[^>]*/>", b"", data)
+            if info.filename != "docProps/core.xml":
+                target.writestr(info, data)
+    assert load_document(tmp_path / "pump-notes.docx").title == "pump-notes"
+
+
 def test_a_docx_without_a_default_paragraph_style_is_read(tmp_path):
     import re
     import zipfile
