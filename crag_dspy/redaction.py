@@ -23,10 +23,12 @@ __all__ = [
     "RedactingFilter",
     "StreamRedactor",
     "configure_logging",
+    "dotenv_variables",
     "excerpt",
     "question_hash",
     "redact",
     "secret_values",
+    "set_key_advice",
 ]
 
 REDACTED = "***"
@@ -57,7 +59,7 @@ _MIN_LIST_ITEM_LENGTH = 16
 _DOTENV: list = [None, {}]  # (where and when ./.env was read, its variables)
 
 
-def _dotenv_variables() -> dict[str, str]:
+def dotenv_variables() -> dict[str, str]:
     """The variables of ``.env`` in the working folder, which CRAG's settings and chromadb's read besides
     the environment: a credential kept there (``CHROMA_CLIENT_AUTH_CREDENTIALS``, ``CRAG_API_KEYS``) was
     used but not redacted (probe 8). Read again only when the file changes; a non-regular file (a pipe)
@@ -77,11 +79,23 @@ def _dotenv_variables() -> dict[str, str]:
     return _DOTENV[1]
 
 
+def set_key_advice(variable: str) -> str:
+    """What to do about the missing key ``variable``: set it in the environment; and when ``.env`` holds it,
+    that it is not read from there (keys come from the environment only; ``.env`` gives ``CRAG_*``
+    settings), as a key seen there and silently skipped looked like a bug (probe 9)."""
+    advice = f"set the environment variable {variable}"
+    if variable in dotenv_variables():
+        advice += (
+            f" (the .env file here holds {variable}, but keys are read from the environment only: export it)"
+        )
+    return advice
+
+
 def secret_values() -> list[str]:
-    """The credential values currently in the environment or in ``.env`` (:func:`_dotenv_variables`),
+    """The credential values currently in the environment or in ``.env`` (:func:`dotenv_variables`),
     and the items of the list-valued ones (``_LIST_SEPARATORS``), longest first."""
     values: set[str] = set()
-    for name, value in (*_dotenv_variables().items(), *os.environ.items()):
+    for name, value in (*dotenv_variables().items(), *os.environ.items()):
         if not _SECRET_NAME.search(name):
             continue
         if len(value.strip()) >= _MIN_SECRET_LENGTH:

@@ -6,6 +6,7 @@ import os
 from collections.abc import Sequence
 
 from .protocols import Passage, Retriever, WebResult, WebSearchError
+from .redaction import set_key_advice
 from .validation import replace_surrogates
 
 __all__ = ["NoWebSearch", "OfflineWebSearch", "TavilyWebSearch", "tavily_api_key", "web_is_off"]
@@ -15,7 +16,7 @@ def tavily_api_key(api_key: str | None = None) -> str:
     """``api_key``, else ``TAVILY_API_KEY``; a :class:`WebSearchError` naming the variable when neither is set."""
     key = api_key or os.environ.get("TAVILY_API_KEY")
     if not key:
-        raise WebSearchError("Tavily needs an API key: set the environment variable TAVILY_API_KEY")
+        raise WebSearchError(f"Tavily needs an API key: {set_key_advice('TAVILY_API_KEY')}")
     return key
 
 

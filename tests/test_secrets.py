@@ -411,3 +411,23 @@ def test_credentials_kept_in_dot_env_are_redacted_like_the_environments(tmp_path
     assert redact(f"403 X-Chroma-Token: {token}; echoed {second}") == "403 X-Chroma-Token: ***; echoed ***"
     (tmp_path / ".env").write_text("CRAG_K=4\n")  # read again once it changes
     assert redact(f"echoed {second}") == f"echoed {second}"
+
+
+def test_a_key_kept_only_in_dot_env_is_named_as_not_read(tmp_path, monkeypatch):
+    # Probe 9: CRAG_* settings come from .env, keys only from the environment; a key left in .env was
+    # skipped without a word, and the error said only "set the environment variable".
+    from crag_dspy.lm import LMConfigError, build_lm
+    from crag_dspy.settings import Settings
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LMConfigError) as plain:
+        build_lm(Settings(lm="openai/gpt-4o-mini"))
+    assert str(plain.value).endswith("needs an API key: set the environment variable OPENAI_API_KEY.")
+    (tmp_path / ".env").write_text("OPENAI_API_KEY=sk-in-dotenv-0123456789abcdef\n")
+    with pytest.raises(LMConfigError) as kept:
+        build_lm(Settings(lm="openai/gpt-4o-mini"))
+    assert "the .env file here holds OPENAI_API_KEY, but keys are read from the environment only" in str(
+        kept.value
+    )
+    assert "sk-in-dotenv" not in str(kept.value)

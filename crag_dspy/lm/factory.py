@@ -6,6 +6,7 @@ from urllib.parse import urlsplit
 
 import dspy
 
+from ..redaction import set_key_advice
 from ..settings import Settings
 from .embedded import start_embedded_server
 from .server_key import ServerKeyedLM
@@ -126,7 +127,7 @@ def build_lm(settings: Settings, **overrides) -> dspy.LM:
         )
     variable = _KEY_VARIABLES.get(provider)
     if variable and not settings.lm_api_base and not os.environ.get(variable):
-        raise LMConfigError(f"LM {settings.lm!r} needs an API key: set the environment variable {variable}.")
+        raise LMConfigError(f"LM {settings.lm!r} needs an API key: {set_key_advice(variable)}.")
     if settings.lm_api_base:
         kwargs["api_base"] = checked_api_base(settings.lm_api_base)
         # OpenAI-compatible servers (vLLM, llama.cpp) often need no key, but LiteLLM insists on one.
