@@ -28,7 +28,7 @@ import struct
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -352,7 +352,7 @@ def _docx(path: Path, raw: bytes, max_bytes: int) -> Read:
 
     _check_unpacked_size(path, raw, max_bytes)
     document = docx.Document(io.BytesIO(raw))
-    budget = _TextBudget(path, max_bytes, max_bytes)
+    budget = _TextBudget(path, max_bytes)
     styled = list(_docx_blocks(document.element.body, document, budget))
     title = _core_title(document) or next(
         (text for style, text in styled if style in ("Title", "Heading 1")), None
@@ -457,7 +457,10 @@ class _TextBudget:
 
     path: Path
     max_bytes: int
-    left: int
+    left: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.left = self.max_bytes
 
     def spend(self, text: str) -> str:
         self.left -= len(text)

@@ -639,6 +639,18 @@ def test_a_text_file_holding_nul_bytes_is_skipped_as_not_text(tmp_path):
     ]
 
 
+def write_pdf(path: Path, objects: list[bytes]) -> None:
+    """A PDF of ``objects`` (object 1 the catalog), numbered from 1, with their cross-reference table."""
+    out, offsets = b"%PDF-1.4\n", []
+    for number, body in enumerate(objects, 1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
+    xref = b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    xref += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    trailer = b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, len(out))
+    path.write_bytes(out + xref + trailer)
+
+
 def write_shared_stream_pdf(path: Path, pages: int, padding: int) -> None:
     """A PDF of ``pages`` pages that all draw one content stream: "Hello pump" and ``padding`` bytes of
     empty text objects, deflated (probe 4's gen/mkpdf2.py)."""
@@ -656,14 +668,7 @@ def write_shared_stream_pdf(path: Path, pages: int, padding: int) -> None:
         font,
         *[page] * pages,
     ]
-    out, offsets = b"%PDF-1.4\n", []
-    for number, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    xref = b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    xref += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    trailer = b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, len(out))
-    path.write_bytes(out + xref + trailer)
+    write_pdf(path, objects)
 
 
 def test_a_pdf_whose_pages_content_is_over_the_limit_is_skipped_before_text_is_extracted(
@@ -703,14 +708,7 @@ def write_form_pdf(path: Path, draws: int, operators: int) -> None:
         + form
         + b"\nendstream",
     ]
-    out, offsets = b"%PDF-1.4\n", []
-    for number, body in enumerate(objects, 1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % number + body + b"\nendobj\n"
-    xref = b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    xref += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
-    trailer = b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, len(out))
-    path.write_bytes(out + xref + trailer)
+    write_pdf(path, objects)
 
 
 def test_a_pdf_drawing_one_form_over_and_over_is_skipped_past_the_limit(tmp_path):
